@@ -1,0 +1,139 @@
+"""The backend contract (DESIGN.md §3).
+
+A :class:`Backend` bundles an array module ``xp`` (numpy or cupy) with the op table ``ops``.
+Components are written once against a Backend::
+
+    be = get_backend("auto")
+    y = be.ops.rms_norm(be.xp.asarray(x), be.xp.asarray(w), 1e-6)
+    y_host = be.to_numpy(y)
+
+``get_backend("numpy")`` always works. ``get_backend("cupy")`` raises
+:class:`~dflash_ref.errors.BackendUnavailable` with the precise reason (CuPy not installed, no
+driver, no device) when CuPy cannot run. ``get_backend("auto")`` picks CuPy when it can run and
+NumPy otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from dflash_ref.errors import BackendUnavailable
+from dflash_ref.ops import OP_FAMILIES
+
+BACKEND_NAMES = ("numpy", "cupy", "auto")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A compute backend: ``name`` ("numpy" | "cupy"), array module ``xp``, op table ``ops``.
+
+    State objects (KV caches, GDN states, pager pools) hold arrays of the backend that made them;
+    moving data between backends is explicit through :meth:`to_numpy` / :meth:`to_backend`.
+    """
+
+    name: str
+    xp: ModuleType
+    ops: SimpleNamespace
+
+    def to_numpy(self, arr: Any) -> np.ndarray:
+        """Return ``arr`` as a host NumPy array (a copy from the device for CuPy arrays)."""
+        if self.name == "cupy" and isinstance(arr, self.xp.ndarray):
+            return self.xp.asnumpy(arr)
+        return np.asarray(arr)
+
+    def to_backend(self, arr: Any) -> Any:
+        """Return ``arr`` as an array of this backend (a host-to-device copy for CuPy)."""
+        return self.xp.asarray(arr)
+
+    def __repr__(self) -> str:
+        return f"Backend(name={self.name!r}, ops={len(vars(self.ops))})"
+
+
+def _op_table(package: str) -> SimpleNamespace:
+    """Collect every op of ``OP_FAMILIES`` from ``<package>.<family>`` into one namespace."""
+    table = {}
+    for family, names in OP_FAMILIES.items():
+        module = importlib.import_module(f"{package}.{family}")
+        for name in names:
+            table[name] = getattr(module, name)
+    return SimpleNamespace(**table)
+
+
+@functools.lru_cache(maxsize=1)
+def cupy_unavailable_reason() -> str | None:
+    """Why the CuPy backend cannot run here, or ``None`` when it can.
+
+    Checks, in order: CuPy importable, CUDA driver usable, at least one device, and a tiny
+    allocation on device 0. The first failure is reported with a hint for the fix.
+    """
+    try:
+        import cupy
+    except ImportError as exc:
+        return (
+            f"CuPy is not installed ({exc}); install it with "
+            "pip install 'dflash-ref[cuda12]' (or [cuda13] for a CUDA 13 driver)"
+        )
+    except Exception as exc:  # a broken CuPy install raises other errors at import
+        return f"CuPy failed to import: {type(exc).__name__}: {exc}"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return (
+            f"CuPy {cupy.__version__} is installed but the CUDA driver is not usable "
+            f"({type(exc).__name__}: {exc}); is this a machine with an NVIDIA GPU and driver?"
+        )
+    if count == 0:
+        return f"CuPy {cupy.__version__} found the CUDA driver but no CUDA device"
+    try:
+        cupy.zeros(1, dtype=cupy.float32).sum().item()
+    except Exception as exc:
+        return f"CUDA device 0 is present but unusable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def cupy_device_description() -> str:
+    """Name, compute capability and memory of CUDA device 0 (call only when CuPy is usable)."""
+    import cupy
+
+    dev = cupy.cuda.Device(0)
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    mem_gib = props["totalGlobalMem"] / 2**30
+    rt = cupy.cuda.runtime.runtimeGetVersion()
+    return (
+        f"{name} (sm_{dev.compute_capability}, {mem_gib:.1f} GiB), "
+        f"CUDA runtime {rt // 1000}.{(rt % 1000) // 10}"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def get_backend(name: str = "numpy") -> Backend:
+    """Return the backend ``name``: "numpy", "cupy" or "auto" (CuPy when usable, else NumPy).
+
+    Raises:
+        BackendUnavailable: ``name == "cupy"`` and CuPy cannot run here (the message says why).
+        ValueError: ``name`` is not one of ``BACKEND_NAMES``.
+    """
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
+    if name == "auto":
+        name = "cupy" if cupy_unavailable_reason() is None else "numpy"
+    if name == "numpy":
+        return Backend("numpy", np, _op_table("dflash_ref.ops"))
+    reason = cupy_unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(f"the cupy backend is unavailable: {reason}")
+    import cupy
+
+    return Backend("cupy", cupy, _op_table("kernels_cupy"))
+
+
+def as_backend(backend: str | Backend) -> Backend:
+    """Accept a Backend or a backend name; components call this on their ``backend`` argument."""
+    return backend if isinstance(backend, Backend) else get_backend(backend)

@@ -1,0 +1,20 @@
+"""NumPy reference ops: the specification every CuPy twin must match.
+
+``OP_FAMILIES`` is the op table's single source of truth: family -> op names. The NumPy reference
+of op ``name`` in family ``fam`` is ``dflash_ref.ops.<fam>.<name>``; its CuPy twin is
+``kernels_cupy.<fam>.<name>`` with the same signature (tests/test_backend.py checks this).
+To add an op: write the reference here, the twin in ``kernels_cupy``, list it below, and add the
+three kinds of tests (docs/backend.md walks through it).
+"""
+
+OP_FAMILIES: dict[str, tuple[str, ...]] = {
+    "norm": ("rms_norm", "l2_norm", "gated_rms_norm"),
+    "rope": ("rope",),
+    "activations": ("swiglu", "softmax", "log_softmax"),
+    "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows"),
+}
+
+
+def all_op_names() -> list[str]:
+    """Every op name in the table, family order then listed order."""
+    return [name for names in OP_FAMILIES.values() for name in names]

@@ -1,0 +1,88 @@
+"""Normalisation ops: RMSNorm (plain and (1+w)), L2 norm (two eps conventions), gated RMSNorm.
+
+All reduce over the last axis and broadcast ``weight`` [n] over the leading axes. The statistic is
+accumulated in the compute dtype (float32, or float64 for float64 inputs), as HF does after its
+upcast (spec/dflash.md §4; spec/gdn.md §1.3, §3.4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_ref.ops._dtypes import as_compute, compute_dtype
+
+L2_NORM_MODES = ("sqrt_eps", "floor")
+
+
+def rms_norm(x, weight, eps: float, offset: float = 0.0) -> np.ndarray:
+    """RMSNorm over the last axis: ``y = (offset + w) * x / sqrt(mean(x^2) + eps)``.
+
+    ``offset=0.0`` is the Llama/Qwen3 form (multiply by w). ``offset=1.0`` is the zero-centred
+    (1 + w) form of Gemma and of Qwen3-Next/Qwen3.5 (except their GDN gated norm, which is plain w).
+
+    Args:
+        x: [..., n] activations.
+        weight: [n] per-channel scale as stored in the checkpoint.
+        eps: added to the mean square inside the sqrt.
+        offset: added to ``weight`` before scaling (0.0 or 1.0).
+    Returns:
+        [..., n] in the compute dtype.
+    """
+    dt = compute_dtype(x, weight)
+    x = as_compute(x, dt)
+    w = as_compute(weight, dt)
+    ms = np.mean(x * x, axis=-1, keepdims=True)  # [..., 1]
+    return x / np.sqrt(ms + dt.type(eps)) * (dt.type(offset) + w)
+
+
+def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> np.ndarray:
+    """L2-normalise the last axis, in one of the two public eps conventions (spec/gdn.md §1.3).
+
+    - ``mode="sqrt_eps"`` (FLA, HF): ``y = x / sqrt(sum(x^2) + eps)`` (eps inside the sqrt).
+    - ``mode="floor"`` (ggml): ``y = x / max(sqrt(sum(x^2)), eps)`` (eps floors the norm).
+
+    They agree for ordinary vectors and differ near zero: for a 128-vector of 1e-5 with eps 1e-6,
+    "sqrt_eps" gives norm 0.112 while "floor" gives 1.0.
+
+    Args:
+        x: [..., n].
+        eps: 1e-6 in Qwen3-Next / Qwen3.5.
+        mode: "sqrt_eps" or "floor".
+    Returns:
+        [..., n] in the compute dtype.
+    """
+    if mode not in L2_NORM_MODES:
+        raise ValueError(f"l2_norm mode {mode!r} is unknown; expected one of {L2_NORM_MODES}")
+    dt = compute_dtype(x)
+    x = as_compute(x, dt)
+    ss = np.sum(x * x, axis=-1, keepdims=True)  # [..., 1]
+    if mode == "sqrt_eps":
+        return x / np.sqrt(ss + dt.type(eps))
+    return x / np.maximum(np.sqrt(ss), dt.type(eps))
+
+
+def silu(x) -> np.ndarray:
+    """SiLU / swish: ``x * sigmoid(x) = x / (1 + exp(-x))`` (helper; not a table op)."""
+    # Written as x * sigmoid(x) with a sign-stable sigmoid so exp never overflows.
+    e = np.exp(-np.abs(x))
+    sig = np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return x * sig.astype(x.dtype)
+
+
+def gated_rms_norm(x, z, weight, eps: float) -> np.ndarray:
+    """Gated RMSNorm of the GDN output path: ``y = w * x / sqrt(mean(x^2) + eps) * silu(z)``.
+
+    Normalise first, then gate (HF ``Qwen3NextRMSNormGated``, FLA ``FusedRMSNormGated``;
+    spec/gdn.md §3.4). The weight is plain ``w`` (no +1), unlike the model's other norms.
+
+    Args:
+        x: [..., n] core GDN output (per value head: n = head_v_dim).
+        z: [..., n] gate, same shape as ``x``.
+        weight: [n] shared by all heads.
+        eps: rms_norm_eps.
+    Returns:
+        [..., n] in the compute dtype.
+    """
+    dt = compute_dtype(x, z, weight)
+    x, z, w = as_compute(x, dt), as_compute(z, dt), as_compute(weight, dt)
+    return rms_norm(x, w, eps) * silu(z)

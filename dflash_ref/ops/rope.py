@@ -1,0 +1,66 @@
+"""Rotary position embedding, NEOX (rotate-half) style, absolute positions, partial rotary.
+
+spec/dflash.md §4.6: ``inv_freq_i = theta^(-2i/rd)`` for i = 0..rd/2-1 where rd is the rotary
+dimension (``head_dim * partial_rotary_factor``); ``angle = pos * inv_freq``; the first rd
+channels of each head are split into halves x1 = x[:rd/2], x2 = x[rd/2:rd] and rotated::
+
+    y1 = x1 cos - x2 sin
+    y2 = x2 cos + x1 sin
+
+Channels rd..d pass through unchanged. Rotation preserves each head's norm, and q·k after RoPE
+depends only on the relative position (tests/ops/test_rope.py).
+
+Numerics follow HF: inv_freq is computed in float32 and the angle is one float32 product
+``float32(pos) * inv_freq``, so NumPy and the CuPy twin (which receives the same inv_freq table)
+agree on the angle bit for bit; only cos/sin and the final FMA differ by an ulp or two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_ref.ops._dtypes import as_compute, compute_dtype
+
+
+def rope_inv_freq(theta: float, rotary_dim: int) -> np.ndarray:
+    """The [rotary_dim // 2] float32 inverse frequencies ``theta^(-2i/rotary_dim)`` (HF order)."""
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if not theta > 0:
+        raise ValueError(f"rope theta must be positive, got {theta}")
+    exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(
+        rotary_dim
+    )  # [rd/2]
+    return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+
+
+def rope(x, positions, theta: float, rotary_dim: int | None = None) -> np.ndarray:
+    """Apply NEOX RoPE to every head of ``x`` at absolute ``positions``.
+
+    Args:
+        x: [T, H, d] queries or keys (one row per token, H heads of size d).
+        positions: [T] integer absolute positions (any order; need not be contiguous).
+        theta: RoPE base (``rope_theta``; never defaulted, see spec/dflash.md §7.4).
+        rotary_dim: number of leading channels rotated (even, <= d); None means all d.
+    Returns:
+        [T, H, d] in the compute dtype.
+    """
+    dt = compute_dtype(x)
+    x = as_compute(x, dt)
+    if x.ndim != 3:
+        raise ValueError(f"rope expects x of shape [T, H, d], got {x.shape}")
+    T, _, d = x.shape
+    rd = d if rotary_dim is None else int(rotary_dim)
+    if rd > d:
+        raise ValueError(f"rotary_dim {rd} exceeds head_dim {d}")
+    pos = np.asarray(positions)
+    if pos.shape != (T,):
+        raise ValueError(f"positions must have shape [{T}], got {pos.shape}")
+    angle = pos.astype(np.float32)[:, None] * rope_inv_freq(theta, rd)[None, :]  # [T, rd/2] f32
+    cos = np.cos(angle).astype(dt)[:, None, :]  # [T, 1, rd/2]
+    sin = np.sin(angle).astype(dt)[:, None, :]
+    x1, x2 = x[..., : rd // 2], x[..., rd // 2 : rd]  # [T, H, rd/2] each
+    out = x.copy()
+    out[..., : rd // 2] = x1 * cos - x2 * sin
+    out[..., rd // 2 : rd] = x2 * cos + x1 * sin
+    return out

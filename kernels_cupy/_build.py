@@ -1,0 +1,115 @@
+"""Loading and compile-checking the CUDA sources of ``kernels_cupy/cuda/``.
+
+One tuple of compile options, ``COMPILE_OPTIONS``, serves both paths (STYLE.md §5):
+
+- at run time :func:`get_kernel` builds a ``cupy.RawModule`` per family (cached) and returns a
+  kernel from it;
+- in CI :func:`compile_all` calls NVRTC directly for explicit architectures (sm_80, sm_90). It
+  never touches a GPU: CuPy's own compile path asks the driver for the current device first,
+  which fails on a machine without one.
+
+A family's compiled source is ``cuda/common.cuh`` followed by ``cuda/<family>.cu`` (textual
+concatenation rather than ``#include``, so CuPy's source-keyed cache always sees the header).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+CUDA_DIR = Path(__file__).parent / "cuda"
+COMMON_HEADER = CUDA_DIR / "common.cuh"
+
+# Deliberately no --use_fast_math: the twins must track the float32 reference to a few ulp
+# (precise expf/logf/sincosf/division). -ftz=true flushes subnormals, as CuPy kernels usually
+# run; tests draw inputs without subnormals (STYLE.md §7).
+COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-ftz=true")
+CHECK_ARCHS: tuple[str, ...] = ("sm_80", "sm_90")
+
+# Threads per block for the row kernels (one block per row). 256 = 8 warps: enough to stride a
+# 4096-wide hidden row in 16 steps and a 152k vocabulary row in ~600.
+ROW_BLOCK = 256
+ELEMENTWISE_BLOCK = 256
+
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC rejected a source; the message carries the compiler log."""
+
+
+def families() -> list[str]:
+    """Names of the kernel families: one ``cuda/<family>.cu`` file each, sorted."""
+    return sorted(p.stem for p in CUDA_DIR.glob("*.cu"))
+
+
+def source(family: str) -> str:
+    """The exact text compiled for ``family``: common.cuh, then ``<family>.cu``."""
+    path = CUDA_DIR / f"{family}.cu"
+    if not path.exists():
+        raise FileNotFoundError(f"no CUDA source {path}; families are {families()}")
+    return COMMON_HEADER.read_text() + "\n" + path.read_text()
+
+
+def kernel_names(family: str) -> list[str]:
+    """The ``extern "C" __global__`` kernels declared in ``<family>.cu`` (not the header)."""
+    return _KERNEL_RE.findall((CUDA_DIR / f"{family}.cu").read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _module(family: str):
+    import cupy
+
+    return cupy.RawModule(code=source(family), options=COMPILE_OPTIONS, backend="nvrtc")
+
+
+def get_kernel(family: str, name: str):
+    """The compiled ``cupy.RawKernel`` ``name`` of ``family`` (module compiled once, cached)."""
+    if name not in kernel_names(family):
+        raise KeyError(f"kernel {name!r} is not declared in {family}.cu: {kernel_names(family)}")
+    return _module(family).get_function(name)
+
+
+def nvrtc_compile(family: str, arch: str) -> bytes:
+    """Compile ``family`` with NVRTC for ``arch`` (e.g. "sm_90") and return the CUBIN.
+
+    Uses ``COMPILE_OPTIONS`` plus ``--gpu-architecture=arch``; needs the NVRTC library (from the
+    CUDA toolkit or the ``nvidia-cuda-nvrtc-cu12`` wheel) but no GPU and no driver.
+    """
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source(family), f"{family}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [*COMPILE_OPTIONS, f"--gpu-architecture={arch}"])
+        except nvrtc.NVRTCError as exc:
+            log = nvrtc.getProgramLog(prog)
+            raise KernelCompileError(f"{family}.cu failed to compile for {arch}:\n{log}") from exc
+        return nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def compile_all(archs: tuple[str, ...] = CHECK_ARCHS) -> dict[str, list[str]]:
+    """Compile every family for every arch; check each declared kernel is in the CUBIN.
+
+    Returns ``{family: [kernel names]}``. Raises :class:`KernelCompileError` on any failure.
+    """
+    report = {}
+    for family in families():
+        names = kernel_names(family)
+        for arch in archs:
+            cubin = nvrtc_compile(family, arch)
+            missing = [n for n in names if n.encode() not in cubin]
+            if missing:
+                raise KernelCompileError(f"{family}.cu for {arch}: kernels {missing} not in CUBIN")
+        report[family] = names
+    return report
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library that :func:`nvrtc_compile` uses."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    return tuple(nvrtc.getVersion())

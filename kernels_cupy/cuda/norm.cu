@@ -1,0 +1,51 @@
+// norm.cu: row-wise normalisation kernels. Reference: dflash_ref/ops/norm.py.
+//
+// Kernels (all float32, contiguous row-major [rows, n]):
+//   rms_norm_f32(x, w, y, n, eps, offset)    y = (offset + w) * x / sqrt(mean(x^2) + eps)
+//   l2_norm_f32(x, y, n, eps, mode)          mode 0: x / sqrt(sum x^2 + eps); 1: x / max(|x|, eps)
+//   gated_rms_norm_f32(x, z, w, y, n, eps)   y = w * x / sqrt(mean(x^2) + eps) * silu(z)
+// Parallelisation: one block per row (grid.x = rows); the block's threads stride over the n
+// channels, accumulate a partial sum of squares, and combine it with block_sum (common.cuh).
+// Launch: blockDim.x a multiple of 32, <= 1024; no dynamic shared memory.
+
+extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                        float* __restrict__ y, const int n, const float eps,
+                                        const float offset) {
+    const long long row = blockIdx.x;
+    const float* xr = x + row * n;
+    float* yr = y + row * n;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
+    const float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] * inv * (offset + w[j]);
+}
+
+extern "C" __global__ void l2_norm_f32(const float* __restrict__ x, float* __restrict__ y,
+                                       const int n, const float eps, const int mode) {
+    const long long row = blockIdx.x;
+    const float* xr = x + row * n;
+    float* yr = y + row * n;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
+    ss = block_sum(ss);
+    const float denom = (mode == 0) ? sqrtf(ss + eps) : fmaxf(sqrtf(ss), eps);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] / denom;
+}
+
+extern "C" __global__ void gated_rms_norm_f32(const float* __restrict__ x,
+                                              const float* __restrict__ z,
+                                              const float* __restrict__ w, float* __restrict__ y,
+                                              const int n, const float eps) {
+    const long long row = blockIdx.x;
+    const float* xr = x + row * n;
+    const float* zr = z + row * n;
+    float* yr = y + row * n;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
+    const float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float zj = zr[j];
+        const float silu = zj / (1.0f + expf(-zj));
+        yr[j] = xr[j] * inv * w[j] * silu;
+    }
+}

@@ -1,0 +1,43 @@
+"""CuPy twins of :mod:`dflash_ref.ops.norm` (kernels in cuda/norm.cu)."""
+
+from __future__ import annotations
+
+import cupy as cp
+
+from dflash_ref.ops.norm import L2_NORM_MODES
+from kernels_cupy._launch import check_last_dim, f32, fp32, i32, launch_rows
+
+
+def rms_norm(x, weight, eps: float, offset: float = 0.0) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.norm.rms_norm`: x [..., n], weight [n] -> [..., n] f32."""
+    x, w = f32(x, "rms_norm", "x"), f32(weight, "rms_norm", "weight")
+    check_last_dim(x, w, "rms_norm")
+    y = cp.empty_like(x)
+    n = x.shape[-1]
+    launch_rows("norm", "rms_norm_f32", x.size // max(n, 1), (x, w, y, i32(n), fp32(eps), fp32(offset)))
+    return y
+
+
+def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.norm.l2_norm`: x [..., n] -> [..., n] f32."""
+    if mode not in L2_NORM_MODES:
+        raise ValueError(f"l2_norm mode {mode!r} is unknown; expected one of {L2_NORM_MODES}")
+    x = f32(x, "l2_norm", "x")
+    y = cp.empty_like(x)
+    n = x.shape[-1]
+    mode_id = L2_NORM_MODES.index(mode)  # 0 = sqrt_eps, 1 = floor (matches norm.cu)
+    launch_rows("norm", "l2_norm_f32", x.size // max(n, 1), (x, y, i32(n), fp32(eps), i32(mode_id)))
+    return y
+
+
+def gated_rms_norm(x, z, weight, eps: float) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.norm.gated_rms_norm`: x, z [..., n], weight [n]."""
+    x, z = f32(x, "gated_rms_norm", "x"), f32(z, "gated_rms_norm", "z")
+    w = f32(weight, "gated_rms_norm", "weight")
+    if z.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: z has shape {z.shape}, expected x's shape {x.shape}")
+    check_last_dim(x, w, "gated_rms_norm")
+    y = cp.empty_like(x)
+    n = x.shape[-1]
+    launch_rows("norm", "gated_rms_norm_f32", x.size // max(n, 1), (x, z, w, y, i32(n), fp32(eps)))
+    return y

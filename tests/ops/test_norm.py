@@ -1,0 +1,141 @@
+"""rms_norm, l2_norm, gated_rms_norm: hand-checked values, properties, NumPy vs CuPy.
+
+Reading order for a newcomer: dflash_ref/ops/norm.py (the spec) -> kernels_cupy/norm.py and
+kernels_cupy/cuda/norm.cu (the twin) -> this file (unit, property, gpu).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dflash_ref.ops.norm import gated_rms_norm, l2_norm, rms_norm
+from dflash_ref.testing import assert_close, check_twin
+from tests.strategies import f32_arrays, rows_and_width
+
+# ---------------------------------------------------------------- unit: hand-checked values
+
+
+def test_rms_norm_hand_values():
+    # x = [3, 4]: mean(x^2) = (9 + 16) / 2 = 12.5, so x / rms = [3, 4] / sqrt(12.5).
+    x = np.array([3.0, 4.0])
+    r = np.sqrt(12.5)
+    assert_close(rms_norm(x, np.array([1.0, 2.0]), eps=0.0), [3 / r, 8 / r], "float64",
+                 op="rms_norm", case="w form")
+    # offset=1.0 is the (1 + w) form: scales [2, 3].
+    assert_close(rms_norm(x, np.array([1.0, 2.0]), eps=0.0, offset=1.0), [6 / r, 12 / r],
+                 "float64", op="rms_norm", case="(1+w) form")
+    # eps sits inside the sqrt: x = [1, 1], eps = 3 -> 1 / sqrt(1 + 3) = 0.5.
+    assert_close(rms_norm(np.ones(2), np.ones(2), eps=3.0), [0.5, 0.5], "float64",
+                 op="rms_norm", case="eps inside sqrt")
+
+
+def test_l2_norm_hand_values_and_conventions():
+    assert_close(l2_norm(np.array([3.0, 4.0]), eps=0.0), [0.6, 0.8], "float64", op="l2_norm")
+    # spec/gdn.md §1.3: a 128-vector of 1e-5 with eps 1e-6. sum x^2 = 1.28e-8.
+    x = np.full(128, 1e-5)
+    y_fla = l2_norm(x, eps=1e-6, mode="sqrt_eps")  # 1e-5 / sqrt(1.28e-8 + 1e-6)
+    y_ggml = l2_norm(x, eps=1e-6, mode="floor")  # 1e-5 / max(sqrt(1.28e-8), 1e-6)
+    assert_close(np.linalg.norm(y_fla), np.sqrt(1.28e-8 / (1.28e-8 + 1e-6)), "float64",
+                 op="l2_norm", case="sqrt_eps near zero (norm 0.112)")
+    assert_close(np.linalg.norm(y_ggml), 1.0, "float64", op="l2_norm", case="floor near zero")
+    # Below the floor the ggml form divides by eps itself: 1e-9 / 1e-6 = 1e-3.
+    assert_close(l2_norm(np.array([1e-9]), eps=1e-6, mode="floor"), [1e-3], "float64",
+                 op="l2_norm", case="below floor")
+
+
+def test_l2_norm_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="sqrt_eps"):
+        l2_norm(np.ones(3), 1e-6, mode="inside")
+
+
+def test_gated_rms_norm_hand_values():
+    # silu(0) = 0 gates channel 0 off; silu(1) = 1 / (1 + e^-1).
+    x = np.array([3.0, 4.0])
+    r = np.sqrt(12.5)
+    y = gated_rms_norm(x, np.array([0.0, 1.0]), np.array([1.0, 2.0]), eps=0.0)
+    assert_close(y, [0.0, 8 / r / (1 + np.exp(-1.0))], "float64", op="gated_rms_norm")
+
+
+def test_dtypes_follow_the_compute_rule():
+    x32 = np.ones((2, 4), np.float32)
+    assert rms_norm(x32, np.ones(4, np.float32), 1e-6).dtype == np.float32
+    assert rms_norm(x32.astype(np.float16), np.ones(4, np.float16), 1e-6).dtype == np.float32
+    assert rms_norm(x32.astype(np.float64), np.ones(4), 1e-6).dtype == np.float64
+
+
+# ---------------------------------------------------------------- property tests
+
+
+@given(st.data())
+def test_rms_norm_scale_invariant_and_unit_rms(data):
+    rows, n = data.draw(rows_and_width())
+    x = data.draw(f32_arrays((rows, n), min_abs=0.1)).astype(np.float64)
+    c = data.draw(st.floats(0.01, 100.0))
+    w = np.ones(n)
+    y = rms_norm(x, w, eps=0.0)
+    # rms_norm(c x) == rms_norm(x) for c > 0, and each output row has mean square 1.
+    assert_close(rms_norm(c * x, w, eps=0.0), y, "float64", op="rms_norm", case="scale")
+    assert_close(np.mean(y * y, axis=-1), np.ones(rows), "float64", op="rms_norm", case="unit")
+
+
+@given(st.data())
+def test_rms_norm_offset_equals_shifted_weight(data):
+    rows, n = data.draw(rows_and_width())
+    x = data.draw(f32_arrays((rows, n)))
+    w = data.draw(f32_arrays((n,), -1.0, 1.0))
+    assert_close(rms_norm(x, w, 1e-6, offset=1.0), rms_norm(x, w + np.float32(1.0), 1e-6),
+                 "float32_elementwise", op="rms_norm", case="(1+w) == offset 1")
+
+
+@given(st.data())
+def test_l2_norm_unit_and_modes_agree_away_from_zero(data):
+    rows, n = data.draw(rows_and_width())
+    x = data.draw(f32_arrays((rows, n), min_abs=0.5)).astype(np.float64)
+    a, b = l2_norm(x, 1e-12, "sqrt_eps"), l2_norm(x, 1e-12, "floor")
+    assert_close(np.linalg.norm(a, axis=-1), np.ones(rows), "float64", op="l2_norm")
+    assert_close(a, b, "float64", op="l2_norm", case="modes agree for |x| >> eps")
+
+
+@given(st.data())
+def test_gated_rms_norm_open_gate_is_rms_norm_times_z(data):
+    # For z >= 30, sigmoid(z) == 1 to double precision, so silu(z) == z.
+    rows, n = data.draw(rows_and_width())
+    x = data.draw(f32_arrays((rows, n))).astype(np.float64)
+    z = np.full((rows, n), 40.0)
+    w = data.draw(f32_arrays((n,))).astype(np.float64)
+    assert_close(gated_rms_norm(x, z, w, 1e-6), rms_norm(x, w, 1e-6) * 40.0, "float64",
+                 op="gated_rms_norm", case="open gate")
+
+
+# ---------------------------------------------------------------- NumPy vs CuPy (gpu)
+
+SHAPES = [(1, 1), (3, 7), (5, 128), (2, 3, 257), (4, 4096), (1, 5000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_twin(rng, shape, offset):
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    check_twin("rms_norm", (x, w, 1e-6), {"offset": offset}, "float32_rowsum", case=str(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mode", ["sqrt_eps", "floor"])
+def test_l2_norm_twin(rng, shape, mode):
+    x = rng.standard_normal(shape).astype(np.float32)
+    check_twin("l2_norm", (x, 1e-6), {"mode": mode}, "float32_rowsum", case=str(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gated_rms_norm_twin(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    z = (3 * rng.standard_normal(shape)).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    check_twin("gated_rms_norm", (x, z, w, 1e-6), tol="float32_rowsum", case=str(shape))
