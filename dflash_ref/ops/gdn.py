@@ -258,30 +258,27 @@ def _chunked_block(q, k, v, g, beta, S, scale, C: int, kda: bool):
     HV, V = v.shape[1:]
     N = -(-T // C)  # chunks in this block, the last one zero-padded
     r = HV // H
-    dt = q.dtype
 
-    # Chunk-major, zero-padded: [T, HV, X] -> [N, HV, C, X]; every chunk's slice is contiguous.
-    QK = np.zeros((N, HV, 2 * C, K), dt)  # [Q_chunk; K_chunk] per chunk and head
-    _fill_chunks(QK[..., :C, :], _expand_qk(q, r))
-    _fill_chunks(QK[..., C:, :], _expand_qk(k, r))
-    KV = np.zeros((N, HV, C, K + V), dt)  # [K | V], becomes [exp(G) K | V]
-    _fill_chunks(KV[..., :K], _expand_qk(k, r))
-    _fill_chunks(KV[..., K:], v)
-    bc = _fill_chunks(np.zeros((N, HV, C, 1), dt), beta[:, :, None])  # [N, HV, C, 1]
-    gc = _fill_chunks(np.zeros((N, HV, C, K if kda else 1), dt), g if kda else g[:, :, None])
-    G = np.cumsum(gc, axis=2)  # chunk-local inclusive cumulative gate, [N, HV, C, K or 1]
+    # [T, HV, X] -> chunked views [N, HV, C, X] (strided: no copy unless padding or GQA expansion
+    # is needed; BLAS takes the row stride as its leading dimension).
+    Qc = _chunk_view(_expand_qk(q, r), N, C)  # [N, HV, C, K]
+    Kc = _chunk_view(_expand_qk(k, r), N, C)  # [N, HV, C, K]
+    Vc = _chunk_view(v, N, C)  # [N, HV, C, V]
+    bc = _chunk_view(beta[:, :, None], N, C)  # [N, HV, C, 1]
+    G = np.cumsum(_chunk_view(g if kda else g[:, :, None], N, C), axis=2)
+    # G: chunk-local inclusive cumulative gate, [N, HV, C, K or 1]
 
     if kda:
-        parts = [_intra_chunk_kda(QK[n], KV[n], bc[n], G[n], scale) for n in range(N)]
+        parts = [_intra_chunk_kda(Qc[n], Kc[n], Vc[n], bc[n], G[n], scale) for n in range(N)]
         WQ, U, P, KdT, dC = (np.stack(p) for p in zip(*parts))
     else:
-        WQ, U, P, KdT, dC = _intra_chunk_scalar(QK, KV, bc, G[..., 0], scale)
+        WQ, U, P, KdT, dC = _intra_chunk_scalar(Qc, Kc, Vc, bc, G[..., 0], scale)
     # WQ = [W; scale Q e^G] [N,HV,2C,K]; U [N,HV,C,V]; P = scale Q K^T * Gamma [N,HV,C,C];
     # KdT = (K * exp(G_C - G))^T [N,HV,K,C]; dC = exp(G_C) [N,HV,1 or K,1].
 
     # Sequential state pass (FLA chunk_delta_h): the only loop over chunks.
-    X = np.empty((N, HV, 2 * C, V), dt)  # per chunk: [W S0 -> Delta; scale Q e^G S0]
-    KdT_Delta = np.empty((HV, K, V), dt)
+    X = np.empty((N, HV, 2 * C, V), S.dtype)  # per chunk: [W S0 -> Delta; scale Q e^G S0]
+    KdT_Delta = np.empty((HV, K, V), S.dtype)
     for n in range(N):
         np.matmul(WQ[n], S, out=X[n])  # [HV, 2C, K] @ [HV, K, V] -> [HV, 2C, V]
         Delta = X[n, :, :C]  # [HV, C, V]
@@ -297,15 +294,12 @@ def _chunked_block(q, k, v, g, beta, S, scale, C: int, kda: bool):
     return o, S
 
 
-def _fill_chunks(out: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Write [T, HV, X] into the zeroed chunk view ``out`` [N, HV, C, X]; the tail stays 0."""
-    N, HV, C, X = out.shape
-    T = x.shape[0]
-    full, rem = divmod(T, C)  # whole chunks, tokens in the last partial chunk
-    out[:full] = x[:full * C].reshape(full, C, HV, X).transpose(0, 2, 1, 3)
-    if rem:
-        out[full, :, :rem] = x[full * C:].transpose(1, 0, 2)
-    return out
+def _chunk_view(x: np.ndarray, N: int, C: int) -> np.ndarray:
+    """[T, HV, X] -> [N, HV, C, X] view, zero-padding the time axis to N * C (a copy) if needed."""
+    T, HV, X = x.shape
+    if T < N * C:
+        x = np.concatenate([x, np.zeros((N * C - T, HV, X), x.dtype)])  # g = beta = 0: exact
+    return x.reshape(N, C, HV, X).transpose(0, 2, 1, 3)
 
 
 def _masked_exp(diff: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -317,51 +311,49 @@ def _masked_exp(diff: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.exp(diff, out=diff)
 
 
-def _intra_chunk_scalar(QK, KV, bc, G, scale):
+def _intra_chunk_scalar(Qc, Kc, Vc, bc, G, scale):
     """Per-chunk quantities that do not depend on the chunk-start state, scalar gate.
 
-    Shapes (leading dims [N, HV]): QK = [Q; K] [.., 2C, K]; KV = [K | V] [.., C, K + V]
-    (its K part is scaled by exp(G) in place); bc [.., C, 1]; G [.., C]. Returns
+    Shapes (leading dims [N, HV]): Qc, Kc [.., C, K]; Vc [.., C, V]; bc [.., C, 1]; G [.., C].
+    Returns
         WQ  = [W; scale * Q * exp(G)]            [.., 2C, K]
         U                                         [.., C, V]
         P   = scale * (Q K^T * Gamma)             [.., C, C]  (diagonal included)
         KdT = (K * exp(G_C - G))^T                [.., K, C]
         dC  = exp(G_C)                            [.., 1, 1]
     """
-    C, K = G.shape[-1], QK.shape[-1]
-    Kc = QK[..., C:, :]  # [.., C, K]
+    C = G.shape[-1]
     eG = np.exp(G)[..., None]  # [.., C, 1]; G <= 0 so every factor is <= 1
     incl = np.tril(np.ones((C, C), dtype=bool))  # i >= j
     Gamma = _masked_exp(G[..., :, None] - G[..., None, :], incl)  # exp(G_i - G_j), [.., C, C]
-    S2 = QK @ Kc.swapaxes(-1, -2)  # [Q; K] K^T: [.., 2C, C]
-    P, A = S2[..., :C, :], S2[..., C:, :]
+    KT = Kc.swapaxes(-1, -2)  # [.., K, C]
+    P = Qc @ KT  # [.., C, C]
     P *= Gamma
     P *= scale
+    A = Kc @ KT  # [.., C, C]
     A *= Gamma
     A *= bc  # beta_i scales row i
     A[..., np.arange(C), np.arange(C)] = 0  # strictly lower (Gamma is already 0 above)
-    # [W | U] = T [beta e^G K | beta V] = (T * beta_j) [e^G K | V]: beta moves to T's columns.
+    # W = T (beta e^G K) = (T * beta_j) (e^G K) and U = (T * beta_j) V: beta moves to T's columns.
     Tb = invert_unit_lower(A) * bc.swapaxes(-1, -2)  # [.., C, C]
-    KV[..., :K] *= eG
-    WQ = np.empty(QK.shape, QK.dtype)  # [W; scale Q e^G]
-    np.matmul(Tb, KV[..., :K], out=WQ[..., :C, :])  # W [.., C, K]
-    np.multiply(QK[..., :C, :], scale * eG, out=WQ[..., C:, :])
-    U = Tb @ KV[..., K:]  # [.., C, V]
+    WQ = np.empty(Qc.shape[:-2] + (2 * C, Qc.shape[-1]), Qc.dtype)  # [W; scale Q e^G]
+    np.matmul(Tb, Kc * eG, out=WQ[..., :C, :])  # W [.., C, K]
+    np.multiply(Qc, scale * eG, out=WQ[..., C:, :])
+    U = Tb @ Vc  # [.., C, V]
     GC = G[..., -1:]  # [.., 1]
     KdT = (Kc * np.exp(GC - G)[..., None]).swapaxes(-1, -2)  # G_C - G_j <= 0; [.., K, C]
     dC = np.exp(GC)[..., None]  # [.., 1, 1]
     return WQ, U, P, KdT, dC
 
 
-def _intra_chunk_kda(QK, KV, bc, G, scale):
+def _intra_chunk_kda(Qc, Kc, Vc, bc, G, scale):
     """As :func:`_intra_chunk_scalar` for a per-key-channel gate G [HV, C, K] (one chunk).
 
     A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc) and P_ij = sum_c q_ic k_jc exp(G_ic - G_jc),
     with the [C, C, K] decay tensor masked before exp (only non-positive exponents). Returns
     dC = exp(G_C) as [HV, K, 1] (it scales the state's rows).
     """
-    C, K = G.shape[-2], G.shape[-1]
-    Qc, Kc, Vc = QK[..., :C, :], QK[..., C:, :], KV[..., K:]
+    C = G.shape[-2]
     incl = np.tril(np.ones((C, C), dtype=bool))[:, :, None]  # [C, C, 1]
     E = _masked_exp(G[..., :, None, :] - G[..., None, :, :], incl)  # [HV, C(i), C(j), K]
     KE = Kc[..., None, :, :] * E  # k_jc exp(G_ic - G_jc): [HV, C(i), C(j), K]
