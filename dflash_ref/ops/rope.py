@@ -57,8 +57,9 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None) -> np.ndarra
     if pos.shape != (T,):
         raise ValueError(f"positions must have shape [{T}], got {pos.shape}")
     angle = pos.astype(np.float32)[:, None] * rope_inv_freq(theta, rd)[None, :]  # [T, rd/2] f32
-    cos = np.cos(angle).astype(dt)[:, None, :]  # [T, 1, rd/2]
-    sin = np.sin(angle).astype(dt)[:, None, :]
+    angle = angle.astype(dt)  # float64 inputs get exact cos/sin of the float32 angle
+    cos = np.cos(angle)[:, None, :]  # [T, 1, rd/2]
+    sin = np.sin(angle)[:, None, :]
     x1, x2 = x[..., : rd // 2], x[..., rd // 2 : rd]  # [T, H, rd/2] each
     out = x.copy()
     out[..., : rd // 2] = x1 * cos - x2 * sin
