@@ -1,0 +1,1 @@
+"""Components written once against a Backend: target model, drafter, GDN layer, caches."""
