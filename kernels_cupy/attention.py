@@ -12,7 +12,6 @@ import functools
 import math
 
 import cupy as cp
-import numpy as np
 
 from dflash_ref.ops.attention import check_attention_args
 from dflash_ref.ops.masks import WINDOW_MODES, MaskSpec
@@ -62,7 +61,7 @@ def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int) -> d
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_id: int) -> int:
     return int(cp.cuda.Device(device_id).attributes["MultiProcessorCount"])
 
@@ -106,7 +105,7 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     out = cp.empty((Tq, nh, d), cp.float32)
     n_splits = plan["n_splits"]
     if n_splits == 1:
-        part_o, part_ml = out, cp.empty(2, cp.float32)  # unused by the kernel
+        part_o, part_ml = cp.empty(1, cp.float32), cp.empty(2, cp.float32)  # never written
     else:
         part_o = cp.empty((n_splits, Tq * nh, d), cp.float32)
         part_ml = cp.empty((n_splits, Tq * nh, 2), cp.float32)

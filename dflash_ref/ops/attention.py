@@ -13,7 +13,9 @@ spec/dflash.md §4.3)::
     out[i, h] = sum_j p_ij v[j, h // g]
 
 A row with no visible key (every M_ij = -inf, e.g. all slots invalid) outputs **zeros**, in
-both backends; the softmax is never evaluated on an empty row (no NaN).
+both backends; the softmax is never evaluated on an empty row (no NaN). A key slot that no
+query sees never reaches the output, whatever it holds: NaN or inf left in a free pool slot is
+harmless (both backends).
 
 :func:`attention` is the reference (it materialises the mask). :func:`attention_online` is the
 same function computed the way the CuPy kernel computes it: key tiles, the mask evaluated per
@@ -95,11 +97,18 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> np.ndarray:
     dt = compute_dtype(q, k, v)
     q, k, v = as_compute(q, dt), as_compute(k, dt), as_compute(v, dt)
     Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap)
-    g = nh // nkv
     scale = d ** -0.5 if scale is None else scale
+    if mask is not None:
+        M = materialize(mask, dt)  # [Tq, Tk]: 0 visible, -inf not
+        vis = M == 0
+        used = vis.any(axis=0)  # [Tk] slots some query sees
+        # A slot nobody sees may hold anything (a free pool slot): zero its k / v so that NaN or
+        # inf there cannot leak through 0 * NaN in the products below.
+        k = np.where(used[:, None, None], k, dt.type(0.0))
+        v = np.where(used[:, None, None], v, dt.type(0.0))
     s = _scores(q, k, scale, softcap, dt)  # [nkv, g, Tq, Tk]
     if mask is not None:
-        s = s + materialize(mask, dt)  # [Tq, Tk] broadcast over heads; -inf = invisible
+        s = np.where(vis, s + M, dt.type(-np.inf))  # s + M, immune to inf - inf
     m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)  # [nkv, g, Tq, 1]
     m = np.where(np.isfinite(m), m, dt.type(0.0))  # empty rows: any finite shift
     p = np.exp(s - m)  # 0 where masked
@@ -146,7 +155,10 @@ def attention_online(q, k, v, mask=None, scale=None, softcap=None, key_tile: int
             )  # [Tq, tile]
             if not vis.any():
                 continue  # the kernel's tile skip
-            s = _scores(q, k[cols], scale, softcap, dt)  # [nkv, g, Tq, tile]
+            used = vis.any(axis=0)[:, None, None]  # [tile, 1, 1]
+            k_t = np.where(used, k[cols], dt.type(0.0))  # garbage in unseen slots stays out
+            v_t = np.where(used, v[cols], dt.type(0.0))
+            s = _scores(q, k_t, scale, softcap, dt)  # [nkv, g, Tq, tile]
             s = np.where(vis, s, dt.type(-np.inf))
             m_new = np.maximum(m, np.max(s, axis=-1, keepdims=True))  # [nkv, g, Tq, 1]
             # Rows with nothing visible so far keep m = -inf; shift them by 0 (their l, acc
@@ -155,7 +167,7 @@ def attention_online(q, k, v, mask=None, scale=None, softcap=None, key_tile: int
             c = np.exp(m - shift)  # rescales the old state; 0 when m was -inf
             p = np.exp(s - shift)  # 0 where masked
             l = c * l + np.sum(p, axis=-1, keepdims=True)
-            acc = c * acc + p @ v[cols].transpose(1, 0, 2)[:, None]  # [nkv, g, Tq, d]
+            acc = c * acc + p @ v_t.transpose(1, 0, 2)[:, None]  # [nkv, g, Tq, d]
             m = m_new
         parts.append((m, l, acc))
     if not parts:  # Tk == 0

@@ -15,8 +15,8 @@
 //                            1. each warp evaluates the mask for its rows (ballot -> 32-bit
 //                               visibility word per row); if no row of the block sees any key
 //                               of the tile, the tile is skipped (__syncthreads_or);
-//                            2. K tile -> shared memory; lane j scores slot t0+j for each row
-//                               (scale, optional softcap tanh, before masking);
+//                            2. K tile -> shared memory; lane j scores slot t0+j for each of
+//                               its warp's rows (scale, optional softcap tanh, then the mask);
 //                            3. V tile -> the same shared buffer; online softmax update of the
 //                               row's running (m, l, acc), acc accumulating only visible slots.
 //                          n_splits == 1: writes out = acc / l (0 when l == 0, no visible key).
@@ -152,17 +152,22 @@ extern "C" __global__ void attention_fwd_f32(
         __syncthreads();
         float sc[ATT_MAX_RPW];
 #pragma unroll
-        for (int s = 0; s < ATT_MAX_RPW; ++s) {
-            sc[s] = ATT_NEG_INF;
-            if ((bits[s] >> lane) & 1u) {
-                const float* qr = sQ + (s * ATT_WARPS + warp) * d;
-                const float* kr = sKV + lane * ldkv;
-                float dot = 0.0f;
-                for (int dd = 0; dd < d; ++dd) dot = fmaf(qr[dd], kr[dd], dot);
-                float x = dot * scale;
-                if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
-                sc[s] = x;
+        for (int s = 0; s < ATT_MAX_RPW; ++s) sc[s] = 0.0f;
+        {
+            const float* kr = sKV + lane * ldkv;
+            for (int dd = 0; dd < d; ++dd) {  // one K read serves all of the warp's rows
+                const float kval = kr[dd];
+#pragma unroll
+                for (int s = 0; s < ATT_MAX_RPW; ++s) {
+                    if (s < rpw) sc[s] = fmaf(sQ[(s * ATT_WARPS + warp) * d + dd], kval, sc[s]);
+                }
             }
+        }
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_RPW; ++s) {
+            float x = sc[s] * scale;
+            if (softcap > 0.0f) x = softcap * tanhf(x / softcap);  // before the mask
+            sc[s] = ((bits[s] >> lane) & 1u) ? x : ATT_NEG_INF;
         }
         __syncthreads();
 
