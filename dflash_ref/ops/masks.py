@@ -38,6 +38,10 @@ Keys are identified by their absolute position only, never by their slot index: 
 key slots together with ``k_pos`` (and the ancestor columns) permutes nothing in the output.
 Positions must fit in int32 (the kernel's type).
 
+The builders take and return host (NumPy) positions; the CuPy twin copies them to the device on
+each call (4 bytes per slot). A caller on the GPU that keeps its slot positions on the device
+(a pager) can build ``MaskSpec(q_pos, k_pos, ...)`` directly from CuPy int32 arrays instead.
+
 Also here: :func:`layer_windows`, the per-layer window from ``layer_types`` /
 ``sliding_window_pattern`` (spec/dflash.md §7.3: an SWA layer run as full attention is exact
 until the context passes the window, so the pattern must be explicit).
