@@ -12,6 +12,8 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "rope": ("rope",),
     "activations": ("swiglu", "softmax", "log_softmax"),
     "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows"),
+    "masks": ("materialize",),
+    "attention": ("attention",),
 }
 
 
