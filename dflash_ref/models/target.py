@@ -172,8 +172,8 @@ class TargetModel:
             got = tuple(weights[name].shape)
             if got != shape:
                 raise FormatError(
-                    f"tensor {name} has shape {list(got)}, expected {list(shape)} from config.json; "
-                    f"the config and the weights disagree"
+                    f"tensor {name} has shape {list(got)}, expected {list(shape)} from "
+                    f"config.json; the config and the weights disagree"
                 )
 
     def new_state(self, feature_capacity: int | None = None,
