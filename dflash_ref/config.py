@@ -1535,12 +1535,13 @@ def _drafter_swa(config: Mapping, f: _Fields, layout: str, n_layers: int,
                               f"size (looked for sliding_window and dflash_config."
                               f"swa_window_size). Add it (2048 for the published SWA drafters).")
         window = _pos_int(window, window_key or "sliding_window", where)
-        if config.get("use_sliding_window") is False and layout == "zlab":
+        if (config.get("use_sliding_window") is False and layout == "zlab"
+                and f.has("layer_types")):
             warnings.warn(f"{where}: use_sliding_window is false but layer_types has sliding "
                           f"layers and a window of {window}. transformers' Qwen3Config drops the "
                           f"window when use_sliding_window is false, so an HF run would attend "
                           f"fully; dflash-ref applies the window (pass swa_convention='ignore' to "
-                          f"match that HF run).", stacklevel=4)
+                          f"match that HF run).", stacklevel=3)
     elif window is not None:
         window = _pos_int(window, window_key or "sliding_window", where)
     return layer_types, window
