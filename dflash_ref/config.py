@@ -1437,7 +1437,10 @@ class DrafterConfig:
         """A short human summary (for ``dflash-ref inspect``)."""
         counts = {t: self.layer_types.count(t) for t in (FULL, SLIDING) if t in self.layer_types}
         mix = " + ".join(f"{n} {t}" for t, n in counts.items())
-        thetas = ", ".join(f"{t} {r.theta:g}" for t, r in self.rope_by_type.items())
+        if len({r.theta for r in self.rope_by_type.values()}) == 1:
+            thetas = f"{self.rope_theta:g}"
+        else:
+            thetas = ", ".join(f"{t} {r.theta:g}" for t, r in self.rope_by_type.items())
         lines = [
             f"DFlash drafter ({self.layout} layout): {self.num_hidden_layers} layers ({mix}), "
             f"hidden {self.hidden_size}, ffn {self.intermediate_size}",

@@ -462,6 +462,24 @@ def test_qwen3_next_interval_top_level_theta_and_moe():
     assert cfg.moe.shared_expert_intermediate_size == 512
 
 
+def test_qwen35_moe_wrapper():
+    raw = qwen35_9b()
+    raw["model_type"] = "qwen3_5_moe"
+    raw["architectures"] = ["Qwen3_5MoeForConditionalGeneration"]
+    text = raw["text_config"]
+    text["model_type"] = "qwen3_5_moe_text"
+    del text["intermediate_size"]
+    text.update(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                shared_expert_intermediate_size=512)
+    cfg = TargetConfig.from_hf(raw)
+    assert cfg.family == "qwen3_5" and cfg.intermediate_size is None
+    assert (cfg.moe.num_experts, cfg.moe.num_experts_per_tok) == (256, 8)
+    assert "MoE 256 experts top-8" in cfg.describe()
+    text["model_type"] = "gemma3_text"
+    with raises("does not belong to the 'qwen3_5_moe' wrapper"):
+        TargetConfig.from_hf(raw)
+
+
 def test_hybrid_without_layer_pattern_is_an_error():
     raw = qwen3_next_80b()
     del raw["full_attention_interval"]
