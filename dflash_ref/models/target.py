@@ -64,7 +64,7 @@ class TargetState:
         cfg, be = model.config, model.be
         self.length = 0
         self.kv: dict[int, KVCache] = {
-            i: KVCache(be, cfg.num_key_value_heads, cfg.head_dim)
+            i: KVCache(be, cfg.num_key_value_heads_for(i), cfg.head_dim_for(i))
             for i, t in enumerate(cfg.layer_types) if t != "linear_attention"
         }
         self.gdn: dict[int, object] = {
@@ -112,6 +112,7 @@ class TargetModel:
 
     def __init__(self, config: TargetConfig, weights: dict, backend="numpy",
                  target_layer_ids=None):
+        _check_supported(config)
         self.config = config
         self.be: Backend = as_backend(backend)
         self.target_layer_ids: list[int] = []
@@ -123,7 +124,7 @@ class TargetModel:
         self.embed_tokens = w[f"{p}embed_tokens.weight"]  # [vocab, H]
         self.final_norm = w[f"{p}norm.weight"]
         self.lm_head_weight = (
-            self.embed_tokens if config.tie_word_embeddings else w["lm_head.weight"]
+            self.embed_tokens if config.tie_word_embeddings else w[config.lm_head_name]
         )  # [vocab, H]
         self.layers = [
             _DecoderLayer(self, i, {k[len(f"{p}layers.{i}."):]: v for k, v in w.items()
@@ -273,7 +274,8 @@ class _DecoderLayer:
         """Self-attention of the batch over the cache + batch; returns [T, H]."""
         cfg, be = self.model.config, self.model.be
         xp, ops, w = be.xp, be.ops, self.w
-        T, nh, nkv, d = u.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        T, nh = u.shape[0], cfg.num_attention_heads
+        nkv, d = cfg.num_key_value_heads_for(self.idx), cfg.head_dim_for(self.idx)
         q = u @ w["self_attn.q_proj.weight"].T  # [T, nh*d] (x2 with an output gate)
         gate = None
         if cfg.attn_output_gate:  # Qwen3.5 / Qwen3-Next: per head [q (d) | gate (d)]
@@ -285,9 +287,9 @@ class _DecoderLayer:
         if cfg.qk_norm:  # per head over d, before RoPE
             q = ops.rms_norm(q, w["self_attn.q_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset)
             k = ops.rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset)
-        theta = cfg.rope_theta_for(self.idx)
-        q = ops.rope(xp.ascontiguousarray(q), positions, theta, cfg.rotary_dim)
-        k = ops.rope(xp.ascontiguousarray(k), positions, theta, cfg.rotary_dim)
+        r = cfg.rope_for(self.idx)  # theta, rotary_dim and linear factor of this layer's type
+        q = ops.rope(xp.ascontiguousarray(q), positions, r.theta, r.rotary_dim, r.factor)
+        k = ops.rope(xp.ascontiguousarray(k), positions, r.theta, r.rotary_dim, r.factor)
         kv.append(k, v)
         window = cfg.sliding_window if self.kind == "sliding_attention" else None
         mask = causal_mask(positions, np.arange(kv.length), window=window)
@@ -311,15 +313,42 @@ class _DecoderLayer:
         return a @ w["mlp.down_proj.weight"].T
 
 
+def _check_supported(cfg: TargetConfig) -> None:
+    """Refuse, by name, config features the model code does not implement (never run them wrong)."""
+    problems = []
+    if cfg.family == "gemma4":
+        problems.append("Gemma 4 model code (config parsing only; see docs/target.md)")
+    if cfg.moe is not None:
+        problems.append(f"mixture-of-experts MLPs ({cfg.moe.num_experts} experts)")
+    if cfg.v_norm or cfg.attention_k_eq_v:
+        problems.append("v_norm / shared k=v attention")
+    if cfg.attention_bias:
+        problems.append("attention_bias")
+    if cfg.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+        problems.append(f"hidden_act {cfg.hidden_act!r} (silu and gelu_pytorch_tanh are)")
+    for i in range(cfg.num_hidden_layers):
+        if cfg.layer_types[i] != "linear_attention" and cfg.rope_for(i).rope_type not in (
+                "default", "linear"):
+            problems.append(f"rope_type {cfg.rope_for(i).rope_type!r} (layer {i})")
+            break
+    if problems:
+        raise ConfigError(
+            f"{cfg.family} target uses features the reference model does not implement: "
+            f"{'; '.join(problems)}. Supported: Qwen3 dense, Qwen3.5 / Qwen3-Next dense-MLP "
+            f"hybrids, Gemma 3 text."
+        )
+
+
 def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name (HF layout) the config implies, with its PyTorch [out, in] shape."""
-    p, H, d = cfg.weight_prefix, cfg.hidden_size, cfg.head_dim
-    nh, nkv, F = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+    p, H = cfg.weight_prefix, cfg.hidden_size
+    nh, F = cfg.num_attention_heads, cfg.intermediate_size
     t = {f"{p}embed_tokens.weight": (cfg.vocab_size, H), f"{p}norm.weight": (H,)}
     if not cfg.tie_word_embeddings:
-        t["lm_head.weight"] = (cfg.vocab_size, H)
+        t[cfg.lm_head_name] = (cfg.vocab_size, H)
     for i, kind in enumerate(cfg.layer_types):
         L = f"{p}layers.{i}."
+        d, nkv = cfg.head_dim_for(i), cfg.num_key_value_heads_for(i)
         t[L + "input_layernorm.weight"] = (H,)
         t[L + "post_attention_layernorm.weight"] = (H,)
         if cfg.use_pre_post_ffn_norms:

@@ -19,6 +19,15 @@ def test_rope_inv_freq_hand_values():
     assert_close(rope_inv_freq(10000.0, 4), [1.0, 0.01], "float32_elementwise", op="rope_inv_freq")
 
 
+def test_linear_scaling_divides_the_frequencies():
+    # factor 8 (Gemma 3 global layers): position 8 with factor 8 == position 1 without scaling.
+    assert_close(rope_inv_freq(10000.0, 4, factor=8.0), [1 / 8, 0.01 / 8], "float32_elementwise",
+                 op="rope_inv_freq", case="linear factor 8")
+    x = np.array([[[1.0, 2.0, 3.0, 4.0]]])
+    assert_close(rope(x, np.array([8]), 1e4, factor=8.0), rope(x, np.array([1]), 1e4),
+                 "float32_rope", op="rope", case="linear factor 8")
+
+
 def test_rope_single_pair_rotates_by_position():
     # d = 2, inv_freq = [1]: [1, 0] at position p -> [cos p, sin p].
     x = np.array([[[1.0, 0.0]], [[1.0, 0.0]]])  # [T=2, H=1, d=2]
@@ -108,12 +117,13 @@ def test_rope_at_zero_is_identity_and_composes(data):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "T,H,d,rotary_dim,theta",
-    [(1, 1, 2, None, 1e4), (7, 3, 64, None, 1e6), (33, 8, 128, None, 1e7),
-     (5, 2, 256, 64, 1e7), (16, 4, 128, 32, 1e4)],
+    "T,H,d,rotary_dim,theta,factor",
+    [(1, 1, 2, None, 1e4, 1.0), (7, 3, 64, None, 1e6, 1.0), (33, 8, 128, None, 1e7, 1.0),
+     (5, 2, 256, 64, 1e7, 1.0), (16, 4, 128, 32, 1e4, 1.0), (9, 2, 128, None, 1e6, 8.0)],
 )
-def test_rope_twin(rng, T, H, d, rotary_dim, theta):
+def test_rope_twin(rng, T, H, d, rotary_dim, theta, factor):
     x = rng.standard_normal((T, H, d)).astype(np.float32)
     pos = rng.integers(0, 40000, size=T)
-    check_twin("rope", (x, pos, theta), {"rotary_dim": rotary_dim}, "float32_rope",
+    check_twin("rope", (x, pos, theta), {"rotary_dim": rotary_dim, "factor": factor},
+               "float32_rope",
                case=f"T={T} H={H} d={d} rd={rotary_dim}")
