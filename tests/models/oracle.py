@@ -1,0 +1,94 @@
+"""An independent float64 forward for the dense targets (Qwen3, Gemma 3), written for the tests.
+
+It re-derives the HF computation directly from the config dict and the tensor dict, with explicit
+loops over heads and full-sequence attention (no cache, no ops from dflash_ref), and returns the
+HF ``hidden_states`` tuple convention: ``hs[0]`` = embeddings, ``hs[i + 1]`` = raw output of layer
+i, plus the logits. It shares no code with dflash_ref.models.target.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _rms(x, w, eps, offset):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (offset + w)
+
+
+def _rope(x, pos, theta, factor=1.0):
+    # x [T, h, d]; NEOX halves; float64 throughout (angles in float32 as HF, then float64 trig).
+    d = x.shape[-1]
+    inv = (1.0 / (np.float32(theta) ** (np.arange(0, d, 2).astype(np.float32) / np.float32(d))))
+    inv = (inv.astype(np.float32) / np.float32(factor)).astype(np.float32)
+    ang = (pos.astype(np.float32)[:, None] * inv[None, :]).astype(np.float64)
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def dense_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
+    """Return (hidden_states list of [T, H], logits [T, V]) for a qwen3 or gemma3_text config."""
+    W = {k: v.astype(np.float64) for k, v in tensors.items()}
+    gemma = config["model_type"].startswith("gemma3")
+    off = 1.0 if gemma else 0.0
+    eps = config["rms_norm_eps"]
+    H, nh, nkv, d = (config[k] for k in ("hidden_size", "num_attention_heads",
+                                         "num_key_value_heads", "head_dim"))
+    ids = np.asarray(ids)
+    T = len(ids)
+    pos = np.arange(T)
+    x = W["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * np.float64(np.float32(math.sqrt(H)))  # float32 checkpoint: sqrt(H) in float32
+    hs = [x]
+    for i in range(config["num_hidden_layers"]):
+        L = f"model.layers.{i}."
+        u = _rms(x, W[L + "input_layernorm.weight"], eps, off)
+        q = (u @ W[L + "self_attn.q_proj.weight"].T).reshape(T, nh, d)
+        k = (u @ W[L + "self_attn.k_proj.weight"].T).reshape(T, nkv, d)
+        v = (u @ W[L + "self_attn.v_proj.weight"].T).reshape(T, nkv, d)
+        q = _rms(q, W[L + "self_attn.q_norm.weight"], eps, off)
+        k = _rms(k, W[L + "self_attn.k_norm.weight"], eps, off)
+        sliding = gemma and config["layer_types"][i] == "sliding_attention"
+        theta = config["rope_local_base_freq"] if sliding else config["rope_theta"]
+        q, k = _rope(q, pos, theta), _rope(k, pos, theta)
+        scale = config["query_pre_attn_scalar"] ** -0.5 if gemma else d ** -0.5
+        o = np.zeros((T, nh, d))
+        for h in range(nh):
+            kh = h // (nh // nkv)
+            for t in range(T):
+                keys = [j for j in range(T) if j <= t
+                        and (not sliding or t - j < config["sliding_window"])]
+                s = np.array([q[t, h] @ k[j, kh] for j in keys]) * scale
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                o[t, h] = sum(pj * v[j, kh] for pj, j in zip(p, keys))
+        a = o.reshape(T, nh * d) @ W[L + "self_attn.o_proj.weight"].T
+        if gemma:
+            a = _rms(a, W[L + "post_attention_layernorm.weight"], eps, off)
+            x = x + a
+            u = _rms(x, W[L + "pre_feedforward_layernorm.weight"], eps, off)
+        else:
+            x = x + a
+            u = _rms(x, W[L + "post_attention_layernorm.weight"], eps, off)
+        g = u @ W[L + "mlp.gate_proj.weight"].T
+        up = u @ W[L + "mlp.up_proj.weight"].T
+        if gemma:
+            act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+        else:
+            act = g / (1 + np.exp(-g))
+        m = (act * up) @ W[L + "mlp.down_proj.weight"].T
+        if gemma:
+            m = _rms(m, W[L + "post_feedforward_layernorm.weight"], eps, off)
+        x = x + m
+        hs.append(x)
+    xn = _rms(x, W["model.norm.weight"], eps, off)
+    head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
+    logits = xn @ head.T
+    cap = config.get("final_logit_softcapping")
+    if cap:
+        logits = cap * np.tanh(logits / cap)
+    # HF convention: the last entry is the final-normed state (not needed by the tests).
+    return hs, logits
