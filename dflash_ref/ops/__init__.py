@@ -12,6 +12,7 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "rope": ("rope",),
     "activations": ("swiglu", "softmax", "log_softmax"),
     "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows"),
+    "dequant": ("dequantize_q8_0", "dequantize_q4_k", "dequantize_q6_k"),
 }
 
 
