@@ -311,7 +311,7 @@ def _storage(name: str, x, dtype: str | None) -> tuple[str, np.ndarray]:
     x = np.asarray(x)
     if dtype is not None and np.issubdtype(x.dtype, np.floating):
         if dtype not in _STORAGE:
-            raise ValueError(f"storage dtype {dtype!r} is unknown; expected one of {list(_STORAGE)}")
+            raise ValueError(f"storage dtype {dtype!r} is unknown; expected {list(_STORAGE)}")
         st_name, np_dtype = _STORAGE[dtype]
         if st_name == "bfloat16":
             return st_name, float32_to_bf16_bits(x.astype(np.float32)).astype("<u2")

@@ -107,7 +107,8 @@ def dequantize_q6_k(raw, shape) -> np.ndarray:
     qh = blocks[:, 128:192].reshape(nb, 2, 1, 32)  # [nb, h, 1, l]
     scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # [nb, 16]
     d = _f16(blocks[:, 208:210])[:, None]  # [nb, 1]
-    low = (ql >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1, 1)) & 15  # [nb, h, k >> 1, k & 1, l]
+    shift = np.array([0, 4], np.uint8).reshape(1, 1, 2, 1, 1)
+    low = (ql >> shift) & 15  # [nb, h, k >> 1, k & 1, l]
     low = low.reshape(nb, 2, 4, 32)  # [nb, h, k, l]
     high = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3  # [nb, h, k, l]
     q = (low | (high << 4)).astype(np.float32) - 32  # [nb, h, k, l], e = 128 h + 32 k + l
