@@ -105,7 +105,7 @@ def _f16_round_up(v: np.ndarray, fmt: str) -> np.ndarray:
     """The smallest f16 >= v (v >= 0, float32), returned as float16."""
     if np.any(v > F16_MAX):
         raise FormatError(f"{fmt}: a block scale {float(v.max()):.3g} exceeds the f16 range")
-    h = v.astype(np.float16)
+    h = np.where(v > 0, v, np.float32(0)).astype(np.float16)  # -0.0 would store sign bit 0x8000
     low = h.astype(np.float32) < v
     h[low] = np.nextafter(h[low], np.float16(np.inf))
     return h
