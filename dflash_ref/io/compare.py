@@ -37,8 +37,8 @@ REL_RMS_BUDGET: dict[str, float] = {
     "BF16": 8e-3,  # [1.6e-3] 8-bit mantissa: u = 2^-8
     "Q8_0": 1.5e-2,  # [5.4e-3] step max|x|/127 per 32 weights
     "Q6_K": 4e-2,  # [~2e-2] seed 001: 1.78 % mean, 2.155 % max on a real drafter
-    "Q5_K": 8e-2,  # [~4e-2] one bit more than Q4_K
-    "Q4_K": 1.5e-1,  # [8.0e-2 ours, ~7.2e-2 ggml's search] 16 levels per 32 weights
+    "Q5_K": 1e-1,  # [~4e-2] one bit more than Q4_K
+    "Q4_K": 2e-1,  # [8.0e-2 ours, ~7.2e-2 ggml's search; 9.4e-2 Laplace] 16 levels per 32
 }
 
 INTEGER_TYPES = frozenset({"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL"})
