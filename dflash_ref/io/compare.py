@@ -33,8 +33,8 @@ from dflash_ref.io.safetensors_io import open_checkpoint
 REL_RMS_BUDGET: dict[str, float] = {
     "F64": 1e-9,  # [0] exact or float32 rounding of the comparison itself
     "F32": 1e-6,  # [0] float32 copies are exact; 1e-6 leaves room for F64 sources
-    "F16": 1e-3,  # [2.1e-4] 11-bit mantissa: u = 2^-11, RMS ~ u / sqrt(5)
-    "BF16": 8e-3,  # [1.6e-3] 8-bit mantissa: u = 2^-8
+    "F16": 1e-3,  # [2.1e-4] 11 significant bits: relative rounding error <= 2^-11
+    "BF16": 8e-3,  # [1.6e-3] 8 significant bits: relative rounding error <= 2^-8
     "Q8_0": 1.5e-2,  # [5.4e-3] step max|x|/127 per 32 weights
     "Q6_K": 4e-2,  # [~2e-2] seed 001: 1.78 % mean, 2.155 % max on a real drafter
     "Q5_K": 1e-1,  # [~4e-2] one bit more than Q4_K
