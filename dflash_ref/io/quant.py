@@ -33,7 +33,8 @@ Error bounds (tested in tests/io/test_quant.py on random and adversarial blocks)
 - **Q8_0** (ggml's reference choice: d = amax/127, q = round half away from zero of x/d, d
   stored as f16): ``|x - x^| <= amax/127 * (1/2 + 127 * 2^-11) + 2^-17``. The 1/2 is the rounding
   of q, 127 * 2^-11 the f16 rounding of d seen through |q| <= 127, 2^-17 covers a subnormal f16 d.
-  Our bytes equal ``gguf.quants.quantize`` (which is bit-exact with ggml-quants.c).
+  Our bytes equal ``gguf.quants.quantize`` (which is bit-exact with ggml-quants.c), except in
+  blocks with max|x| < 1.5e-36, where ggml's 1/d overflows and we store zeros.
 - **Q4_K** (a min/max scheme, simpler than ggml's ``make_qkx2_quants`` search): per sub-block s
   the range [lo_s, hi_s] with lo_s = min(0, min x) and hi_s = max x is always covered (scales are
   rounded *up*), so every weight rounds to its nearest level: ``|x - x^| <= step_s / 2`` with
@@ -130,8 +131,12 @@ def quantize_q8_0(x) -> np.ndarray:
     d = amax / np.float32(127)
     if np.any(d > F16_MAX):
         raise FormatError(f"Q8_0: max|x| = {float(amax.max()):.3g} gives a scale beyond f16")
-    with np.errstate(divide="ignore"):
-        inv_d = np.where(d == 0, np.float32(0), np.float32(1) / d)  # [nb, 1]
+    with np.errstate(divide="ignore", over="ignore"):
+        inv_d = np.float32(1) / d  # [nb, 1]; inf when d is 0 or a float32 subnormal
+    # ggml also maps d = 0 to 1/d = 0. For a subnormal d (max|x| < 1.5e-36) its C code takes
+    # roundf(x * inf) to int8, which is undefined; we store q = 0 there. d rounds to f16 0 in
+    # that range, so the weights read back as 0 either way.
+    inv_d = np.where(np.isfinite(inv_d), inv_d, np.float32(0))
     q = _round_half_away(blocks * inv_d).astype(np.int8)  # [nb, 32], |q| <= 127
     out = np.concatenate([d.astype(np.float16).view(np.uint8), q.view(np.uint8)], axis=1)
     return out.reshape(*shape[:-1], shape[-1] // Q8_0_BLOCK * Q8_0_BYTES)  # [nb, 34] -> [..]
