@@ -14,6 +14,7 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows"),
     "masks": ("materialize",),
     "attention": ("attention",),
+    "dequant": ("dequantize_q8_0", "dequantize_q4_k", "dequantize_q6_k"),
 }
 
 
