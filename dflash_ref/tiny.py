@@ -11,7 +11,6 @@ scale through the layers and logits are decisive (few near-ties).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -86,24 +85,21 @@ def tiny_weights(shapes: dict[str, tuple[int, ...]], seed: int, norm_offset: flo
     return out
 
 
-def write_checkpoint(path, config: dict, tensors: dict) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` into directory ``path``."""
-    from safetensors.numpy import save_file
+def write_tiny_target(path, family: str = "qwen3", seed: int = 0, dtype: str | None = None,
+                      shard_size: int | None = None, **overrides) -> Path:
+    """Write a tiny ``family`` target checkpoint into ``path``; returns the directory.
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-              str(path / "model.safetensors"))
-    return path
-
-
-def write_tiny_target(path, family: str = "qwen3", seed: int = 0, **overrides) -> Path:
-    """Write a tiny ``family`` target checkpoint into ``path``; returns the directory."""
+    ``dtype`` ("bfloat16", "float16", "float32") sets the storage; ``shard_size`` (bytes) writes
+    shards plus ``model.safetensors.index.json``; ``overrides`` replace config.json fields.
+    """
+    from dflash_ref.io.safetensors_io import write_safetensors
     from dflash_ref.config import TargetConfig
     from dflash_ref.models.target import expected_tensors
 
     config = tiny_target_config(family, **overrides)
     cfg = TargetConfig.from_hf(config)
     tensors = tiny_weights(expected_tensors(cfg), seed, cfg.norm_offset)
-    return write_checkpoint(path, config, tensors)
+    if dtype is not None:
+        config["torch_dtype"] = dtype
+    return write_safetensors(path, tensors, config=config, shard_size=shard_size, dtype=dtype,
+                             overwrite=True)

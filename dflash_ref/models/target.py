@@ -34,6 +34,7 @@ import numpy as np
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.config import TargetConfig
 from dflash_ref.errors import ConfigError, FormatError
+from dflash_ref.io.safetensors_io import load_checkpoint
 from dflash_ref.models.cache import FeatureBuffer, KVCache
 from dflash_ref.models.gdn_layer import GDNLayer
 from dflash_ref.ops.masks import causal_mask
@@ -142,7 +143,7 @@ class TargetModel:
         if not cfg_path.exists():
             raise FormatError(f"{path} has no config.json; expected a Hugging Face model directory")
         config = TargetConfig.from_hf(json.loads(cfg_path.read_text()))
-        weights = read_safetensors_dir(path)
+        weights = load_checkpoint(path)
         return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
 
     def set_target_layer_ids(self, target_layer_ids) -> None:
@@ -370,17 +371,3 @@ def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
         t[L + "mlp.up_proj.weight"] = (F, H)
         t[L + "mlp.down_proj.weight"] = (H, F)
     return t
-
-
-def read_safetensors_dir(path) -> dict:
-    """All tensors of a HF checkpoint directory as float32 NumPy arrays (placeholder loader)."""
-    from safetensors.numpy import load_file
-
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FormatError(f"{path} holds no *.safetensors file")
-    out = {}
-    for f in files:
-        out.update({k: np.asarray(v, dtype=np.float32) for k, v in load_file(f).items()})
-    return out
