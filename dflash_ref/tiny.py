@@ -103,3 +103,55 @@ def write_tiny_target(path, family: str = "qwen3", seed: int = 0, dtype: str | N
         config["torch_dtype"] = dtype
     return write_safetensors(path, tensors, config=config, shard_size=shard_size, dtype=dtype,
                              overwrite=True)
+
+
+def tiny_drafter_config(target_config: dict, block_size: int = 8, num_hidden_layers: int = 2,
+                        target_layer_ids=(0, 2), mask_token_id: int = 255,
+                        layout: str = "zlab", **overrides) -> dict:
+    """A drafter config.json dict for a tiny target, in the z-lab layout (``dflash_config``)
+    or the HF DFlash-assistant layout (DFlash keys at the top level)."""
+    text = target_config.get("text_config", target_config)
+    theta = text.get("rope_theta") or text.get("rope_parameters", {}).get("rope_theta", 1e6)
+    cfg = {
+        "hidden_size": text["hidden_size"], "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 2 * text["hidden_size"], "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "vocab_size": text["vocab_size"], "rope_theta": theta,
+        "rope_scaling": None, "max_position_embeddings": 4096, "attention_bias": False,
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+        "num_target_layers": text["num_hidden_layers"], "block_size": block_size,
+        "layer_types": ["full_attention"] * num_hidden_layers,
+        "sliding_window": None, "use_sliding_window": False,
+    }
+    if layout == "zlab":
+        cfg.update({
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+            "dflash_config": {"mask_token_id": mask_token_id,
+                              "target_layer_ids": list(target_layer_ids)},
+        })
+    elif layout == "hf_assistant":
+        cfg.update({
+            "architectures": ["MuseGlimmerAssistantModel"], "model_type": "muse_glimmer_assistant",
+            "mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids),
+        })
+    else:
+        raise ValueError(f"unknown drafter layout {layout!r}; choose 'zlab' or 'hf_assistant'")
+    cfg.update(overrides)
+    return cfg
+
+
+def write_tiny_drafter(path, target_dir, seed: int = 1, dtype: str | None = None,
+                       **config_kw) -> Path:
+    """Write a tiny drafter for the tiny target in ``target_dir`` into ``path``."""
+    import json
+
+    from dflash_ref.config import DrafterConfig
+    from dflash_ref.io.safetensors_io import write_safetensors
+    from dflash_ref.models.drafter import drafter_expected_tensors
+
+    target_config = json.loads((Path(target_dir) / "config.json").read_text())
+    config = tiny_drafter_config(target_config, **config_kw)
+    cfg = DrafterConfig.from_hf(config)
+    tensors = tiny_weights(drafter_expected_tensors(cfg), seed, norm_offset=0.0)
+    return write_safetensors(path, tensors, config=config, dtype=dtype, overwrite=True)

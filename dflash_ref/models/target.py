@@ -36,7 +36,6 @@ from dflash_ref.config import TargetConfig
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import load_checkpoint
 from dflash_ref.models.cache import FeatureBuffer, KVCache
-from dflash_ref.models.gdn_layer import GDNLayer
 from dflash_ref.ops.masks import causal_mask
 
 
@@ -242,6 +241,8 @@ class _DecoderLayer:
         cfg = model.config
         self.model, self.idx, self.w = model, idx, w
         self.kind = cfg.layer_types[idx]
+        if self.kind == "linear_attention":
+            from dflash_ref.models.gdn_layer import GDNLayer
         self.mixer = (
             GDNLayer.from_hf(cfg.gdn, {k[len("linear_attn."):]: v for k, v in w.items()
                                        if k.startswith("linear_attn.")},
@@ -356,6 +357,8 @@ def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
             t[L + "pre_feedforward_layernorm.weight"] = (H,)
             t[L + "post_feedforward_layernorm.weight"] = (H,)
         if kind == "linear_attention":
+            from dflash_ref.models.gdn_layer import GDNLayer
+
             for name, shape in GDNLayer.expected_tensors(cfg.gdn, H).items():
                 t[L + "linear_attn." + name] = shape
         else:

@@ -92,3 +92,43 @@ def dense_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
         logits = cap * np.tanh(logits / cap)
     # HF convention: the last entry is the final-normed state (not needed by the tests).
     return hs, logits
+
+
+def drafter_forward(dcfg: dict, D: dict, E: np.ndarray, head: np.ndarray, feats, ctx_pos,
+                    anchor: int, s: int, emb_scale: float = 1.0, softcap=None) -> np.ndarray:
+    """Independent float64 DFlash drafter forward (spec/dflash.md §4), full non-causal layers.
+
+    D: drafter tensors (z-lab names); E: target embedding [V, H]; head: target lm_head [V, H].
+    Returns logits [B, V].
+    """
+    D = {k: v.astype(np.float64) for k, v in D.items()}
+    eps, B = dcfg["rms_norm_eps"], dcfg["block_size"]
+    nh, nkv, d = dcfg["num_attention_heads"], dcfg["num_key_value_heads"], dcfg["head_dim"]
+    theta = dcfg["rope_theta"]
+    m = dcfg["dflash_config"]["mask_token_id"]
+    c = _rms(np.asarray(feats, np.float64) @ D["fc.weight"].T, D["hidden_norm.weight"], eps, 0.0)
+    block = np.array([anchor] + [m] * (B - 1))
+    h = E.astype(np.float64)[block] * emb_scale
+    qpos, kpos = np.arange(s, s + B), np.concatenate([np.asarray(ctx_pos), np.arange(s, s + B)])
+    for i in range(dcfg["num_hidden_layers"]):
+        L = f"layers.{i}."
+        u = _rms(h, D[L + "input_layernorm.weight"], eps, 0.0)
+        ctx_and_noise = np.concatenate([c, u], axis=0)  # context rows first
+        q = _rms((u @ D[L + "self_attn.q_proj.weight"].T).reshape(B, nh, d),
+                 D[L + "self_attn.q_norm.weight"], eps, 0.0)
+        k = _rms((ctx_and_noise @ D[L + "self_attn.k_proj.weight"].T).reshape(-1, nkv, d),
+                 D[L + "self_attn.k_norm.weight"], eps, 0.0)
+        v = (ctx_and_noise @ D[L + "self_attn.v_proj.weight"].T).reshape(-1, nkv, d)
+        q, k = _rope(q, qpos, theta), _rope(k, kpos, theta)
+        o = np.zeros((B, nh, d))
+        for hh in range(nh):
+            sc = k[:, hh // (nh // nkv)] @ q[:, hh].T * d**-0.5  # [ctx+B, B]
+            p = np.exp(sc - sc.max(0))
+            p /= p.sum(0)
+            o[:, hh] = p.T @ v[:, hh // (nh // nkv)]
+        h = h + o.reshape(B, nh * d) @ D[L + "self_attn.o_proj.weight"].T
+        u = _rms(h, D[L + "post_attention_layernorm.weight"], eps, 0.0)
+        g, up = u @ D[L + "mlp.gate_proj.weight"].T, u @ D[L + "mlp.up_proj.weight"].T
+        h = h + (g / (1 + np.exp(-g)) * up) @ D[L + "mlp.down_proj.weight"].T
+    logits = _rms(h, D["norm.weight"], eps, 0.0) @ head.astype(np.float64).T
+    return logits if not softcap else softcap * np.tanh(logits / softcap)
