@@ -92,8 +92,8 @@ def write_tiny_target(path, family: str = "qwen3", seed: int = 0, dtype: str | N
     ``dtype`` ("bfloat16", "float16", "float32") sets the storage; ``shard_size`` (bytes) writes
     shards plus ``model.safetensors.index.json``; ``overrides`` replace config.json fields.
     """
-    from dflash_ref.io.safetensors_io import write_safetensors
     from dflash_ref.config import TargetConfig
+    from dflash_ref.io.safetensors_io import write_safetensors
     from dflash_ref.models.target import expected_tensors
 
     config = tiny_target_config(family, **overrides)

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.models.target import TargetModel
 from dflash_ref.testing import Tolerance, assert_close
-from dflash_ref.tiny import TINY_FAMILIES, tiny_target_config, write_tiny_target
+from dflash_ref.tiny import TINY_FAMILIES, write_tiny_target
 from tests.models.oracle import dense_forward
 
 # float32 model vs float64 oracle through 4 layers of matmuls over width <= 128: relative error
