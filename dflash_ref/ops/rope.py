@@ -64,7 +64,8 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None,
     pos = np.asarray(positions)
     if pos.shape != (T,):
         raise ValueError(f"positions must have shape [{T}], got {pos.shape}")
-    angle = pos.astype(np.float32)[:, None] * rope_inv_freq(theta, rd, factor)[None, :]  # [T, rd/2] f32
+    inv_freq = rope_inv_freq(theta, rd, factor)  # [rd/2] f32
+    angle = pos.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, rd/2] f32
     angle = angle.astype(dt)  # float64 inputs get exact cos/sin of the float32 angle
     cos = np.cos(angle)[:, None, :]  # [T, 1, rd/2]
     sin = np.sin(angle)[:, None, :]
