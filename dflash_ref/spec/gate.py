@@ -30,7 +30,6 @@ Protocol for the loop::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -419,17 +418,20 @@ def probe_steps_bound(gate: CommitEmaGate, bad_ratio: float, ema_start: float) -
     """Most spec steps the gate can take in a run of steps whose ratio is ``bad_ratio < margin``.
 
     From the update rule, after k bad steps ``ema_k = r + (e0 - r) 2^-k`` (r = bad_ratio,
-    e0 = ``ema_start``). The streak starts at the first k with ``ema_k < margin``,
-    ``k_drop = 1`` if e0 < margin else the smallest k with ``2^k > (e0 - r) / (margin - r)``, and
-    reaches ``sustain`` after ``k_drop + sustain - 1`` steps; the floor also waits for
-    ``n_draft_steps >= warmup``. So at most ``max(warmup, k_drop + sustain - 1)`` bad steps run
-    (the v2/v3 hard floor can only stop it earlier).
+    e0 = ``ema_start``). The streak starts at the first k with ``ema_k < margin`` (k_drop; 1 if
+    e0 < margin) and reaches ``sustain`` after ``k_drop + sustain - 1`` steps; the floor also waits
+    for ``n_draft_steps >= warmup``. So at most ``max(warmup, k_drop + sustain - 1)`` bad steps
+    run (the v2/v3 hard floor can only stop it earlier, and a streak already running at e0 too).
+    k_drop is found by running the gate's own float update, so it is exact for the gate even
+    when ``ema_k`` lands on the margin.
     """
     r, m = float(bad_ratio), gate.margin
     if not r < m:
         raise ValueError(f"bad_ratio {r} must be below the margin {m}")
-    if ema_start < m:
-        k_drop = 1
-    else:
-        k_drop = math.floor(math.log2((ema_start - r) / (m - r))) + 1
+    ema, k_drop = float(ema_start), 0
+    while True:  # ends: ema - r halves every step and r < m
+        k_drop += 1
+        ema = 0.5 * ema + 0.5 * r
+        if ema < m:
+            break
     return max(gate.warmup, k_drop + gate.sustain - 1)
