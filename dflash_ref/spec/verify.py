@@ -46,7 +46,8 @@ class ChainVerifyResult:
         a: accepted drafts, 0 <= a <= B-1.
         accepted: ``block[1 : 1+a]``, the accepted draft tokens.
         bonus: ``posterior[a]``, the target's token after the last accepted draft.
-        posterior: [B] int64, the target's token per block row (argmax, or sampled).
+        posterior: [B] int64, the target's token per block row (argmax, or sampled); the
+            rejection form samples only up to the bonus, so there it is [a+1].
     """
 
     a: int
