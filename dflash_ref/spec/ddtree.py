@@ -257,7 +257,8 @@ def build_ddtree_from_topk(root_token: int, topk_ids, topk_lp, budget: int,
         budget: maximum non-root nodes.
         chain_seed: pre-insert the top-1 chain (lucebox, spec §5); off in the authors' builder.
     Returns:
-        :class:`DDTree` with ``1 + min(budget, L*K-ish)`` nodes: the heap may empty first.
+        :class:`DDTree` with ``1 + min(budget, K + K^2 + ... + K^L)`` nodes (the heap empties
+        once every path of the K-ary tree is in).
     """
     ids = np.asarray(topk_ids, dtype=np.int64)
     lps = np.asarray(topk_lp, dtype=np.float32).astype(np.float64).tolist()  # Python floats
