@@ -30,7 +30,7 @@ def tiny_target_config(family: str = "qwen3", **overrides) -> dict:
         cfg = {
             "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
             "hidden_act": "silu", "rope_theta": 1000000.0, "rope_scaling": None,
-            "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": None,
+            "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": None,
         }
     elif family == "qwen3_5":
         cfg = {
