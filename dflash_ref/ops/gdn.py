@@ -1,0 +1,459 @@
+"""Gated DeltaNet (GDN) token mixer: recurrent form, chunk-parallel form, and the short conv.
+
+Notation and layout follow FLA (spec/gdn.md §1.1), for one sequence (no batch axis):
+
+    q, k   [T, H, K]     H query/key heads, K = head_k_dim (L2-normalised by the caller)
+    v      [T, HV, V]    HV value heads, V = head_v_dim; HV = r * H
+    g      [T, HV]       log decay per token and value head (<= 0); or [T, HV, K] for KDA
+    beta   [T, HV]       write strength in (0, 1)
+    state  [HV, K, V]    one K x V matrix per value head: rows = key channel, cols = value channel
+    o      [T, HV, V]
+
+The per-token recurrence (spec/gdn.md §1.2), in this exact order for every value head h:
+
+    1. decay   S <- exp(g_t) * S                  (KDA: S <- Diag(exp(g_t)) S, rows scaled)
+    2. read    r_t = S^T k_t                      (with the *decayed* state)
+    3. delta   d_t = beta_t * (v_t - r_t)
+    4. write   S <- S + k_t d_t^T                 (rank-1 update)
+    5. output  o_t = scale * S^T q_t              (from the *updated* state; scale = K^-1/2)
+
+GQA head mapping (spec/gdn.md §1.5): value head ``h`` reads q/k head ``h // r`` ("grouped",
+as FLA, HF, vLLM and SGLang do). ggml uses ``h % H`` ("tiled"), and llama.cpp's converter
+permutes every value-head-indexed tensor accordingly; :func:`value_heads_tiled_to_grouped` undoes
+that permutation so that a tiled model can run through these grouped ops.
+
+Compute dtype: float64 inputs stay float64 (closed-form tests), everything else runs in float32;
+the state is always kept in the compute dtype (float32 in the reference, as FLA and Qwen do).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops.norm import silu
+
+GQA_MAPPINGS = ("grouped", "tiled")
+
+
+# ------------------------------------------------------------------ shapes and head mapping
+
+
+def _check_gdn_inputs(q, k, v, g, beta, state) -> tuple[int, int, int, int, int, bool]:
+    """Validate the FLA shapes; return (T, H, HV, K, V, kda)."""
+    if q.ndim != 3 or k.shape != q.shape:
+        raise ValueError(f"gdn: q and k must both be [T, H, K]; got q {q.shape}, k {k.shape}")
+    T, H, K = q.shape
+    if v.ndim != 3 or v.shape[0] != T:
+        raise ValueError(f"gdn: v must be [T={T}, HV, V]; got {v.shape}")
+    HV, V = v.shape[1], v.shape[2]
+    if H == 0 or HV % H != 0:
+        raise ValueError(
+            f"gdn: the number of value heads HV={HV} must be a multiple of the number of "
+            f"q/k heads H={H} (GQA ratio r = HV / H)"
+        )
+    if g.shape == (T, HV):
+        kda = False
+    elif g.shape == (T, HV, K):
+        kda = True
+    else:
+        raise ValueError(
+            f"gdn: g must be [T, HV]=({T}, {HV}) (scalar gate) or [T, HV, K]=({T}, {HV}, {K}) "
+            f"(per-key-channel KDA gate); got {g.shape}"
+        )
+    if beta.shape != (T, HV):
+        raise ValueError(f"gdn: beta must be [T, HV]=({T}, {HV}); got {beta.shape}")
+    if state is not None and state.shape != (HV, K, V):
+        raise ValueError(f"gdn: state must be [HV, K, V]=({HV}, {K}, {V}); got {state.shape}")
+    return T, H, HV, K, V, kda
+
+
+def qk_head_of_value_head(hv: int, num_k_heads: int, num_v_heads: int,
+                          mapping: str = "grouped") -> int:
+    """The q/k head that value head ``hv`` reads (spec/gdn.md §1.5).
+
+    - "grouped" (FLA, HF, vLLM, SGLang; what these ops implement): ``hv // r`` with
+      ``r = num_v_heads // num_k_heads``: value heads 0..r-1 share q/k head 0.
+    - "tiled" (ggml / llama.cpp GGUF): ``hv % num_k_heads``: value heads 0, H, 2H, ... share
+      q/k head 0.
+    The two agree only when r == 1.
+    """
+    if mapping not in GQA_MAPPINGS:
+        raise ValueError(f"unknown GQA mapping {mapping!r}; expected one of {GQA_MAPPINGS}")
+    if mapping == "grouped":
+        return hv // (num_v_heads // num_k_heads)
+    return hv % num_k_heads
+
+
+def value_heads_tiled_to_grouped(x, num_k_heads: int, num_v_heads: int, axis: int = 0):
+    """Permute a value-head-indexed axis from tiled order to grouped order (spec/gdn.md §1.5).
+
+    A GGUF converted by llama.cpp stores HF value head ``h * r + j`` (grouped, ``[H, r, n]``) at
+    position ``j * H + h`` (tiled, ``[r, H, n]``), because ggml's kernels pair value head ``i``
+    with q/k head ``i % H``. This function maps tiled order back to grouped order, so tensors
+    read from such a file can be fed to the grouped ops here (or to a HF-layout layer).
+
+    ``axis`` has length ``HV * n`` where ``n`` is the per-head block: n = 1 for A_log, dt_bias,
+    the rows of in_proj_a / in_proj_b, and for beta and g; n = head_v_dim for the V rows of
+    in_proj_qkv and in_proj_z and the V channels of conv1d (apply it to the V part only);
+    apply it along axis 1 (n = head_v_dim) for out_proj's V columns.
+
+    Shapes: ``x`` [..., HV * n, ...] -> the same shape, blocks reordered. NumPy or CuPy.
+    Example (H=2, r=2, n=1; a/b = q/k head, 0/1 = sub-head j): tiled [a0, b0, a1, b1] ->
+    grouped [a0, a1, b0, b1].
+    """
+    return _permute_value_heads(x, num_k_heads, num_v_heads, axis, to_grouped=True)
+
+
+def value_heads_grouped_to_tiled(x, num_k_heads: int, num_v_heads: int, axis: int = 0):
+    """Inverse of :func:`value_heads_tiled_to_grouped`: grouped [H, r, n] -> tiled [r, H, n]."""
+    return _permute_value_heads(x, num_k_heads, num_v_heads, axis, to_grouped=False)
+
+
+def _permute_value_heads(x, H: int, HV: int, axis: int, to_grouped: bool):
+    if H <= 0 or HV % H != 0:
+        raise ValueError(f"num_v_heads={HV} must be a positive multiple of num_k_heads={H}")
+    axis = axis % x.ndim
+    total = x.shape[axis]
+    if total % HV != 0:
+        raise ValueError(f"axis {axis} has length {total}, not a multiple of num_v_heads={HV}")
+    r, n = HV // H, total // HV
+    lead, trail = x.shape[:axis], x.shape[axis + 1:]
+    src = (r, H) if to_grouped else (H, r)
+    y = x.reshape(*lead, *src, n, *trail)  # [.., src0, src1, n, ..]
+    y = y.swapaxes(axis, axis + 1)  # [.., src1, src0, n, ..]
+    return y.reshape(x.shape)
+
+
+def _expand_qk(x: np.ndarray, r: int) -> np.ndarray:
+    """[T, H, K] -> [T, HV, K] with the grouped mapping: value head h gets q/k head h // r."""
+    return np.repeat(x, r, axis=1) if r > 1 else x
+
+
+# ------------------------------------------------------------------ recurrent form
+
+
+def gdn_recurrent(q, k, v, g, beta, state=None, scale=None, return_trace: bool = False):
+    """Gated delta rule, one token at a time (spec/gdn.md §1.2). The ground truth.
+
+    For every token t and value head h (q/k head ``h // r``), in this order::
+
+        S <- exp(g_t) * S                    decay first (KDA: row i scaled by exp(g_t[i]))
+        r = S^T k_t                          read with the decayed state          [V]
+        d = beta_t * (v_t - r)               delta                               [V]
+        S <- S + k_t d^T                     rank-1 write                        [K, V]
+        o_t = scale * S^T q_t                output from the updated state       [V]
+
+    Args:
+        q, k: [T, H, K]; k should be L2-normalised (then every transition has eigenvalues in
+            [0, 1] and the state stays bounded).
+        v: [T, HV, V] with HV a multiple of H.
+        g: [T, HV] scalar log-decay (GDN) or [T, HV, K] per-key-channel log-decay (KDA); <= 0.
+        beta: [T, HV].
+        state: [HV, K, V] initial state, or None for zeros. Not modified.
+        scale: output scale; None means K ** -0.5.
+        return_trace: also return the state after every token.
+    Returns:
+        ``(o, final_state)`` with o [T, HV, V] and final_state [HV, K, V]; with
+        ``return_trace=True``, ``(o, final_state, trace)`` where trace [T, HV, K, V] and
+        ``trace[t]`` is the state after tokens 0..t, bit-identical to the final state of a run
+        on the first t + 1 tokens (the same operations in the same order).
+    """
+    dt = compute_dtype(q, k, v, g, beta, state)
+    q, k, v, g, beta = (as_compute(a, dt) for a in (q, k, v, g, beta))
+    state = None if state is None else as_compute(state, dt)
+    T, H, HV, K, V, kda = _check_gdn_inputs(q, k, v, g, beta, state)
+    scale = dt.type(K ** -0.5 if scale is None else scale)
+    r = HV // H
+    qh, kh = _expand_qk(q, r), _expand_qk(k, r)  # [T, HV, K]
+    decay = np.exp(g)  # [T, HV] or [T, HV, K]; every factor <= 1 for g <= 0
+
+    S = np.zeros((HV, K, V), dt) if state is None else state.copy()  # [HV, K, V]
+    o = np.empty((T, HV, V), dt)
+    trace = np.empty((T, HV, K, V), dt) if return_trace else None
+    for t in range(T):
+        if kda:
+            S *= decay[t][:, :, None]  # row (key channel) i scaled by exp(g_t[i])
+        else:
+            S *= decay[t][:, None, None]
+        read = (kh[t][:, None, :] @ S)[:, 0, :]  # S^T k: [HV, 1, K] @ [HV, K, V] -> [HV, V]
+        delta = beta[t][:, None] * (v[t] - read)  # [HV, V]
+        S += kh[t][:, :, None] * delta[:, None, :]  # k d^T: [HV, K, 1] * [HV, 1, V]
+        o[t] = scale * (qh[t][:, None, :] @ S)[:, 0, :]  # [HV, V]
+        if trace is not None:
+            trace[t] = S
+    return (o, S, trace) if return_trace else (o, S)
+
+
+# ------------------------------------------------------------------ chunk-parallel form
+
+
+# Tokens per block of the chunked form: the sequence is processed in blocks of this many chunks
+# (1024 tokens at C = 64), carrying the state between blocks, so temporaries stay O(block) and
+# cache-resident however long T is. Any value gives the same result up to rounding.
+CHUNKS_PER_BLOCK = 16
+
+
+def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
+    """Gated delta rule, chunk-parallel (WY / UT transform; spec/gdn.md §2). Same result as
+    :func:`gdn_recurrent` up to rounding.
+
+    The sequence is cut into chunks of C = ``chunk_size`` tokens (the tail zero-padded: g = 0 is
+    no decay and beta = 0 no write, so padding is exact). Inside a chunk, with the chunk-local
+    inclusive cumulative gate ``G_i = g_1 + ... + g_i`` and the state S0 at the chunk start:
+
+        Gamma_ij = exp(G_i - G_j) for i >= j, else 0               decay from token j to i
+        A_ij     = beta_i (k_i . k_j) Gamma_ij for i > j, else 0   strictly lower
+        T        = (I + A)^-1                                      unit lower triangular
+        W = T (beta * exp(G) * K),   U = T (beta * V)              [C, K], [C, V]
+        Delta    = U - W S0                                        the deltas d_t of the chunk
+        O        = scale [ (Q * exp(G)) S0 + ((Q K^T) * Gamma) Delta ]
+        S_C      = exp(G_C) S0 + (K * exp(G_C - G))^T Delta
+
+    Why it is exact: stacking step 3 of the recurrence for the chunk's tokens gives
+    ``(I + A) Delta = beta * V - (beta * exp(G) * K) S0``, a triangular system, whose solution is
+    ``U - W S0``; outputs and the final state are then plain sums of the rank-1 writes.
+
+    Range (spec/gdn.md §2.4): G restarts at every chunk and only non-positive differences
+    (G_i - G_j with i >= j, G_i, G_C - G_j) are exponentiated, each masked *before* exp (the upper
+    triangle becomes exp(-inf) = 0), so nothing overflows for any g <= 0. Never factor
+    exp(G_i - G_j) as exp(G_i) * exp(-G_j): a chunk of g = -2 gives exp(128) = inf in float32.
+
+    KDA (g [T, HV, K]): the decay no longer factors out of K K^T, so the per-channel decay
+    tensor exp(G_ic - G_jc) [C, C, K] is built (masked, non-positive exponents only) one chunk at
+    a time; no sub-chunking is needed for range.
+
+    Cost layout, for NumPy speed (few, large BLAS calls; see docs/gdn.md): the sequence is
+    processed in blocks of ``CHUNKS_PER_BLOCK`` chunks (the state carried between blocks, as
+    between chunks). Within a block, everything that does not depend on S0 (A, T, W, U, the
+    masked scores) is computed for all chunks at once with batched matmuls; Q and K are stacked
+    as [Q; K] so one product gives both Q K^T and K K^T; W is stacked with Q e^G as [W; Q e^G]
+    so that the first of the two sequential products per chunk, [W; Q e^G] S0, gives both W S0
+    (for Delta) and the inter-chunk output; the intra-chunk output is one batched product.
+
+    Args: as :func:`gdn_recurrent`; ``chunk_size`` >= 1 (64 as FLA; ggml uses 16 for KDA).
+    Returns:
+        ``(o, final_state)``: o [T, HV, V], final_state [HV, K, V].
+    """
+    if chunk_size < 1:
+        raise ValueError(f"gdn_chunked: chunk_size must be >= 1, got {chunk_size}")
+    dt = compute_dtype(q, k, v, g, beta, state)
+    q, k, v, g, beta = (as_compute(a, dt) for a in (q, k, v, g, beta))
+    state = None if state is None else as_compute(state, dt)
+    T, H, HV, K, V, kda = _check_gdn_inputs(q, k, v, g, beta, state)
+    scale = dt.type(K ** -0.5 if scale is None else scale)
+    S = np.zeros((HV, K, V), dt) if state is None else state.copy()  # [HV, K, V]
+    o = np.empty((T, HV, V), dt)
+    step = chunk_size * CHUNKS_PER_BLOCK
+    for t0 in range(0, T, step):
+        blk = slice(t0, min(T, t0 + step))
+        o[blk], S = _chunked_block(q[blk], k[blk], v[blk], g[blk], beta[blk], S, scale,
+                                   chunk_size, kda)
+    return o, S
+
+
+def _chunked_block(q, k, v, g, beta, S, scale, C: int, kda: bool):
+    """:func:`gdn_chunked` on one block of tokens, from state S; returns (o [T, HV, V], S)."""
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
+    N = -(-T // C)  # chunks in this block, the last one zero-padded
+    r = HV // H
+
+    # [T, HV, X] -> chunked views [N, HV, C, X] (strided: no copy unless padding or GQA expansion
+    # is needed; BLAS takes the row stride as its leading dimension).
+    Qc = _chunk_view(_expand_qk(q, r), N, C)  # [N, HV, C, K]
+    Kc = _chunk_view(_expand_qk(k, r), N, C)  # [N, HV, C, K]
+    Vc = _chunk_view(v, N, C)  # [N, HV, C, V]
+    bc = _chunk_view(beta[:, :, None], N, C)  # [N, HV, C, 1]
+    G = np.cumsum(_chunk_view(g if kda else g[:, :, None], N, C), axis=2)
+    # G: chunk-local inclusive cumulative gate, [N, HV, C, K or 1]
+
+    if kda:
+        parts = [_intra_chunk_kda(Qc[n], Kc[n], Vc[n], bc[n], G[n], scale) for n in range(N)]
+        WQ, U, P, KdT, dC = (np.stack(p) for p in zip(*parts))
+    else:
+        WQ, U, P, KdT, dC = _intra_chunk_scalar(Qc, Kc, Vc, bc, G[..., 0], scale)
+    # WQ = [W; scale Q e^G] [N,HV,2C,K]; U [N,HV,C,V]; P = scale Q K^T * Gamma [N,HV,C,C];
+    # KdT = (K * exp(G_C - G))^T [N,HV,K,C]; dC = exp(G_C) [N,HV,1 or K,1].
+
+    # Sequential state pass (FLA chunk_delta_h): the only loop over chunks.
+    X = np.empty((N, HV, 2 * C, V), S.dtype)  # per chunk: [W S0 -> Delta; scale Q e^G S0]
+    KdT_Delta = np.empty((HV, K, V), S.dtype)
+    for n in range(N):
+        np.matmul(WQ[n], S, out=X[n])  # [HV, 2C, K] @ [HV, K, V] -> [HV, 2C, V]
+        Delta = X[n, :, :C]  # [HV, C, V]
+        np.subtract(U[n], Delta, out=Delta)  # Delta = U - W S0: the chunk's deltas d_t
+        np.matmul(KdT[n], Delta, out=KdT_Delta)  # [HV, K, C] @ [HV, C, V] -> [HV, K, V]
+        S *= dC[n]  # S_C = exp(G_C) S0 + (K exp(G_C - G))^T Delta
+        S += KdT_Delta
+
+    # Outputs of all chunks (FLA chunk_o): O = scale Q e^G S0 (already in X) + P Delta.
+    O = X[..., C:, :]  # [N, HV, C, V]
+    O += P @ X[..., :C, :]  # [N, HV, C, C] @ [N, HV, C, V]
+    o = O.transpose(0, 2, 1, 3).reshape(N * C, HV, V)[:T]  # [T, HV, V]
+    return o, S
+
+
+def _chunk_view(x: np.ndarray, N: int, C: int) -> np.ndarray:
+    """[T, HV, X] -> [N, HV, C, X] view, zero-padding the time axis to N * C (a copy) if needed."""
+    T, HV, X = x.shape
+    if T < N * C:
+        x = np.concatenate([x, np.zeros((N * C - T, HV, X), x.dtype)])  # g = beta = 0: exact
+    return x.reshape(N, C, HV, X).transpose(0, 2, 1, 3)
+
+
+def _masked_exp(diff: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """exp(diff) where ``mask`` else exactly 0, masking *before* exp (no inf, no inf * 0).
+
+    Overwrites and returns ``diff``.
+    """
+    np.copyto(diff, -np.inf, where=~mask)  # exp(-inf) = 0 exactly
+    return np.exp(diff, out=diff)
+
+
+def _intra_chunk_scalar(Qc, Kc, Vc, bc, G, scale):
+    """Per-chunk quantities that do not depend on the chunk-start state, scalar gate.
+
+    Shapes (leading dims [N, HV]): Qc, Kc [.., C, K]; Vc [.., C, V]; bc [.., C, 1]; G [.., C].
+    Returns
+        WQ  = [W; scale * Q * exp(G)]            [.., 2C, K]
+        U                                         [.., C, V]
+        P   = scale * (Q K^T * Gamma)             [.., C, C]  (diagonal included)
+        KdT = (K * exp(G_C - G))^T                [.., K, C]
+        dC  = exp(G_C)                            [.., 1, 1]
+    """
+    C = G.shape[-1]
+    eG = np.exp(G)[..., None]  # [.., C, 1]; G <= 0 so every factor is <= 1
+    incl = np.tril(np.ones((C, C), dtype=bool))  # i >= j
+    Gamma = _masked_exp(G[..., :, None] - G[..., None, :], incl)  # exp(G_i - G_j), [.., C, C]
+    KT = Kc.swapaxes(-1, -2)  # [.., K, C]
+    P = Qc @ KT  # [.., C, C]
+    P *= Gamma
+    P *= scale
+    A = Kc @ KT  # [.., C, C]
+    A *= Gamma
+    A *= bc  # beta_i scales row i
+    A[..., np.arange(C), np.arange(C)] = 0  # strictly lower (Gamma is already 0 above)
+    # W = T (beta e^G K) = (T * beta_j) (e^G K) and U = (T * beta_j) V: beta moves to T's columns.
+    Tb = invert_unit_lower(A) * bc.swapaxes(-1, -2)  # [.., C, C]
+    WQ = np.empty(Qc.shape[:-2] + (2 * C, Qc.shape[-1]), Qc.dtype)  # [W; scale Q e^G]
+    np.matmul(Tb, Kc * eG, out=WQ[..., :C, :])  # W [.., C, K]
+    np.multiply(Qc, scale * eG, out=WQ[..., C:, :])
+    U = Tb @ Vc  # [.., C, V]
+    GC = G[..., -1:]  # [.., 1]
+    KdT = (Kc * np.exp(GC - G)[..., None]).swapaxes(-1, -2)  # G_C - G_j <= 0; [.., K, C]
+    dC = np.exp(GC)[..., None]  # [.., 1, 1]
+    return WQ, U, P, KdT, dC
+
+
+def _intra_chunk_kda(Qc, Kc, Vc, bc, G, scale):
+    """As :func:`_intra_chunk_scalar` for a per-key-channel gate G [HV, C, K] (one chunk).
+
+    A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc) and P_ij = sum_c q_ic k_jc exp(G_ic - G_jc),
+    with the [C, C, K] decay tensor masked before exp (only non-positive exponents). Returns
+    dC = exp(G_C) as [HV, K, 1] (it scales the state's rows).
+    """
+    C = G.shape[-2]
+    incl = np.tril(np.ones((C, C), dtype=bool))[:, :, None]  # [C, C, 1]
+    E = _masked_exp(G[..., :, None, :] - G[..., None, :, :], incl)  # [HV, C(i), C(j), K]
+    KE = Kc[..., None, :, :] * E  # k_jc exp(G_ic - G_jc): [HV, C(i), C(j), K]
+    A = bc * np.einsum("...ic,...ijc->...ij", Kc, KE)  # [HV, C, C]
+    A[..., np.arange(C), np.arange(C)] = 0  # strictly lower (E is already 0 above)
+    P = scale * np.einsum("...ic,...ijc->...ij", Qc, KE)  # [HV, C, C], diagonal included
+    eG = np.exp(G)  # [HV, C, K]
+    Tinv = invert_unit_lower(A)
+    WQ = np.concatenate([Tinv @ (bc * eG * Kc), scale * Qc * eG], axis=-2)  # [HV, 2C, K]
+    U = Tinv @ (bc * Vc)
+    GC = G[..., -1:, :]  # [HV, 1, K]
+    KdT = (Kc * np.exp(GC - G)).swapaxes(-1, -2)  # [HV, K, C]
+    dC = np.exp(GC).swapaxes(-1, -2)  # [HV, K, 1]
+    return WQ, U, P, KdT, dC
+
+
+def invert_unit_lower(A, base: int = 8):
+    """``(I + A)^-1`` for a batch of strictly lower-triangular ``A`` [.., C, C]. No pivoting.
+
+    Blocked, as FLA's fused C=64 kernel does (spec/gdn.md §2.2):
+
+    1. the C / base diagonal blocks (base x base) are inverted together by forward substitution
+       (row i of X is e_i - sum_{j<i} A_ij X_j);
+    2. neighbouring blocks are merged pairwise, doubling the size each round, with
+       ``[[X11, 0], [A21, X22]]^-1 = [[X11, 0], [-X22 A21 X11, X22]]`` (two batched matmuls).
+
+    When C / base is not a power of two (odd chunk sizes) the whole matrix is forward-substituted.
+    The result is unit lower triangular. (LAPACK's batched solve would also do, but it loops over
+    tiny matrices with a large per-call cost.)
+    """
+    C = A.shape[-1]
+    m = C // base  # number of diagonal blocks
+    if C <= base or C % base or m & (m - 1):
+        return _forward_substitution_inverse(A)
+    blocks = [slice(i * base, (i + 1) * base) for i in range(m)]
+    X = _forward_substitution_inverse(np.stack([A[..., b, b] for b in blocks], axis=-3))
+    s = base  # X [.., m, s, s]: inverses of the diagonal blocks of size s
+    while m > 1:
+        m //= 2
+        A21 = np.stack([A[..., (2 * p + 1) * s:(2 * p + 2) * s, 2 * p * s:(2 * p + 1) * s]
+                        for p in range(m)], axis=-3)  # [.., m, s, s]
+        X11, X22 = X[..., 0::2, :, :], X[..., 1::2, :, :]
+        Y = np.zeros(A.shape[:-2] + (m, 2 * s, 2 * s), A.dtype)
+        Y[..., :s, :s] = X11
+        Y[..., s:, s:] = X22
+        Y[..., s:, :s] = -(X22 @ (A21 @ X11))
+        X, s = Y, 2 * s
+    return X[..., 0, :, :]
+
+
+def _forward_substitution_inverse(A):
+    """(I + A)^-1 for strictly lower A [.., c, c], row by row, vectorised over the batch."""
+    c = A.shape[-1]
+    X = np.zeros_like(A)
+    X[..., np.arange(c), np.arange(c)] = 1
+    for i in range(1, c):
+        X[..., i, :i] -= np.einsum("...j,...jk->...k", A[..., i, :i], X[..., :i, :i])
+    return X
+
+
+# ------------------------------------------------------------------ short convolution
+
+
+def causal_conv1d(x, weight, state=None):
+    """Causal depthwise conv1d followed by SiLU, with the rolled conv state (spec/gdn.md §3.2).
+
+    With W = kernel width (4 in Qwen) and the time axis extended by the state,
+    ``xx = concat(state^T, x)`` [W - 1 + T, D]::
+
+        y[t, c] = silu( sum_{j=0}^{W-1} weight[c, j] * xx[t + j, c] )
+        new_state = xx[T : T + W - 1]^T          the last W - 1 raw (pre-conv) inputs
+
+    so ``weight[c, W - 1]`` multiplies the current token and ``state[:, -1]`` is the most recent
+    past input. A zero state is the start of a sequence (PyTorch's ``padding=W-1`` then
+    truncation to the first T outputs).
+
+    Args:
+        x: [T, D] raw inputs (D = conv_dim = 2 * key_dim + value_dim in the GDN layer).
+        weight: [D, W] (the checkpoint's conv1d.weight [D, 1, W] squeezed).
+        state: [D, W - 1], oldest column first, or None for zeros.
+    Returns:
+        ``(y, new_state)``: y [T, D], new_state [D, W - 1].
+    """
+    dt = compute_dtype(x, weight, state)
+    x, weight = as_compute(x, dt), as_compute(weight, dt)
+    if x.ndim != 2 or weight.ndim != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
+        raise ValueError(
+            f"causal_conv1d: x must be [T, D] and weight [D, W]; got x {x.shape}, weight "
+            f"{weight.shape} (squeeze a [D, 1, W] checkpoint weight to [D, W])"
+        )
+    T, D = x.shape
+    W = weight.shape[1]
+    if state is None:
+        state = np.zeros((D, W - 1), dt)
+    state = as_compute(state, dt)
+    if state.shape != (D, W - 1):
+        raise ValueError(f"causal_conv1d: state must be [D, W-1]=({D}, {W - 1}); got {state.shape}")
+    xx = np.concatenate([state.T, x], axis=0)  # [W - 1 + T, D]
+    acc = np.zeros((T, D), dt)
+    for j in range(W):
+        acc += weight[:, j] * xx[j:j + T]  # tap j sees input t + j - (W - 1)
+    new_state = np.ascontiguousarray(xx[T:].T)  # [D, W - 1]
+    return silu(acc), new_state
