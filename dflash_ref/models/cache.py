@@ -57,6 +57,17 @@ class KVCache:
     def v(self):
         return self._v[: self.length]
 
+    def keep_rows(self, start: int, rows) -> None:
+        """Keep rows < start, then the rows at indices ``rows`` (>= start) in that order.
+
+        Tree verify appends every node's K/V at start.. in node order; committing the accepted
+        branch keeps exactly the path's rows, which then sit at positions start, start+1, ...
+        """
+        rows = self.be.xp.asarray(rows)
+        k, v = self._k[rows].copy(), self._v[rows].copy()
+        self.truncate(start)
+        self.append(k, v)
+
     def truncate(self, n_keep: int) -> None:
         """Drop positions >= n_keep (rejected drafts). Keeping more than present is an error."""
         if not 0 <= n_keep <= self.length:

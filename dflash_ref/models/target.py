@@ -36,7 +36,8 @@ from dflash_ref.config import TargetConfig
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import load_checkpoint
 from dflash_ref.models.cache import FeatureBuffer, KVCache
-from dflash_ref.ops.masks import causal_mask
+from dflash_ref.models.gdn_layer import GDNConfig, GDNLayer
+from dflash_ref.ops.masks import causal_mask, tree_depths, tree_mask
 
 
 @dataclass
@@ -53,7 +54,8 @@ class _BatchRecord:
 
     start: int
     length: int
-    gdn: dict = field(default_factory=dict)  # layer -> (state before the batch, trace)
+    gdn: dict = field(default_factory=dict)  # layer -> (state before, trace) | node states
+    tree_features: object = None  # features of every tree node (tree verify only)
 
 
 class TargetState:
@@ -76,7 +78,34 @@ class TargetState:
             if model.target_layer_ids else None
         )
         self._last: _BatchRecord | None = None
+        self._pending: _BatchRecord | None = None  # an uncommitted tree verify
         self._model = model
+
+    def commit_path(self, path) -> None:
+        """Keep the accepted branch of the last :meth:`TargetModel.forward_tree` pass.
+
+        ``path`` = node indices root first (node 0 is the root). Afterwards the state holds the
+        committed prefix plus the path's nodes at positions start, start+1, ...: KV rows of the
+        path, their features, and each GDN layer's state after the path's last node, exactly as
+        if the path's tokens had been run as a chain.
+        """
+        rec = self._pending
+        if rec is None:
+            raise ValueError("commit_path: no tree verify is pending (call forward_tree first)")
+        path = np.asarray(path, dtype=np.int64)
+        if path.size == 0 or path[0] != 0 or np.any(path >= rec.length):
+            raise ValueError(f"commit_path: path must start at the root 0 and index the "
+                             f"{rec.length} tree nodes, got {path.tolist()}")
+        start, xp = rec.start, self._model.be.xp
+        for cache in self.kv.values():
+            cache.keep_rows(start, start + path)  # the path's K/V, in path order
+        for i, node_states in rec.gdn.items():
+            self.gdn[i] = node_states[int(path[-1])]
+        if self.features is not None:
+            self.features.append(start, rec.tree_features[xp.asarray(path)])
+        self.length = start + path.size
+        self._pending = None
+        self._last = None  # a tree commit cannot be rewound further
 
     def rollback(self, n_keep: int) -> None:
         """Drop positions >= n_keep from every cache and rewind GDN states to match.
@@ -85,6 +114,8 @@ class TargetState:
         last forward's trace (``GDNLayer.rewind``), so ``n_keep`` must lie within the last batch
         ``[start, start + T]`` unless no GDN layer exists. Rolling back further is an error.
         """
+        if self._pending is not None:
+            raise ValueError("rollback: a tree verify is pending; call commit_path(path)")
         if not 0 <= n_keep <= self.length:
             raise ValueError(f"rollback({n_keep}): the state holds {self.length} positions")
         if n_keep == self.length:
@@ -96,6 +127,12 @@ class TargetState:
                 raise ValueError(
                     f"rollback({n_keep}): GDN layers can only rewind within the last forward "
                     f"batch (positions {span}); re-run the prefix from a saved state instead"
+                )
+            if len(last.gdn) != len(self.gdn):
+                raise ValueError(
+                    f"rollback({n_keep}): the last batch had {last.length} tokens, more than "
+                    f"TRACE_MAX_TOKENS={TRACE_MAX_TOKENS}, so no GDN trace was kept; run long "
+                    f"prefills before speculating, or in smaller batches"
                 )
             n_accept = n_keep - last.start
             for i, (before, trace) in last.gdn.items():
@@ -209,28 +246,60 @@ class TargetModel:
 
         Returns logits [T, vocab] and, when capture layers are set, features [T, C*hidden].
         """
+        return self._forward(ids, state, parents=None)
+
+    def forward_tree(self, ids, parents, state: TargetState) -> TargetOutput:
+        """Verify a draft tree in one pass (spec/kvflash_gate.md §5a).
+
+        Node i (token ``ids[i]``, parent ``parents[i]`` < i, -1 for the root) sits at position
+        ``state.length + depth(i)`` and sees the committed prefix and its own ancestors only
+        (:func:`~dflash_ref.ops.masks.tree_mask`); GDN layers run each node from its parent's
+        state. The state is left pending: call ``state.commit_path(path)`` with the accepted
+        node indices (root first) to keep exactly that branch.
+
+        Returns logits [n, vocab] and features [n, C*hidden] (None without capture), node order.
+        """
+        parents = np.asarray(parents, dtype=np.int64).reshape(-1)
+        if parents.shape[0] != np.asarray(ids).reshape(-1).shape[0]:
+            raise ValueError("forward_tree: ids and parents must have the same length")
+        if parents.size and (parents[0] != -1 or np.any(parents[1:] >= np.arange(1, parents.size))
+                             or np.any(parents[1:] < 0)):
+            raise ValueError("forward_tree: parents must be [-1, p1, p2, ...] with 0 <= p_i < i "
+                             "(one root, node 0, topologically ordered)")
+        return self._forward(ids, state, parents=parents)
+
+    def _forward(self, ids, state: TargetState, parents) -> TargetOutput:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         T = ids.shape[0]
         if T == 0:
             raise ValueError("forward needs at least one token")
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
+        if state._pending is not None:
+            raise ValueError("the state holds an uncommitted tree verify; call "
+                             "state.commit_path(path) first")
         start = state.length
-        positions = np.arange(start, start + T, dtype=np.int64)  # [T]
+        depths = np.arange(T) if parents is None else tree_depths(parents)
+        positions = (start + depths).astype(np.int64)  # [T]
         record = _BatchRecord(start, T)
         h = self.embed(ids)  # [T, H]
         captured = {}
         for i, layer in enumerate(self.layers):
-            h = layer.forward(h, positions, state, record)
+            h = layer.forward(h, positions, state, record, parents)
             if i in self.target_layer_ids:
                 captured[i] = h
         features = None
         if self.target_layer_ids:
             features = self.be.xp.concatenate([captured[i] for i in self.target_layer_ids], axis=1)
-            state.features.append(start, features)
         logits = self.lm_head(self.final_norm_apply(h))
-        state.length = start + T
-        state._last = record
+        if parents is None:
+            if features is not None:
+                state.features.append(start, features)
+            state.length = start + T
+            state._last = record
+        else:
+            record.tree_features = features
+            state._pending = record
         return TargetOutput(logits=logits, features=features)
 
 
@@ -241,29 +310,30 @@ class _DecoderLayer:
         cfg = model.config
         self.model, self.idx, self.w = model, idx, w
         self.kind = cfg.layer_types[idx]
+        self.mixer = None
         if self.kind == "linear_attention":
-            from dflash_ref.models.gdn_layer import GDNLayer
-        self.mixer = (
-            GDNLayer.from_hf(cfg.gdn, {k[len("linear_attn."):]: v for k, v in w.items()
-                                       if k.startswith("linear_attn.")},
-                             backend=model.be, rms_norm_eps=cfg.rms_norm_eps)
-            if self.kind == "linear_attention" else None
-        )
+            gdn_w = {k[len("linear_attn."):]: v for k, v in w.items()
+                     if k.startswith("linear_attn.")}
+            self.mixer = GDNLayer(gdn_config(cfg), gdn_w, backend=model.be)
 
     def _norm(self, x, name):
         cfg = self.model.config
         return self.model.be.ops.rms_norm(x, self.w[name], cfg.rms_norm_eps, cfg.norm_offset)
 
-    def forward(self, x, positions, state: TargetState, record: _BatchRecord):
+    def forward(self, x, positions, state: TargetState, record: _BatchRecord, parents=None):
         cfg = self.model.config
         u = self._norm(x, "input_layernorm.weight")
-        if self.kind == "linear_attention":
-            before = state.gdn[self.idx]
-            y, new_state, trace = self.mixer.forward(u, before, return_trace=True)
+        if self.kind == "linear_attention" and parents is not None:
+            y = self._gdn_tree(u, parents, state, record)
+        elif self.kind == "linear_attention":
+            before = state.gdn[self.idx] or self.mixer.initial_state()
+            keep_trace = u.shape[0] <= TRACE_MAX_TOKENS
+            y, new_state, trace = self.mixer.forward(u, before, return_trace=keep_trace)
             state.gdn[self.idx] = new_state
-            record.gdn[self.idx] = (before, trace)
+            if keep_trace:
+                record.gdn[self.idx] = (before, trace)
         else:
-            y = self._attention(u, positions, state.kv[self.idx])
+            y = self._attention(u, positions, state.kv[self.idx], parents)
         if cfg.use_pre_post_ffn_norms:  # Gemma: norm the attention output before the residual
             y = self._norm(y, "post_attention_layernorm.weight")
             x = x + y
@@ -272,8 +342,25 @@ class _DecoderLayer:
         x = x + y
         return x + self._mlp(self._norm(x, "post_attention_layernorm.weight"))
 
-    def _attention(self, u, positions, kv: KVCache):
-        """Self-attention of the batch over the cache + batch; returns [T, H]."""
+    def _gdn_tree(self, u, parents, state: TargetState, record: _BatchRecord):
+        """GDN over tree nodes: node i runs one step from its parent's state (root: the layer's
+        committed state). Returns [n, H]; per-node states go to the record for commit_path."""
+        root = state.gdn[self.idx] or self.mixer.initial_state()
+        node_states, ys = [], []
+        for i, p in enumerate(parents):
+            y, st, _ = self.mixer.forward(u[i:i + 1], root if p < 0 else node_states[p])
+            node_states.append(st)
+            ys.append(y)
+        record.gdn[self.idx] = node_states
+        return self.model.be.xp.concatenate(ys, axis=0)
+
+    def _attention(self, u, positions, kv: KVCache, parents=None):
+        """Self-attention of the batch over the cache + batch; returns [T, H].
+
+        Chain batches use the causal (or sliding) mask over positions; tree batches the
+        ancestor-only tree mask, with the nodes' K/V appended to the cache in node order until
+        ``commit_path`` keeps the accepted branch.
+        """
         cfg, be = self.model.config, self.model.be
         xp, ops, w = be.xp, be.ops, self.w
         T, nh = u.shape[0], cfg.num_attention_heads
@@ -292,9 +379,13 @@ class _DecoderLayer:
         r = cfg.rope_for(self.idx)  # theta, rotary_dim and linear factor of this layer's type
         q = ops.rope(xp.ascontiguousarray(q), positions, r.theta, r.rotary_dim, r.factor)
         k = ops.rope(xp.ascontiguousarray(k), positions, r.theta, r.rotary_dim, r.factor)
+        base = kv.length
         kv.append(k, v)
         window = cfg.sliding_window if self.kind == "sliding_attention" else None
-        mask = causal_mask(positions, np.arange(kv.length), window=window)
+        if parents is None:
+            mask = causal_mask(positions, np.arange(kv.length), window=window)
+        else:
+            mask = tree_mask(parents, base, window=window)
         o = ops.attention(q, kv.k, kv.v, mask, scale=cfg.attention_scale,
                           softcap=cfg.attn_logit_softcapping)  # [T, nh, d]
         o = o.reshape(T, nh * d)
@@ -313,6 +404,22 @@ class _DecoderLayer:
             c = xp.float32(np.sqrt(2.0 / np.pi))
             a = 0.5 * g * (1.0 + xp.tanh(c * (g + xp.float32(0.044715) * g * g * g))) * up
         return a @ w["mlp.down_proj.weight"].T
+
+
+GDN_LAYOUTS = {"qkvz_ba_grouped": "qwen3_next", "qkv_z_b_a": "qwen3_5"}
+
+# A batch of at most this many tokens keeps the GDN per-token trace (recurrent scan) so that
+# rollback can rewind into it; longer batches (prefill) take the chunked scan and keep none.
+TRACE_MAX_TOKENS = 64
+
+
+def gdn_config(cfg: TargetConfig) -> GDNConfig:
+    """The GDN layer sizes of a hybrid target (spec/gdn.md §3; gated norm eps = rms_norm_eps)."""
+    g = cfg.gdn
+    return GDNConfig(hidden_size=cfg.hidden_size, num_k_heads=g.num_key_heads,
+                     num_v_heads=g.num_value_heads, head_k_dim=g.key_head_dim,
+                     head_v_dim=g.value_head_dim, conv_kernel=g.conv_kernel_dim,
+                     rms_norm_eps=cfg.rms_norm_eps, layout=GDN_LAYOUTS[g.projection_layout])
 
 
 def _check_supported(cfg: TargetConfig) -> None:
@@ -357,9 +464,7 @@ def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
             t[L + "pre_feedforward_layernorm.weight"] = (H,)
             t[L + "post_feedforward_layernorm.weight"] = (H,)
         if kind == "linear_attention":
-            from dflash_ref.models.gdn_layer import GDNLayer
-
-            for name, shape in GDNLayer.expected_tensors(cfg.gdn, H).items():
+            for name, shape in gdn_config(cfg).expected_shapes().items():
                 t[L + "linear_attn." + name] = shape
         else:
             q_out = nh * d * (2 if cfg.attn_output_gate else 1)

@@ -233,3 +233,48 @@ def test_target_numpy_vs_cupy(ckpt, family):
     tol = Tolerance(1e-4, 1e-4, "cuBLAS (maybe TF32-free fp32) vs NumPy BLAS through 4 layers")
     assert_close(b, a, tol, op="TargetModel", tensor="logits", case=family)
     assert_close(fb, fa, tol, op="TargetModel", tensor="features", case=family)
+
+
+# ---------------------------------------------------------------- tree verify
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_tree_pass_then_commit_path_equals_running_the_path_as_a_chain(ckpt, family):
+    # A tree over 7 nodes: root 0; children 1, 2; 3 under 1; 4, 5 under 3; 6 under 2.
+    model = _cached_model(ckpt, family)
+    prefix = PROMPT[:9]
+    tokens = np.array([40, 41, 42, 43, 44, 45, 46])
+    parents = np.array([-1, 0, 0, 1, 3, 3, 2])
+    state = model.new_state()
+    model.forward(prefix, state)
+    out = model.forward_tree(tokens, parents, state)
+    # Every node's logits equal a chain run of its root-to-node branch.
+    for node, branch in {5: [0, 1, 3, 5], 6: [0, 2, 6], 4: [0, 1, 3, 4]}.items():
+        ref_state = model.new_state()
+        ref = model.forward(np.concatenate([prefix, tokens[branch]]), ref_state)
+        assert_close(out.logits[node], ref.logits[-1], SPLIT, op="forward_tree",
+                     tensor=f"logits[{node}]", case=family)
+    state.commit_path([0, 1, 3, 5])
+    assert state.length == 13
+    # After the commit the state continues exactly like a chain run of prefix + branch.
+    nxt = model.forward([7, 8], state)
+    ref_state = model.new_state()
+    ref = model.forward(np.concatenate([prefix, tokens[[0, 1, 3, 5]], [7, 8]]), ref_state)
+    assert_close(nxt.logits, ref.logits[-2:], SPLIT, op="commit_path", case=family)
+    assert_close(state.features.rows(), ref_state.features.rows(), SPLIT, op="commit_path",
+                 tensor="features", case=family)
+
+
+def test_tree_pass_must_be_committed_before_anything_else(ckpt):
+    model = _cached_model(ckpt, "qwen3")
+    state = model.new_state()
+    model.forward(PROMPT[:4], state)
+    model.forward_tree([1, 2, 3], [-1, 0, 0], state)
+    with pytest.raises(ValueError, match="commit_path"):
+        model.forward([5], state)
+    with pytest.raises(ValueError, match="commit_path"):
+        state.rollback(2)
+    with pytest.raises(ValueError, match="root"):
+        state.commit_path([1, 2])
+    with pytest.raises(ValueError, match="topologically"):
+        model.forward_tree([1, 2], [-1, 1], model.new_state())
