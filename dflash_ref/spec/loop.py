@@ -166,6 +166,9 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
     result = GenerationResult(tokens=[])
     result.per_position_accepted = np.zeros(max(B - 1, 0), dtype=np.int64)
     state = target.new_state()
+    if drafter is not None and B > 1 and state.features is None:
+        raise ConfigError("the target captures no features; bind the drafter first "
+                          "(DFlashDrafter.from_pretrained(path, target) sets target_layer_ids)")
     t_total = clock.start()
 
     # 1. prefill
