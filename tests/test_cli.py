@@ -34,3 +34,22 @@ def test_console_script_entry_point_runs():
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "info" in capsys.readouterr().out
+
+
+def test_demo_on_checkpoint_directories(tmp_path, capsys):
+    from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "qwen3", seed=2)
+    d = write_tiny_drafter(tmp_path / "d", t, seed=3)
+    for verify in ("chain", "tree"):
+        code = main(["demo", "--target", str(t), "--drafter", str(d), "--max-new-tokens", "12",
+                     "--verify", verify, "--prompt", "5,6,7"])
+        out = capsys.readouterr().out
+        assert code == 0
+        assert "identical output: yes" in out
+        assert "plain" in out and "speculative" in out and "tau" in out
+
+
+def test_demo_needs_both_directories(tmp_path, capsys):
+    assert main(["demo", "--target", str(tmp_path)]) == 2
+    assert "both --target and --drafter" in capsys.readouterr().err

@@ -114,7 +114,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
              block_size: int | None = None, verify: str = "chain", gate=None, pager=None,
              seed=None, stop_token_ids: Sequence[int] | None = None,
              cost_model: CostModel | None = None,
-             tree_options: DDTreeOptions | None = None) -> GenerationResult:
+             tree_options: DDTreeOptions | None = None,
+             on_tokens=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see the module docstring).
 
     Args:
@@ -134,6 +135,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         cost_model: modelled costs fed to the gate instead of wall times, and summed into
             ``modelled_time``.
         tree_options: DDTree build options (authors' defaults when None).
+        on_tokens: optional callback ``f(n)`` called with the number of tokens each step emits
+            (for progress bars).
     """
     be = target.be
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
@@ -179,11 +182,17 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
     last_logits = out.logits[-1:]
     anchor = int(sample_tokens(be, last_logits, temperature, rng)[0])
     emitted = [anchor]
+    if on_tokens is not None:
+        on_tokens(1)
     s = prompt.size  # position of the anchor
     cache = drafter.new_cache() if drafter is not None and B > 1 else None
 
     def done() -> bool:
         return len(emitted) >= max_new_tokens or any(t in stops for t in emitted)
+
+    def report(n: int) -> None:
+        if on_tokens is not None:
+            on_tokens(min(n, max(0, max_new_tokens - (len(emitted) - n))))
 
     def plain_step():
         nonlocal anchor, s, last_logits
@@ -196,6 +205,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         last_logits = out.logits
         anchor = int(sample_tokens(be, out.logits, temperature, rng)[0])
         emitted.append(anchor)
+        report(1)
         s += 1
         return wall
 
@@ -256,6 +266,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         result.target_forward_passes += 1
         committed = list(res.committed)
         emitted.extend(committed)
+        report(len(committed))
         s += len(committed)
         anchor = committed[-1]
         result.acceptance_lengths.append(res.a + 1)
