@@ -182,7 +182,7 @@ class DFlashDrafter:
         # q - k <= W - 1, i.e. q - k < W (HF convention, the window includes the current token)
         return drafter_mask(ctx_pos, noise_pos, window=vis.max_back + 1, causal=causal)
 
-    def _layer(self, i: int, h, ctx_k, ctx_v, ctx_pos, noise_pos):
+    def decoder_layer(self, i: int, h, ctx_k, ctx_v, ctx_pos, noise_pos):
         """One decoder layer over the noise rows h [B, H] given context K/V of this layer."""
         cfg, w, be = self.config, self.layers[i], self.be
         xp, ops, eps = be.xp, be.ops, cfg.rms_norm_eps
@@ -202,7 +202,7 @@ class DFlashDrafter:
         g, up = u @ w["mlp.gate_proj.weight"].T, u @ w["mlp.up_proj.weight"].T
         return h + ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
 
-    def _head(self, h):
+    def head(self, h):
         """§4.4: final norm, then the target's lm_head (with its softcap, if any)."""
         z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
         return self.target.lm_head(z)
@@ -233,8 +233,8 @@ class DFlashDrafter:
         h = self.embed_block(anchor_token)
         for i in range(self.config.num_hidden_layers):
             ck, cv = self.context_kv(i, c, ctx_pos)
-            h = self._layer(i, h, ck, cv, ctx_pos, noise_pos)
-        return self._head(h)
+            h = self.decoder_layer(i, h, ck, cv, ctx_pos, noise_pos)
+        return self.head(h)
 
     def draft_tokens(self, logits) -> np.ndarray:
         """§4.5: greedy drafts = argmax of rows 1..B-1, as host int64 [B-1]."""
@@ -306,8 +306,8 @@ class DraftCache:
         noise_pos = np.arange(anchor_position, anchor_position + d.block_size)
         h = d.embed_block(anchor_token)
         for i in range(d.config.num_hidden_layers):
-            h = d._layer(i, h, self.k[i], self.v[i], self.positions, noise_pos)
-        return d._head(h)
+            h = d.decoder_layer(i, h, self.k[i], self.v[i], self.positions, noise_pos)
+        return d.head(h)
 
 
 def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
