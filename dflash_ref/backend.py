@@ -112,7 +112,7 @@ def cupy_device_description() -> str:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_backend(name: str = "numpy") -> Backend:
     """Return the backend ``name``: "numpy", "cupy" or "auto" (CuPy when usable, else NumPy).
 

@@ -57,7 +57,7 @@ def kernel_names(family: str) -> list[str]:
     return _KERNEL_RE.findall((CUDA_DIR / f"{family}.cu").read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(family: str):
     import cupy
 

@@ -14,7 +14,8 @@ def rms_norm(x, weight, eps: float, offset: float = 0.0) -> cp.ndarray:
     check_last_dim(x, w, "rms_norm")
     y = cp.empty_like(x)
     n = x.shape[-1]
-    launch_rows("norm", "rms_norm_f32", x.size // max(n, 1), (x, w, y, i32(n), fp32(eps), fp32(offset)))
+    args = (x, w, y, i32(n), fp32(eps), fp32(offset))
+    launch_rows("norm", "rms_norm_f32", x.size // max(n, 1), args)
     return y
 
 

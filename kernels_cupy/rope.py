@@ -8,7 +8,8 @@ from dflash_ref.ops.rope import rope_inv_freq
 from kernels_cupy._launch import f32, i32, i64, launch_elementwise
 
 
-def rope(x, positions, theta: float, rotary_dim: int | None = None) -> cp.ndarray:
+def rope(x, positions, theta: float, rotary_dim: int | None = None,
+         factor: float = 1.0) -> cp.ndarray:
     """Twin of :func:`dflash_ref.ops.rope.rope`: x [T, H, d], positions [T] -> [T, H, d] f32.
 
     The inverse-frequency table comes from the reference's ``rope_inv_freq`` so both backends
@@ -24,7 +25,7 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None) -> cp.ndarra
     pos = cp.ascontiguousarray(cp.asarray(positions), dtype=cp.int32)
     if pos.shape != (T,):
         raise ValueError(f"positions must have shape [{T}], got {pos.shape}")
-    inv_freq = cp.asarray(rope_inv_freq(theta, rd))  # [rd/2] f32
+    inv_freq = cp.asarray(rope_inv_freq(theta, rd, factor))  # [rd/2] f32
     y = cp.empty_like(x)
     launch_elementwise(
         "rope", "rope_neox_f32", x.size, (x, pos, inv_freq, y, i64(x.size), i32(H), i32(d), i32(rd))

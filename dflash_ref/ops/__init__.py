@@ -12,6 +12,9 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "rope": ("rope",),
     "activations": ("swiglu", "softmax", "log_softmax"),
     "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows"),
+    "masks": ("materialize",),
+    "attention": ("attention",),
+    "dequant": ("dequantize_q8_0", "dequantize_q4_k", "dequantize_q6_k"),
     "gdn": ("gdn_recurrent", "gdn_chunked", "causal_conv1d"),
 }
 

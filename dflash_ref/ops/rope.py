@@ -22,19 +22,26 @@ import numpy as np
 from dflash_ref.ops._dtypes import as_compute, compute_dtype
 
 
-def rope_inv_freq(theta: float, rotary_dim: int) -> np.ndarray:
-    """The [rotary_dim // 2] float32 inverse frequencies ``theta^(-2i/rotary_dim)`` (HF order)."""
+def rope_inv_freq(theta: float, rotary_dim: int, factor: float = 1.0) -> np.ndarray:
+    """The [rotary_dim // 2] float32 inverse frequencies ``theta^(-2i/rotary_dim) / factor``.
+
+    ``factor`` is HF's "linear" RoPE scaling (Gemma 3 global layers: 8.0); 1.0 is plain RoPE.
+    """
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     if not theta > 0:
         raise ValueError(f"rope theta must be positive, got {theta}")
+    if not factor > 0:
+        raise ValueError(f"rope linear scaling factor must be positive, got {factor}")
     exponent = np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(
         rotary_dim
     )  # [rd/2]
-    return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    return inv_freq if factor == 1.0 else (inv_freq / np.float32(factor)).astype(np.float32)
 
 
-def rope(x, positions, theta: float, rotary_dim: int | None = None) -> np.ndarray:
+def rope(x, positions, theta: float, rotary_dim: int | None = None,
+         factor: float = 1.0) -> np.ndarray:
     """Apply NEOX RoPE to every head of ``x`` at absolute ``positions``.
 
     Args:
@@ -42,6 +49,7 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None) -> np.ndarra
         positions: [T] integer absolute positions (any order; need not be contiguous).
         theta: RoPE base (``rope_theta``; never defaulted, see spec/dflash.md §7.4).
         rotary_dim: number of leading channels rotated (even, <= d); None means all d.
+        factor: linear RoPE scaling; the inverse frequencies are divided by it (1.0 = none).
     Returns:
         [T, H, d] in the compute dtype.
     """
@@ -56,9 +64,11 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None) -> np.ndarra
     pos = np.asarray(positions)
     if pos.shape != (T,):
         raise ValueError(f"positions must have shape [{T}], got {pos.shape}")
-    angle = pos.astype(np.float32)[:, None] * rope_inv_freq(theta, rd)[None, :]  # [T, rd/2] f32
-    cos = np.cos(angle).astype(dt)[:, None, :]  # [T, 1, rd/2]
-    sin = np.sin(angle).astype(dt)[:, None, :]
+    inv_freq = rope_inv_freq(theta, rd, factor)  # [rd/2] f32
+    angle = pos.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, rd/2] f32
+    angle = angle.astype(dt)  # float64 inputs get exact cos/sin of the float32 angle
+    cos = np.cos(angle)[:, None, :]  # [T, 1, rd/2]
+    sin = np.sin(angle)[:, None, :]
     x1, x2 = x[..., : rd // 2], x[..., rd // 2 : rd]  # [T, H, rd/2] each
     out = x.copy()
     out[..., : rd // 2] = x1 * cos - x2 * sin

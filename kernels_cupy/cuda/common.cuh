@@ -6,6 +6,11 @@
 // block_sum / block_max / block_argmax return the block-wide result to EVERY thread and end
 // with __syncthreads(), so they may be called several times in a row within one kernel.
 
+// NVRTC compiles without the host math headers, so INFINITY is not predefined.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 #define DFR_FULL_MASK 0xffffffffu
 #define DFR_INT_MAX 0x7fffffff
 

@@ -1,0 +1,97 @@
+"""Tensor names of a DFlash drafter: HF z-lab checkpoint <-> the two public GGUF namings.
+
+spec/dflash.md §2.1 (HF safetensors, no ``model.`` prefix), §2.2 (upstream llama.cpp, arch
+``dflash``) and §2.3 (lucebox, arch ``*-dflash-draft``; also spec/kvflash_gate.md §7)::
+
+    HF (z-lab)                                   llama.cpp "dflash"        lucebox "*-dflash-draft"
+    fc.weight                  [H, C*H]          fc.weight                 dflash.fc.weight
+    hidden_norm.weight         [H]               enc.output_norm.weight    dflash.hidden_norm.weight
+    norm.weight                [H]               output_norm.weight        output_norm.weight
+    layers.N.input_layernorm.weight              blk.N.attn_norm.weight    (same as llama.cpp)
+    layers.N.self_attn.{q,k,v,o}_proj.weight     blk.N.attn_{q,k,v,output}.weight
+    layers.N.self_attn.{q,k}_norm.weight         blk.N.attn_{q,k}_norm.weight
+    layers.N.post_attention_layernorm.weight     blk.N.ffn_norm.weight
+    layers.N.mlp.{gate,up,down}_proj.weight      blk.N.ffn_{gate,up,down}.weight
+
+Shapes differ only in spelling: GGUF writes them in ggml order {in, out} (see
+:mod:`dflash_ref.io.gguf_io`). Names outside the table (``fc.scale``, ``token_embd.weight``,
+``d2t``, ``attn_sinks``...) map to themselves, so a comparison reports them as one-sided.
+The PR #22105-era ``dflash-draft`` fork naming (``dflash_fc``, ``dflash_hidden_norm``) is not
+mapped: its exact names were not confirmed from a primary source.
+"""
+
+from __future__ import annotations
+
+import re
+
+FLAVOURS = ("dflash", "lucebox")
+
+# Per-layer GGUF stem -> HF module path (both flavours use the same blk.N names).
+LAYER_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+# Whole-model GGUF name -> HF name, per flavour.
+GLOBAL_NAMES: dict[str, dict[str, str]] = {
+    "dflash": {
+        "fc.weight": "fc.weight",
+        "enc.output_norm.weight": "hidden_norm.weight",
+        "output_norm.weight": "norm.weight",
+    },
+    "lucebox": {
+        "dflash.fc.weight": "fc.weight",
+        "dflash.hidden_norm.weight": "hidden_norm.weight",
+        "output_norm.weight": "norm.weight",
+    },
+}
+
+_GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_HF_LAYER = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
+_HF_OF_STEM = {v: k for k, v in LAYER_NAMES.items()}
+
+
+def flavour_of_arch(arch: str | None) -> str | None:
+    """"dflash" for llama.cpp's arch, "lucebox" for ``*-dflash-draft``, else None."""
+    if arch == "dflash":
+        return "dflash"
+    if arch is not None and arch.endswith("-dflash-draft"):
+        return "lucebox"
+    return None
+
+
+def _check(flavour: str) -> None:
+    if flavour not in FLAVOURS:
+        raise ValueError(f"unknown GGUF naming {flavour!r}; expected one of {FLAVOURS}")
+
+
+def gguf_to_hf(name: str, flavour: str) -> str:
+    """A GGUF tensor name of ``flavour`` -> the HF z-lab name (unknown names unchanged)."""
+    _check(flavour)
+    if name in GLOBAL_NAMES[flavour]:
+        return GLOBAL_NAMES[flavour][name]
+    m = _GGUF_LAYER.match(name)
+    if m and m.group(2) in LAYER_NAMES:
+        return f"layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return name
+
+
+def hf_to_gguf(name: str, flavour: str) -> str:
+    """An HF z-lab tensor name -> the GGUF name of ``flavour`` (unknown names unchanged)."""
+    _check(flavour)
+    for gguf_name, hf_name in GLOBAL_NAMES[flavour].items():
+        if name == hf_name:
+            return gguf_name
+    m = _HF_LAYER.match(name)
+    if m and m.group(2) in _HF_OF_STEM:
+        return f"blk.{m.group(1)}.{_HF_OF_STEM[m.group(2)]}.{m.group(3)}"
+    return name

@@ -1,0 +1,157 @@
+"""Per-sequence state of the target: the KV cache of one attention layer, and the feature buffer.
+
+Both index rows by **absolute position** and both truncate on rollback. Neither is a ring: a ring
+indexed by ``pos % cap`` silently overwrites old rows once the context passes ``cap`` (the
+lucebox 4096-slot feature ring dropped acceptance from 85% to 7.7% exactly at 4096 prompt tokens,
+spec/dflash.md §7.8). Here exceeding a capacity is an error, or, for features only, an explicit
+eviction of the oldest rows when a drafter context window is configured.
+"""
+
+from __future__ import annotations
+
+from dflash_ref.backend import Backend
+from dflash_ref.errors import ConfigError
+
+
+class KVCache:
+    """Keys and values of one attention layer for positions 0..len-1, in position order.
+
+    Storage grows by doubling; ``k``/``v`` return views of the filled part:
+    ``[len, n_kv_heads, head_dim]`` each (post-norm, post-RoPE keys, as attention consumes them).
+    """
+
+    def __init__(self, be: Backend, n_kv_heads: int, head_dim: int, dtype="float32"):
+        self.be = be
+        self.n_kv_heads, self.head_dim, self.dtype = n_kv_heads, head_dim, dtype
+        self._k = be.xp.zeros((0, n_kv_heads, head_dim), dtype=dtype)
+        self._v = be.xp.zeros((0, n_kv_heads, head_dim), dtype=dtype)
+        self.length = 0
+
+    def append(self, k, v) -> None:
+        """Append ``k``, ``v`` [T, n_kv_heads, head_dim] at positions len..len+T-1."""
+        T = k.shape[0]
+        if k.shape != (T, self.n_kv_heads, self.head_dim) or v.shape != k.shape:
+            raise ValueError(
+                f"KVCache.append: k {k.shape} / v {v.shape}, expected "
+                f"[T, {self.n_kv_heads}, {self.head_dim}] each"
+            )
+        need = self.length + T
+        if need > self._k.shape[0]:
+            cap = max(need, 2 * self._k.shape[0], 16)
+            self._k = self._grow(self._k, cap)
+            self._v = self._grow(self._v, cap)
+        self._k[self.length : need] = k
+        self._v[self.length : need] = v
+        self.length = need
+
+    def _grow(self, arr, cap: int):
+        new = self.be.xp.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
+        new[: self.length] = arr[: self.length]
+        return new
+
+    @property
+    def k(self):
+        return self._k[: self.length]
+
+    @property
+    def v(self):
+        return self._v[: self.length]
+
+    def keep_rows(self, start: int, rows) -> None:
+        """Keep rows < start, then the rows at indices ``rows`` (>= start) in that order.
+
+        Tree verify appends every node's K/V at start.. in node order; committing the accepted
+        branch keeps exactly the path's rows, which then sit at positions start, start+1, ...
+        """
+        rows = self.be.xp.asarray(rows)
+        k, v = self._k[rows].copy(), self._v[rows].copy()
+        self.truncate(start)
+        self.append(k, v)
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop positions >= n_keep (rejected drafts). Keeping more than present is an error."""
+        if not 0 <= n_keep <= self.length:
+            raise ValueError(f"KVCache.truncate({n_keep}): cache holds {self.length} positions")
+        self.length = n_keep
+
+
+class FeatureBuffer:
+    """Captured target features (rows [C*hidden]) by absolute position, for the drafter.
+
+    Rows arrive with the target forward that computed them (prefill micro-batches, decode steps,
+    verify batches) and must be appended in position order: a gap or an overlap is an error, so a
+    buffer can never hold only the last micro-batch (spec/dflash.md §7.6) or skip rows restored
+    from a cache (§7.7). ``truncate`` on rollback keeps the accepted rows only (§3, §5.2f).
+
+    Capacity: at most ``capacity`` rows are held. When ``window`` (a drafter context window of the
+    last W features) is set, appending past capacity evicts the oldest rows, keeping at least
+    ``window``; without a window, exceeding capacity raises :class:`ConfigError`. Rows are never
+    overwritten in place.
+    """
+
+    def __init__(self, be: Backend, width: int, capacity: int | None = None,
+                 window: int | None = None, dtype="float32"):
+        if window is not None and capacity is not None and capacity < window:
+            raise ConfigError(
+                f"FeatureBuffer capacity {capacity} is smaller than the drafter context window "
+                f"{window}; raise the capacity to at least {window}"
+            )
+        self.be, self.width, self.capacity, self.window = be, width, capacity, window
+        self.start = 0  # absolute position of the first held row (> 0 after eviction)
+        self.end = 0  # one past the last held position
+        self._rows = be.xp.zeros((0, width), dtype=dtype)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def append(self, start_pos: int, rows) -> None:
+        """Append ``rows`` [T, width] for absolute positions start_pos..start_pos+T-1."""
+        T = rows.shape[0]
+        if rows.ndim != 2 or rows.shape[1] != self.width:
+            raise ValueError(f"FeatureBuffer.append: rows {rows.shape}, expected [T, {self.width}]")
+        if start_pos != self.end:
+            raise ValueError(
+                f"FeatureBuffer.append: rows start at position {start_pos} but the buffer ends at "
+                f"{self.end}; features must arrive in position order with no gap or overlap "
+                f"(rollback with truncate() first, or restore the missing rows)"
+            )
+        held = self._rows[: len(self)]
+        merged = self.be.xp.concatenate([held, rows.astype(self._rows.dtype)], axis=0)
+        if self.capacity is not None and merged.shape[0] > self.capacity:
+            if self.window is None:
+                raise ConfigError(
+                    f"FeatureBuffer would hold {merged.shape[0]} rows but its capacity is "
+                    f"{self.capacity}; raise the capacity (it must cover the whole context) or "
+                    f"configure a drafter context window to evict the oldest rows explicitly"
+                )
+            drop = merged.shape[0] - self.capacity
+            merged = merged[drop:]
+            self.start += drop
+        self._rows = merged
+        self.end = start_pos + T
+
+    def rows(self, start: int | None = None, end: int | None = None):
+        """Rows for positions [start, end) (default: everything held) as [end-start, width]."""
+        start = self.start if start is None else start
+        end = self.end if end is None else end
+        if start < self.start or end > self.end or start > end:
+            raise ValueError(
+                f"FeatureBuffer.rows({start}, {end}): held positions are [{self.start}, {self.end})"
+            )
+        return self._rows[start - self.start : end - self.start]
+
+    def window_rows(self):
+        """``(rows, positions)`` of the last ``window`` rows (all rows when no window is set)."""
+        lo = self.start if self.window is None else max(self.start, self.end - self.window)
+        return self.rows(lo, self.end), self.be.xp.arange(lo, self.end)
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop rows at positions >= n_keep (rollback of rejected drafts)."""
+        if n_keep > self.end:
+            raise ValueError(f"FeatureBuffer.truncate({n_keep}): buffer ends at {self.end}")
+        if n_keep < self.start:
+            raise ValueError(
+                f"FeatureBuffer.truncate({n_keep}): positions before {self.start} were evicted"
+            )
+        self._rows = self._rows[: n_keep - self.start]
+        self.end = n_keep

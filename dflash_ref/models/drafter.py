@@ -1,0 +1,333 @@
+"""The DFlash block-diffusion drafter (spec/dflash.md §1-§4; cited by section below).
+
+One forward drafts a whole block: given captured target features for the committed context and a
+block ``[anchor, MASK x (B-1)]`` at positions ``s .. s+B-1``, it returns logits for all B rows;
+rows 1..B-1 are the drafts for positions s+1 .. s+B-1 (§4.4). Shapes: C captures, H hidden,
+nh / nkv heads, d head_dim, B block size, ctx context rows.
+
+    c = RMSNorm_hidden_norm(features @ fc^T)                 [ctx, C*H] -> [ctx, H]   (§4.1)
+    h = E_target[block] * scale                              [B, H]  (Gemma: sqrt(H)) (§4.2)
+    per layer (§4.3):
+        u = RMSNorm_input(h)                                 noise rows only
+        q = rope(q_norm((u Wq^T)[B, nh, d]), s..s+B-1)
+        k = rope(k_norm([c Wk^T ; u Wk^T]), [p_ctx ; s..s+B-1])     context FIRST
+        v = [c Wv^T ; u Wv^T]                                 no norm, no rope
+        h = h + attention(q, k, v, drafter mask) Wo^T         non-causal (SWA: per option)
+        h = h + W_down(swiglu(W_gate u', W_up u')),  u' = RMSNorm_post(h)
+    logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   (§4.4)
+
+The context rows are never queries and are identical in every layer (each layer projects the
+same ``c`` with its own Wk / Wv / k_norm). The drafter owns no embedding or lm_head: it borrows the
+target's (never copies them). Binding to a target sets the target's capture layers to the
+drafter's ``target_layer_ids`` when the target has none, and raises when they conflict.
+
+Two equivalent ways to hold the context:
+
+- stateless: :meth:`DFlashDrafter.forward_block` recomputes context K/V from the features every
+  call (lucebox ``build_draft_graph``), the oracle other implementations can call directly;
+- cached: :class:`DraftCache` keeps per-layer context K/V (post k_norm, post RoPE at
+  absolute positions) appended as committed features arrive, and never keeps noise K/V (the
+  authors' ``DynamicCache`` + ``crop(s)``, §4.8). tests/models/test_drafter.py checks that
+  cached == stateless.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dflash_ref.backend import Backend
+from dflash_ref.config import DrafterConfig
+from dflash_ref.errors import ConfigError, FormatError
+from dflash_ref.io.safetensors_io import load_checkpoint
+from dflash_ref.models.target import TargetModel
+from dflash_ref.ops.masks import MaskSpec, drafter_mask
+
+
+class DFlashDrafter:
+    """A DFlash drafter bound to its target. Construct with :meth:`from_pretrained`."""
+
+    def __init__(self, config: DrafterConfig, weights: dict, target: TargetModel):
+        fc_name = config.fc_name
+        if fc_name not in weights:
+            raise FormatError(
+                f"drafter checkpoint lacks {fc_name} ({config.layout} layout); found e.g. "
+                f"{sorted(weights)[:4]}"
+            )
+        config = config.validate_against(target.config, fc_shape=tuple(weights[fc_name].shape))
+        self.config, self.target = config, target
+        self.be: Backend = target.be
+        self._check_weights(weights)
+        xp = self.be.xp
+        w = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()}
+        self.fc = w[config.fc_name]  # [H, C*H]
+        self.hidden_norm = w[config.hidden_norm_name]  # [H]
+        self.norm = w["norm.weight"]  # [H]
+        self.layers = [
+            {k[len(f"layers.{i}."):]: v for k, v in w.items() if k.startswith(f"layers.{i}.")}
+            for i in range(config.num_hidden_layers)
+        ]
+        self.embedding_scale = config.noise_embedding_scale(target.config)
+        self._bind(target)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_pretrained(cls, path, target: TargetModel, backend=None,
+                        swa_convention: str | None = None) -> DFlashDrafter:
+        """Load a drafter directory (``config.json`` + safetensors) for ``target``.
+
+        Reads the z-lab layout (``fc``, ``hidden_norm``, ``layers.N.*``, ``norm``; DFlash keys at
+        the top level or under ``dflash_config``) and the HF DFlash-assistant layout
+        (``encoder.fc``, ``encoder.output_norm_enc``). ``backend`` must match the target's (the
+        drafter shares the target's arrays); ``swa_convention`` overrides the config default.
+        """
+        path = Path(path)
+        if backend is not None and getattr(backend, "name", backend) != target.be.name:
+            raise ConfigError(
+                f"drafter backend {backend!r} differs from the target's {target.be.name!r}; the "
+                f"drafter shares the target's embedding and lm_head, so load both on one backend"
+            )
+        cfg_path = path / "config.json"
+        if not cfg_path.exists():
+            raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
+        config = DrafterConfig.from_hf(json.loads(cfg_path.read_text()),
+                                       swa_convention=swa_convention)
+        return cls(config, load_checkpoint(path), target)
+
+    def _bind(self, target: TargetModel) -> None:
+        ids = list(self.config.target_layer_ids)
+        if not target.target_layer_ids:
+            target.set_target_layer_ids(ids)
+        elif list(target.target_layer_ids) != ids:
+            raise ConfigError(
+                f"the target captures layers {target.target_layer_ids} but this drafter reads "
+                f"{ids}; load the target with target_layer_ids=None (the drafter sets them) or "
+                f"with exactly the drafter's ids"
+            )
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor name of this drafter's layout with its PyTorch [out, in] shape."""
+        return drafter_expected_tensors(self.config)
+
+    def _check_weights(self, weights: dict) -> None:
+        for name, shape in drafter_expected_tensors(self.config).items():
+            if name not in weights:
+                raise FormatError(
+                    f"drafter checkpoint lacks tensor {name} ({self.config.layout} layout); is "
+                    f"it complete? found {len(weights)} tensors"
+                )
+            if tuple(weights[name].shape) != shape:
+                raise FormatError(
+                    f"drafter tensor {name} has shape {list(weights[name].shape)}, expected "
+                    f"{list(shape)} from config.json"
+                )
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    # ------------------------------------------------------------------ the pieces
+
+    def encode(self, features):
+        """§4.1: ``c = RMSNorm_hidden_norm(features @ fc^T)``: [ctx, C*H] -> [ctx, H]."""
+        cfg = self.config
+        width = self.fc.shape[1]
+        if features.ndim != 2 or features.shape[1] != width:
+            raise ValueError(
+                f"context features have shape {tuple(features.shape)}, expected [ctx, {width}] "
+                f"(C={cfg.n_capture} captured layers x hidden {cfg.hidden_size})"
+            )
+        return self.be.ops.rms_norm(features @ self.fc.T, self.hidden_norm, cfg.rms_norm_eps)
+
+    def embed_block(self, anchor_token: int):
+        """§4.2: the block [anchor, mask x (B-1)] through the target's embedding rows: [B, H]."""
+        B, m = self.block_size, self.config.mask_token_id
+        ids = np.full(B, m, dtype=np.int64)
+        ids[0] = int(anchor_token)
+        e = self.target.embed_tokens[self.be.xp.asarray(ids)]  # raw rows, including row m
+        return e if self.embedding_scale == 1.0 else e * self.be.xp.float32(self.embedding_scale)
+
+    def context_kv(self, layer: int, c, positions):
+        """Context K/V of one layer: k_norm + RoPE at absolute ``positions``; [ctx, nkv, d] each."""
+        cfg, w = self.config, self.layers[layer]
+        n = c.shape[0]
+        k = (c @ w["self_attn.k_proj.weight"].T).reshape(n, cfg.num_key_value_heads, cfg.head_dim)
+        v = (c @ w["self_attn.v_proj.weight"].T).reshape(n, cfg.num_key_value_heads, cfg.head_dim)
+        k = self.be.ops.rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps)
+        return self._rope(layer, k, positions), v
+
+    def _rope(self, layer: int, x, positions):
+        r = self.config.rope_by_type[self.config.layer_types[layer]]
+        return self.be.ops.rope(self.be.xp.ascontiguousarray(x), positions, r.theta,
+                                r.rotary_dim, r.factor)
+
+    def layer_mask(self, layer: int, ctx_pos, noise_pos) -> MaskSpec:
+        """The attention mask of one layer (§4.3 non-causal; §4.9 for sliding layers)."""
+        cfg = self.config
+        vis = cfg.visibility(layer)
+        causal = vis.max_ahead == 0
+        if vis.max_ahead not in (0, None) and vis.max_ahead < cfg.block_size - 1:
+            raise ConfigError(
+                f"drafter layer {layer}: a window of {cfg.sliding_window} smaller than the block "
+                f"({cfg.block_size}) would hide later noise keys; not supported"
+            )
+        if vis.max_back is None:
+            return drafter_mask(ctx_pos, noise_pos, causal=causal)
+        if cfg.swa_convention == "bidirectional":  # |q - k| <= W
+            return drafter_mask(ctx_pos, noise_pos, window=vis.max_back, causal=causal,
+                                window_mode="bidirectional")
+        # q - k <= W - 1, i.e. q - k < W (HF convention, the window includes the current token)
+        return drafter_mask(ctx_pos, noise_pos, window=vis.max_back + 1, causal=causal)
+
+    def decoder_layer(self, i: int, h, ctx_k, ctx_v, ctx_pos, noise_pos):
+        """One decoder layer over the noise rows h [B, H] given context K/V of this layer."""
+        cfg, w, be = self.config, self.layers[i], self.be
+        xp, ops, eps = be.xp, be.ops, cfg.rms_norm_eps
+        B, nh, nkv, d = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        u = ops.rms_norm(h, w["input_layernorm.weight"], eps)  # noise only
+        q = (u @ w["self_attn.q_proj.weight"].T).reshape(B, nh, d)
+        q = self._rope(i, ops.rms_norm(q, w["self_attn.q_norm.weight"], eps), noise_pos)
+        nk = (u @ w["self_attn.k_proj.weight"].T).reshape(B, nkv, d)
+        nk = self._rope(i, ops.rms_norm(nk, w["self_attn.k_norm.weight"], eps), noise_pos)
+        nv = (u @ w["self_attn.v_proj.weight"].T).reshape(B, nkv, d)
+        k = xp.concatenate([ctx_k, nk], axis=0)  # [ctx + B, nkv, d]: context FIRST
+        v = xp.concatenate([ctx_v, nv], axis=0)
+        mask = self.layer_mask(i, ctx_pos, noise_pos)
+        o = ops.attention(q, k, v, mask, scale=d ** -0.5)  # [B, nh, d]
+        h = h + o.reshape(B, nh * d) @ w["self_attn.o_proj.weight"].T
+        u = ops.rms_norm(h, w["post_attention_layernorm.weight"], eps)
+        g, up = u @ w["mlp.gate_proj.weight"].T, u @ w["mlp.up_proj.weight"].T
+        return h + ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
+
+    def head(self, h):
+        """§4.4: final norm, then the target's lm_head (with its softcap, if any)."""
+        z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
+        return self.target.lm_head(z)
+
+    # ------------------------------------------------------------------ stateless entry point
+
+    def forward_block(self, context_features, context_positions, anchor_token: int,
+                      anchor_position: int):
+        """Draft logits for one block, recomputing context K/V from the features.
+
+        Args:
+            context_features: [ctx, C*H] features as captured by the target (any backend array).
+            context_positions: [ctx] absolute positions of those features.
+            anchor_token: the last committed token t_s (the bonus not yet run by the target).
+            anchor_position: s; the block occupies positions s .. s+B-1.
+        Returns:
+            logits [B, vocab] float32 on the drafter's backend; rows 1..B-1 are the drafts.
+        """
+        xp = self.be.xp
+        feats = xp.asarray(context_features, dtype=xp.float32)
+        ctx_pos = np.asarray(self.be.to_numpy(context_positions), dtype=np.int64)
+        if ctx_pos.shape != (feats.shape[0],):
+            raise ValueError(
+                f"context_positions has shape {ctx_pos.shape}, expected ({feats.shape[0]},)"
+            )
+        noise_pos = np.arange(anchor_position, anchor_position + self.block_size)
+        c = self.encode(feats)
+        h = self.embed_block(anchor_token)
+        for i in range(self.config.num_hidden_layers):
+            ck, cv = self.context_kv(i, c, ctx_pos)
+            h = self.decoder_layer(i, h, ck, cv, ctx_pos, noise_pos)
+        return self.head(h)
+
+    def draft_tokens(self, logits) -> np.ndarray:
+        """§4.5: greedy drafts = argmax of rows 1..B-1, as host int64 [B-1]."""
+        return self.be.to_numpy(self.be.ops.argmax_rows(logits[1:])).astype(np.int64)
+
+    # ------------------------------------------------------------------ cached form
+
+    def new_cache(self, window: int | None = None) -> DraftCache:
+        """An empty draft cache; ``window`` keeps only the last W context positions."""
+        return DraftCache(self, window)
+
+
+class DraftCache:
+    """Per-layer context K/V of the committed positions (§4.8), optionally the last W only.
+
+    ``extend(features, positions)`` appends new committed context (post-norm, post-RoPE keys);
+    ``forward_block(anchor_token, anchor_position)`` drafts over the cached context; noise K/V
+    are never stored (the authors append then ``crop(s)``, which nets to the same thing).
+    """
+
+    def __init__(self, drafter: DFlashDrafter, window: int | None = None):
+        if window is not None and window < 1:
+            raise ConfigError(f"drafter context window must be >= 1, got {window}")
+        self.drafter, self.window = drafter, window
+        xp, cfg = drafter.be.xp, drafter.config
+        shape = (0, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.num_hidden_layers)]
+        self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.num_hidden_layers)]
+        self.positions = np.zeros(0, dtype=np.int64)
+
+    @property
+    def length(self) -> int:
+        """One past the last cached position (the authors' ``cache_len``)."""
+        return int(self.positions[-1]) + 1 if self.positions.size else 0
+
+    def extend(self, features, positions) -> None:
+        """Append context for ``positions`` (must continue the cache) from features [n, C*H]."""
+        d, xp = self.drafter, self.drafter.be.xp
+        positions = np.asarray(d.be.to_numpy(positions), dtype=np.int64)
+        if positions.size == 0:
+            return
+        if positions[0] != self.length or np.any(np.diff(positions) != 1):
+            raise ValueError(
+                f"DraftCache.extend: positions {positions[0]}..{positions[-1]} must continue the "
+                f"cache, which ends at {self.length}"
+            )
+        c = d.encode(xp.asarray(features, dtype=xp.float32))
+        for i in range(d.config.num_hidden_layers):
+            k, v = d.context_kv(i, c, positions)
+            self.k[i] = xp.concatenate([self.k[i], k], axis=0)
+            self.v[i] = xp.concatenate([self.v[i], v], axis=0)
+        self.positions = np.concatenate([self.positions, positions])
+        if self.window is not None and self.positions.size > self.window:
+            drop = self.positions.size - self.window
+            self.k = [k[drop:] for k in self.k]
+            self.v = [v[drop:] for v in self.v]
+            self.positions = self.positions[drop:]
+
+    def crop(self, n_keep: int) -> None:
+        """Drop cached positions >= n_keep (the authors crop to s after every draft)."""
+        keep = int(np.searchsorted(self.positions, n_keep))
+        self.k = [k[:keep] for k in self.k]
+        self.v = [v[:keep] for v in self.v]
+        self.positions = self.positions[:keep]
+
+    def forward_block(self, anchor_token: int, anchor_position: int):
+        """Draft logits [B, vocab] over the cached context (same result as the stateless form)."""
+        d = self.drafter
+        noise_pos = np.arange(anchor_position, anchor_position + d.block_size)
+        h = d.embed_block(anchor_token)
+        for i in range(d.config.num_hidden_layers):
+            h = d.decoder_layer(i, h, self.k[i], self.v[i], self.positions, noise_pos)
+        return d.head(h)
+
+
+def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor names and PyTorch [out, in] shapes of a drafter checkpoint (spec/dflash.md §2.1)."""
+    H, d, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    t = {cfg.fc_name: (H, cfg.n_capture * H), cfg.hidden_norm_name: (H,), "norm.weight": (H,)}
+    for i in range(cfg.num_hidden_layers):
+        L = f"layers.{i}."
+        t.update({
+            L + "input_layernorm.weight": (H,),
+            L + "self_attn.q_proj.weight": (nh * d, H),
+            L + "self_attn.k_proj.weight": (nkv * d, H),
+            L + "self_attn.v_proj.weight": (nkv * d, H),
+            L + "self_attn.o_proj.weight": (H, nh * d),
+            L + "self_attn.q_norm.weight": (d,),
+            L + "self_attn.k_norm.weight": (d,),
+            L + "post_attention_layernorm.weight": (H,),
+            L + "mlp.gate_proj.weight": (F, H),
+            L + "mlp.up_proj.weight": (F, H),
+            L + "mlp.down_proj.weight": (H, F),
+        })
+    return t

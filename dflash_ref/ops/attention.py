@@ -1,0 +1,183 @@
+"""Scaled dot-product attention under a :class:`~dflash_ref.ops.masks.MaskSpec`, with GQA.
+
+One op serves every attention of the system (target causal / SWA layers, drafter, verify, tree
+verify, paged KV pools); only the mask differs (dflash_ref/ops/masks.py, docs/attention.md).
+
+For query row i, query head h, with kv head ``h // g`` where ``g = nh // nkv`` (grouped
+mapping: query heads 0..g-1 share kv head 0, the next g share kv head 1, ...; HF ``repeat_kv``,
+spec/dflash.md §4.3)::
+
+    s_ij = scale * q[i, h] . k[j, h // g]            scale defaults to d^-0.5
+    s_ij = cap * tanh(s_ij / cap)                    only with softcap=cap (before the mask)
+    p_i  = softmax_j( s_ij + M_ij )                  M = materialize(mask): 0 / -inf; float32
+    out[i, h] = sum_j p_ij v[j, h // g]
+
+A row with no visible key (every M_ij = -inf, e.g. all slots invalid) outputs **zeros**, in
+both backends; the softmax is never evaluated on an empty row (no NaN). A key slot that no
+query sees never reaches the output, whatever it holds: NaN or inf left in a free pool slot is
+harmless (both backends).
+
+:func:`attention` is the reference (it materialises the mask). :func:`attention_online` is the
+same function computed the way the CuPy kernel computes it: key tiles, the mask evaluated per
+tile, fully masked tiles skipped, an online softmax (the flash-attention recurrence) and a
+split-K combine. It exists to be read next to kernels_cupy/cuda/attention.cu and to test that
+recurrence on a CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops.masks import MaskSpec, materialize, visible
+
+
+def check_attention_args(q, k, v, mask, softcap, op: str = "attention") -> tuple[int, ...]:
+    """Validate shapes; return (Tq, nh, d, Tk, nkv). Shared by the reference and the twin."""
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(
+            f"{op}: q, k, v must be [T, heads, d]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    Tq, nh, d = q.shape
+    Tk, nkv, dk = k.shape
+    if dk != d or tuple(v.shape) != tuple(k.shape):
+        raise ValueError(
+            f"{op}: k and v must be [Tk, nkv, d={d}] like q's head dim; got k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    if nkv == 0 or nh % nkv:
+        raise ValueError(
+            f"{op}: {nh} query heads cannot be grouped over {nkv} kv heads (GQA needs nh % nkv "
+            f"== 0; query head i uses kv head i // (nh // nkv))"
+        )
+    if mask is not None:
+        if not isinstance(mask, MaskSpec):
+            raise TypeError(
+                f"{op}: mask must be a MaskSpec (dflash_ref.ops.masks) or None, got "
+                f"{type(mask).__name__}; build one with causal_mask / drafter_mask / ..."
+            )
+        if mask.shape != (Tq, Tk):
+            raise ValueError(
+                f"{op}: mask is for [Tq, Tk] = {mask.shape} but q has Tq={Tq} rows and k has "
+                f"Tk={Tk} slots"
+            )
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"{op}: softcap must be > 0 or None, got {softcap!r}")
+    return Tq, nh, d, Tk, nkv
+
+
+def _scores(q, k, scale, softcap, dt):
+    """[nkv, g, Tq, Tk] scaled (and soft-capped) scores; q [Tq, nh, d], k [Tk', nkv, d]."""
+    Tq, nh, d = q.shape
+    nkv = k.shape[1]
+    g = nh // nkv
+    qg = q.reshape(Tq, nkv, g, d).transpose(1, 2, 0, 3)  # [Tq, nh, d] -> [nkv, g, Tq, d]
+    kt = k.transpose(1, 2, 0)[:, None]  # [Tk, nkv, d] -> [nkv, 1, d, Tk]
+    s = (qg @ kt) * dt.type(scale)  # [nkv, g, Tq, Tk]
+    if softcap is not None:
+        s = dt.type(softcap) * np.tanh(s / dt.type(softcap))
+    return s
+
+
+def attention(q, k, v, mask=None, scale=None, softcap=None) -> np.ndarray:
+    """Masked GQA attention (reference): see the module docstring for the equations.
+
+    Args:
+        q: [Tq, nh, d] queries (already normed / rotated as the model requires).
+        k: [Tk, nkv, d] keys, one per key slot, in any slot order.
+        v: [Tk, nkv, d] values.
+        mask: a :class:`MaskSpec` for [Tq, Tk], or None (every key visible).
+        scale: multiplies q.k; None means d^-0.5.
+        softcap: logit soft-cap ``cap * tanh(s / cap)`` applied to the scaled scores before the
+            mask (Gemma-2 style), or None.
+    Returns:
+        [Tq, nh, d] in the compute dtype (float32; float64 for float64 inputs).
+    """
+    dt = compute_dtype(q, k, v)
+    q, k, v = as_compute(q, dt), as_compute(k, dt), as_compute(v, dt)
+    Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap)
+    scale = d ** -0.5 if scale is None else scale
+    if mask is not None:
+        M = materialize(mask, dt)  # [Tq, Tk]: 0 visible, -inf not
+        vis = M == 0
+        used = vis.any(axis=0)  # [Tk] slots some query sees
+        # A slot nobody sees may hold anything (a free pool slot): zero its k / v so that NaN or
+        # inf there cannot leak through 0 * NaN in the products below.
+        k = np.where(used[:, None, None], k, dt.type(0.0))
+        v = np.where(used[:, None, None], v, dt.type(0.0))
+    s = _scores(q, k, scale, softcap, dt)  # [nkv, g, Tq, Tk]
+    if mask is not None:
+        s = np.where(vis, s + M, dt.type(-np.inf))  # s + M, immune to inf - inf
+    m = np.max(s, axis=-1, keepdims=True, initial=-np.inf)  # [nkv, g, Tq, 1]
+    m = np.where(np.isfinite(m), m, dt.type(0.0))  # empty rows: any finite shift
+    p = np.exp(s - m)  # 0 where masked
+    denom = np.sum(p, axis=-1, keepdims=True)  # [nkv, g, Tq, 1]
+    vt = v.transpose(1, 0, 2)[:, None]  # [Tk, nkv, d] -> [nkv, 1, Tk, d]
+    o = (p @ vt) / np.where(denom > 0, denom, dt.type(1.0))  # [nkv, g, Tq, d]; empty rows 0
+    return o.transpose(2, 0, 1, 3).reshape(Tq, nh, d)  # -> [Tq, nkv, g, d] -> [Tq, nh, d]
+
+
+def attention_online(q, k, v, mask=None, scale=None, softcap=None, key_tile: int = 32,
+                     n_splits: int = 1) -> np.ndarray:
+    """The CuPy kernel's algorithm in NumPy: tiled, inline mask, online softmax, split-K.
+
+    Same result as :func:`attention` (to float32 rounding). Keys are cut into ``n_splits``
+    contiguous ranges of whole tiles of ``key_tile`` slots. For each range, running state per
+    (row, head): max m, normaliser l, unnormalised output acc. For each tile::
+
+        vis    = visible(mask, all rows, tile)         # inline: [Tq, tile], never [Tq, Tk]
+        skip the tile if no entry of vis is True
+        s      = scores of the tile, -inf where not vis
+        m_new  = max(m, max_j s);  c = exp(m - m_new)
+        p      = exp(s - m_new)
+        l      = c * l + sum_j p;  acc = c * acc + p @ v_tile;  m = m_new
+
+    then the ranges combine: M = max over ranges with l > 0, L = sum l_r exp(m_r - M),
+    out = sum acc_r exp(m_r - M) / L, and 0 where L == 0.
+    """
+    dt = compute_dtype(q, k, v)
+    q, k, v = as_compute(q, dt), as_compute(k, dt), as_compute(v, dt)
+    Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap, "attention_online")
+    g = nh // nkv
+    scale = d ** -0.5 if scale is None else scale
+    n_tiles = -(-Tk // key_tile)
+    tiles_per_split = max(1, -(-n_tiles // max(n_splits, 1)))
+    parts = []  # (m, l, acc) per split
+    for t_begin in range(0, n_tiles, tiles_per_split):
+        m = np.full((nkv, g, Tq, 1), -np.inf, dt)
+        l = np.zeros((nkv, g, Tq, 1), dt)
+        acc = np.zeros((nkv, g, Tq, d), dt)
+        for t in range(t_begin, min(t_begin + tiles_per_split, n_tiles)):
+            cols = slice(t * key_tile, min((t + 1) * key_tile, Tk))
+            vis = np.ones((Tq, cols.stop - cols.start), bool) if mask is None else np.asarray(
+                visible(mask, cols=cols)
+            )  # [Tq, tile]
+            if not vis.any():
+                continue  # the kernel's tile skip
+            used = vis.any(axis=0)[:, None, None]  # [tile, 1, 1]
+            k_t = np.where(used, k[cols], dt.type(0.0))  # garbage in unseen slots stays out
+            v_t = np.where(used, v[cols], dt.type(0.0))
+            s = _scores(q, k_t, scale, softcap, dt)  # [nkv, g, Tq, tile]
+            s = np.where(vis, s, dt.type(-np.inf))
+            m_new = np.maximum(m, np.max(s, axis=-1, keepdims=True))  # [nkv, g, Tq, 1]
+            # Rows with nothing visible so far keep m = -inf; shift them by 0 (their l, acc
+            # are 0, and exp(-inf - 0) = 0 keeps them so).
+            shift = np.where(np.isfinite(m_new), m_new, dt.type(0.0))
+            c = np.exp(m - shift)  # rescales the old state; 0 when m was -inf
+            p = np.exp(s - shift)  # 0 where masked
+            l = c * l + np.sum(p, axis=-1, keepdims=True)
+            acc = c * acc + p @ v_t.transpose(1, 0, 2)[:, None]  # [nkv, g, Tq, d]
+            m = m_new
+        parts.append((m, l, acc))
+    if not parts:  # Tk == 0
+        return np.zeros((Tq, nh, d), dt)
+    ms = np.stack([p[0] for p in parts])  # [S, nkv, g, Tq, 1]
+    ls = np.stack([p[1] for p in parts])
+    accs = np.stack([p[2] for p in parts])  # [S, nkv, g, Tq, d]
+    M = np.max(np.where(ls > 0, ms, -np.inf), axis=0)  # [nkv, g, Tq, 1]
+    M = np.where(np.isfinite(M), M, dt.type(0.0))
+    w = np.where(ls > 0, np.exp(np.where(ls > 0, ms, 0) - M), dt.type(0.0))  # [S, ..., 1]
+    L = np.sum(w * ls, axis=0)
+    o = np.sum(w * accs, axis=0) / np.where(L > 0, L, dt.type(1.0))  # [nkv, g, Tq, d]
+    return o.transpose(2, 0, 1, 3).reshape(Tq, nh, d)

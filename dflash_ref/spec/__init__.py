@@ -1,0 +1,72 @@
+"""Speculative decoding pieces the loop calls: verifiers, gates, statistics.
+
+- :mod:`~dflash_ref.spec.verify`: chain verify, greedy and sampled (spec/dflash.md §5).
+- :mod:`~dflash_ref.spec.ddtree`: DDTree build, ancestor visibility, tree verify
+  (spec/kvflash_gate.md §5a, with the lucebox port's choices as options, §5).
+- :mod:`~dflash_ref.spec.gate`: the entropy gate and the commit-EMA gate, the cost model
+  (spec/kvflash_gate.md §4).
+- :mod:`~dflash_ref.spec.stats`: tau, acceptance rate, per-position acceptance, chi-square test.
+
+All of them are pure functions or small objects on arrays; none runs a model.
+"""
+
+from dflash_ref.spec.ddtree import (
+    DDTree,
+    DDTreeOptions,
+    TreeVerifyResult,
+    ancestor_matrix,
+    build_ddtree,
+    build_ddtree_from_topk,
+    chain_tree,
+    follow_verified_tree,
+    topk_log_probs,
+    verify_tree,
+)
+from dflash_ref.spec.gate import (
+    COMMIT_EMA_VERSIONS,
+    CommitEmaGate,
+    CostModel,
+    EntropyGate,
+    GateDecision,
+    p1_from_logits,
+    simulate_gated_decode,
+)
+from dflash_ref.spec.stats import AcceptanceStats, acceptance_rate, tau_per_response, tau_pooled
+from dflash_ref.spec.verify import (
+    ChainVerifyResult,
+    accept_length,
+    sample_tokens,
+    verify_chain_greedy,
+    verify_chain_rejection,
+    verify_chain_sampled,
+)
+
+__all__ = [
+    "COMMIT_EMA_VERSIONS",
+    "AcceptanceStats",
+    "ChainVerifyResult",
+    "CommitEmaGate",
+    "CostModel",
+    "DDTree",
+    "DDTreeOptions",
+    "EntropyGate",
+    "GateDecision",
+    "TreeVerifyResult",
+    "accept_length",
+    "acceptance_rate",
+    "ancestor_matrix",
+    "build_ddtree",
+    "build_ddtree_from_topk",
+    "chain_tree",
+    "follow_verified_tree",
+    "p1_from_logits",
+    "sample_tokens",
+    "simulate_gated_decode",
+    "tau_per_response",
+    "tau_pooled",
+    "topk_log_probs",
+    "verify_chain_greedy",
+    "verify_chain_rejection",
+    "verify_chain_sampled",
+    "verify_tree",
+]

@@ -1,0 +1,127 @@
+"""CuPy twin of :mod:`dflash_ref.ops.attention` (kernels in cuda/attention.cu).
+
+The MaskSpec is never materialised: its positions and scalars go to the kernel, which evaluates
+the predicate per (row, key slot) inline and skips key tiles that no row of a block can see.
+Long contexts are split over the key axis (flash-decoding style) when the (query, head) grid
+alone would leave the GPU mostly idle; a second kernel combines the splits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import cupy as cp
+
+from dflash_ref.ops.attention import check_attention_args
+from dflash_ref.ops.masks import WINDOW_MODES, MaskSpec
+from kernels_cupy._build import get_kernel
+from kernels_cupy._launch import f32, fp32, i32
+
+# Must match attention.cu.
+WARPS = 4  # ATT_WARPS: threads per block = 128
+KEY_TILE = 32  # ATT_KT: one key slot per lane
+MAX_RPW = 4  # ATT_MAX_RPW
+MAX_HEAD_DIM = 256  # ATT_MAX_D
+SHARED_LIMIT = 48 * 1024  # default dynamic shared memory limit (no opt-in needed)
+COMBINE_BLOCK = 128
+
+# Split the keys only while the grid has fewer than BLOCKS_PER_SM blocks per SM, and never into
+# splits shorter than MIN_TILES_PER_SPLIT tiles (each split costs a partial write and a combine).
+BLOCKS_PER_SM = 2
+MIN_TILES_PER_SPLIT = 8
+MAX_SPLITS = 128
+
+
+def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int) -> dict:
+    """The launch geometry of ``attention_fwd_f32`` (pure: tested on CPU).
+
+    Returns a dict with rpw (rows per warp), R (rows per block), grid (x, y, z), keys_per_split,
+    n_splits and shared_mem (bytes).
+    """
+    g = nh // nkv
+    rows = Tq * g  # (query, head) rows per kv head
+    rpw_max = MAX_RPW if d <= 128 else 2  # keeps shared memory <= 48 KiB up to d = 256
+    rpw = max(1, min(rpw_max, math.ceil(rows / WARPS)))
+    R = WARPS * rpw
+    gx = max(1, math.ceil(rows / R))
+    n_tiles = max(1, math.ceil(Tk / KEY_TILE))
+    blocks = gx * nkv
+    target = BLOCKS_PER_SM * sm_count
+    n_splits = 1
+    if blocks < target:
+        n_splits = min(math.ceil(target / blocks), n_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS)
+        n_splits = max(1, n_splits)
+    tiles_per_split = math.ceil(n_tiles / n_splits)
+    n_splits = math.ceil(n_tiles / tiles_per_split)  # no empty split
+    shared_mem = (R * d + KEY_TILE * (d + 1)) * 4
+    return {
+        "rpw": rpw, "R": R, "grid": (gx, nkv, n_splits), "n_splits": n_splits,
+        "keys_per_split": tiles_per_split * KEY_TILE, "shared_mem": shared_mem,
+    }
+
+
+@functools.cache
+def _sm_count(device_id: int) -> int:
+    return int(cp.cuda.Device(device_id).attributes["MultiProcessorCount"])
+
+
+def _mask_args(mask: MaskSpec | None, Tq: int, Tk: int) -> tuple:
+    """(q_pos, k_pos, anc, causal, window, window_mode, has_base, base_pos, has_anc) for C."""
+    if mask is None:  # every key visible: valid slots (k_pos 0 >= 0), no rule, no window
+        zeros_q, zeros_k = cp.zeros(Tq, cp.int32), cp.zeros(Tk, cp.int32)
+        return (zeros_q, zeros_k, cp.zeros(1, cp.uint8), i32(0), i32(0), i32(0), i32(0),
+                i32(0), i32(0))
+    q_pos = cp.ascontiguousarray(cp.asarray(mask.q_pos).astype(cp.int32, copy=False))
+    k_pos = cp.ascontiguousarray(cp.asarray(mask.k_pos).astype(cp.int32, copy=False))
+    if mask.ancestors is not None:
+        anc = cp.ascontiguousarray(cp.asarray(mask.ancestors).astype(cp.uint8))  # [Tq, Tk]
+    else:
+        anc = cp.zeros(1, cp.uint8)  # never read (has_anc = 0)
+    return (
+        q_pos, k_pos, anc, i32(mask.causal), i32(mask.window or 0),
+        i32(WINDOW_MODES.index(mask.window_mode)), i32(mask.base_pos is not None),
+        i32(mask.base_pos or 0), i32(mask.ancestors is not None),
+    )
+
+
+def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.attention.attention`: q [Tq, nh, d], k/v [Tk, nkv, d].
+
+    Rows with no visible key are zeros, as in the reference. d must be <= 256.
+    """
+    q, k, v = f32(q, "attention", "q"), f32(k, "attention", "k"), f32(v, "attention", "v")
+    Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap)
+    if d > MAX_HEAD_DIM:
+        raise ValueError(
+            f"attention: head dim {d} > {MAX_HEAD_DIM}, the CuPy kernel's limit; use the NumPy "
+            "backend or extend ATT_MAX_DC in attention.cu"
+        )
+    if Tq == 0 or nh == 0 or d == 0 or Tk == 0:
+        return cp.zeros((Tq, nh, d), cp.float32)  # no key at all: every row is empty -> 0
+    scale = d ** -0.5 if scale is None else scale
+    plan = plan_launch(Tq, nh, nkv, d, Tk, _sm_count(cp.cuda.Device().id))
+    assert plan["shared_mem"] <= SHARED_LIMIT, plan
+    out = cp.empty((Tq, nh, d), cp.float32)
+    n_splits = plan["n_splits"]
+    if n_splits == 1:
+        part_o, part_ml = cp.empty(1, cp.float32), cp.empty(2, cp.float32)  # never written
+    else:
+        part_o = cp.empty((n_splits, Tq * nh, d), cp.float32)
+        part_ml = cp.empty((n_splits, Tq * nh, 2), cp.float32)
+    margs = _mask_args(mask, Tq, Tk)
+    args = (
+        q, k, v, *margs[:3], out, part_o, part_ml,
+        i32(Tq), i32(Tk), i32(nh), i32(nkv), i32(d), fp32(scale),
+        fp32(0.0 if softcap is None else softcap), *margs[3:],
+        i32(plan["rpw"]), i32(plan["keys_per_split"]), i32(n_splits),
+    )
+    get_kernel("attention", "attention_fwd_f32")(
+        plan["grid"], (WARPS * 32,), args, shared_mem=plan["shared_mem"]
+    )
+    if n_splits > 1:
+        get_kernel("attention", "attention_combine_f32")(
+            (Tq * nh,), (COMBINE_BLOCK,), (part_o, part_ml, out, i32(Tq * nh), i32(d),
+                                           i32(n_splits))
+        )
+    return out

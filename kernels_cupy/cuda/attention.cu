@@ -1,0 +1,264 @@
+// attention.cu: masked GQA attention with the MaskSpec evaluated inline.
+// Reference: dflash_ref/ops/attention.py (attention; attention_online is this algorithm in NumPy)
+// and dflash_ref/ops/masks.py (the visibility predicate, mirrored by att_key_visible below).
+//
+// Kernels (all float32, contiguous; q [Tq, nh, d], k / v [Tk, nkv, d], q_pos [Tq] int32,
+// k_pos [Tk] int32 with -1 = invalid slot, anc [Tq, Tk] uint8 or a dummy when has_anc == 0):
+//   attention_fwd_f32      flash-style forward. grid = (ceil(Tq*g / R), nkv, n_splits),
+//                          block = ATT_WARPS * 32 threads. A block owns R = ATT_WARPS * rpw
+//                          "rows" = (query i, query head h) pairs that share one kv head kvh
+//                          (blockIdx.y): flattened row index rg = i * g + (h - kvh * g), block x
+//                          takes rg in [x*R, (x+1)*R). Row r of the block belongs to warp
+//                          r % ATT_WARPS (slot r / ATT_WARPS), so a few rows spread over warps.
+//                          blockIdx.z is a split of the key slots ([z*keys_per_split, ...)).
+//                          Per key tile of ATT_KT = 32 slots (lane j <-> slot t0 + j):
+//                            1. each warp evaluates the mask for its rows (ballot -> 32-bit
+//                               visibility word per row); if no row of the block sees any key
+//                               of the tile, the tile is skipped (__syncthreads_or);
+//                            2. K tile -> shared memory; lane j scores slot t0+j for each of
+//                               its warp's rows (scale, optional softcap tanh, then the mask);
+//                            3. V tile -> the same shared buffer; online softmax update of the
+//                               row's running (m, l, acc), acc accumulating only visible slots.
+//                          n_splits == 1: writes out = acc / l (0 when l == 0, no visible key).
+//                          n_splits > 1: writes unnormalised acc to part_o [S, Tq*nh, d] and
+//                          (m, l) to part_ml [S, Tq*nh, 2]; attention_combine_f32 finishes.
+//   attention_combine_f32  one block per (i, h) row (grid = Tq*nh); threads stride over d.
+//                          M = max over splits with l > 0; L = sum l_s e^(m_s - M);
+//                          out = sum acc_s e^(m_s - M) / L, or 0 when L == 0.
+// Launch assumptions: blockDim.x == ATT_WARPS * 32 for attention_fwd_f32 (any multiple of 32
+// for the combine); 1 <= d <= ATT_MAX_D; rpw <= ATT_MAX_RPW; keys_per_split a multiple of
+// ATT_KT; dynamic shared memory = (R * d + ATT_KT * (d + 1)) * 4 bytes (<= 48 KiB: the wrapper
+// uses rpw = 2 for d > 128). Positions are int32; indices into q / k / v / anc are 64-bit.
+
+#define ATT_WARPS 4
+#define ATT_KT 32
+#define ATT_MAX_RPW 4
+#define ATT_MAX_DC 8  // d <= 32 * ATT_MAX_DC
+#define ATT_MAX_D (32 * ATT_MAX_DC)
+#define ATT_NEG_INF __int_as_float(0xff800000)
+#define ATT_FULL 0xffffffffu
+
+// The MaskSpec predicate (dflash_ref/ops/masks.py, key_visible), for query position qp and
+// key slot position kp; anc_row points at row i of the ancestor matrix (used iff has_anc).
+__device__ __forceinline__ bool att_key_visible(const int qp, const int kp,
+                                                const unsigned char* __restrict__ anc_row,
+                                                const long long j, const int causal,
+                                                const int window, const int window_mode,
+                                                const int has_base, const int base_pos,
+                                                const int has_anc) {
+    if (kp < 0) return false;  // invalid slot (free, paged out, stale)
+    bool ok;
+    if (has_base && kp < base_pos) ok = true;  // committed prefix
+    else if (has_anc) ok = anc_row[j] != 0;    // tree verify: self or ancestor
+    else if (causal) ok = kp <= qp;
+    else ok = true;                            // fully visible
+    if (ok && window > 0) {
+        const int dist = qp - kp;
+        ok = (window_mode == 0) ? (dist < window) : (abs(dist) <= window);
+    }
+    return ok;
+}
+
+__device__ __forceinline__ float att_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(ATT_FULL, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float att_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(ATT_FULL, v, o);
+    return v;
+}
+
+extern "C" __global__ void attention_fwd_f32(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const int* __restrict__ q_pos, const int* __restrict__ k_pos,
+    const unsigned char* __restrict__ anc, float* __restrict__ out,
+    float* __restrict__ part_o, float* __restrict__ part_ml,
+    const int Tq, const int Tk, const int nh, const int nkv, const int d,
+    const float scale, const float softcap,
+    const int causal, const int window, const int window_mode, const int has_base,
+    const int base_pos, const int has_anc,
+    const int rpw, const int keys_per_split, const int n_splits) {
+    extern __shared__ float att_smem[];
+    const int R = ATT_WARPS * rpw;
+    float* sQ = att_smem;            // [R, d]
+    float* sKV = att_smem + R * d;   // [ATT_KT, d + 1] (padded: lane-strided reads hit
+                                     // different banks)
+    const int ldkv = d + 1;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = nh / nkv, kvh = blockIdx.y, split = blockIdx.z;
+    const long long rows_total = (long long)Tq * g;
+    const long long row0 = (long long)blockIdx.x * R;
+
+    // Queries of this block -> shared memory (0 for rows past the end).
+    for (int idx = tid; idx < R * d; idx += blockDim.x) {
+        const int r = idx / d, dd = idx - r * d;
+        const long long rg = row0 + r;
+        float val = 0.0f;
+        if (rg < rows_total) {
+            const long long i = rg / g;
+            const int h = kvh * g + (int)(rg - i * g);
+            val = q[(i * nh + h) * d + dd];
+        }
+        sQ[idx] = val;
+    }
+
+    // Per-row state of this warp's rows (slot s <-> block row s * ATT_WARPS + warp).
+    bool row_ok[ATT_MAX_RPW];
+    int qp[ATT_MAX_RPW];
+    long long qi[ATT_MAX_RPW];
+    float m[ATT_MAX_RPW], l[ATT_MAX_RPW], acc[ATT_MAX_RPW][ATT_MAX_DC];
+#pragma unroll
+    for (int s = 0; s < ATT_MAX_RPW; ++s) {
+        const long long rg = row0 + s * ATT_WARPS + warp;
+        row_ok[s] = (s < rpw) && (rg < rows_total);
+        qi[s] = row_ok[s] ? rg / g : 0;
+        qp[s] = row_ok[s] ? q_pos[qi[s]] : 0;
+        m[s] = ATT_NEG_INF;
+        l[s] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ATT_MAX_DC; ++c) acc[s][c] = 0.0f;
+    }
+    __syncthreads();
+
+    const long long j_begin = (long long)split * keys_per_split;
+    const long long j_end = min((long long)Tk, j_begin + keys_per_split);
+    for (long long t0 = j_begin; t0 < j_end; t0 += ATT_KT) {
+        // 1. Inline mask for (row, slot t0 + lane); skip the tile if nothing is visible.
+        const long long j = t0 + lane;
+        const bool in = j < j_end;
+        const int kp = in ? k_pos[j] : -1;
+        unsigned bits[ATT_MAX_RPW];
+        unsigned any = 0u;
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_RPW; ++s) {
+            bool vis = false;
+            if (row_ok[s] && in) {
+                const unsigned char* anc_row = has_anc ? anc + qi[s] * (long long)Tk : anc;
+                vis = att_key_visible(qp[s], kp, anc_row, j, causal, window, window_mode,
+                                      has_base, base_pos, has_anc);
+            }
+            bits[s] = __ballot_sync(ATT_FULL, vis);
+            any |= bits[s];
+        }
+        if (!__syncthreads_or(any != 0u)) continue;  // fully masked tile: no K/V traffic
+
+        // 2. K tile -> shared; lane scores its slot for every row that sees it.
+        for (int idx = tid; idx < ATT_KT * d; idx += blockDim.x) {
+            const int jj = idx / d, dd = idx - jj * d;
+            const long long jg = t0 + jj;
+            sKV[jj * ldkv + dd] = (jg < j_end) ? k[(jg * nkv + kvh) * d + dd] : 0.0f;
+        }
+        __syncthreads();
+        float sc[ATT_MAX_RPW];
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_RPW; ++s) sc[s] = 0.0f;
+        {
+            const float* kr = sKV + lane * ldkv;
+            for (int dd = 0; dd < d; ++dd) {  // one K read serves all of the warp's rows
+                const float kval = kr[dd];
+#pragma unroll
+                for (int s = 0; s < ATT_MAX_RPW; ++s) {
+                    if (s < rpw) sc[s] = fmaf(sQ[(s * ATT_WARPS + warp) * d + dd], kval, sc[s]);
+                }
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_RPW; ++s) {
+            float x = sc[s] * scale;
+            if (softcap > 0.0f) x = softcap * tanhf(x / softcap);  // before the mask
+            sc[s] = ((bits[s] >> lane) & 1u) ? x : ATT_NEG_INF;
+        }
+        __syncthreads();
+
+        // 3. V tile -> the same buffer; online softmax update.
+        for (int idx = tid; idx < ATT_KT * d; idx += blockDim.x) {
+            const int jj = idx / d, dd = idx - jj * d;
+            const long long jg = t0 + jj;
+            sKV[jj * ldkv + dd] = (jg < j_end) ? v[(jg * nkv + kvh) * d + dd] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_RPW; ++s) {
+            const unsigned b0 = bits[s];
+            if (b0 == 0u) continue;  // warp-uniform (a ballot result)
+            const float m_new = fmaxf(m[s], att_warp_max(sc[s]));  // finite: >= 1 visible
+            const float corr = expf(m[s] - m_new);                  // 0 when m was -inf
+            const float p = ((b0 >> lane) & 1u) ? expf(sc[s] - m_new) : 0.0f;
+            l[s] = l[s] * corr + att_warp_sum(p);
+#pragma unroll
+            for (int c = 0; c < ATT_MAX_DC; ++c) acc[s][c] *= corr;
+            unsigned b = b0;
+            while (b) {  // visible slots only; the loop is warp-uniform
+                const int jj = __ffs(b) - 1;
+                b &= b - 1u;
+                const float pj = __shfl_sync(ATT_FULL, p, jj);
+                const float* vr = sKV + jj * ldkv;
+#pragma unroll
+                for (int c = 0; c < ATT_MAX_DC; ++c) {
+                    const int dd = lane + 32 * c;
+                    if (dd < d) acc[s][c] = fmaf(pj, vr[dd], acc[s][c]);
+                }
+            }
+            m[s] = m_new;
+        }
+        __syncthreads();
+    }
+
+    // Write the rows: final output, or this split's partial state.
+#pragma unroll
+    for (int s = 0; s < ATT_MAX_RPW; ++s) {
+        if (!row_ok[s]) continue;
+        const long long rg = row0 + s * ATT_WARPS + warp;
+        const long long i = qi[s];
+        const int h = kvh * g + (int)(rg - i * g);
+        const long long orow = i * nh + h;  // row of out / part_* in [Tq * nh]
+        if (n_splits == 1) {
+            const float inv = (l[s] > 0.0f) ? 1.0f / l[s] : 0.0f;  // no visible key -> 0
+#pragma unroll
+            for (int c = 0; c < ATT_MAX_DC; ++c) {
+                const int dd = lane + 32 * c;
+                if (dd < d) out[orow * d + dd] = acc[s][c] * inv;
+            }
+        } else {
+            const long long prow = (long long)split * Tq * nh + orow;
+#pragma unroll
+            for (int c = 0; c < ATT_MAX_DC; ++c) {
+                const int dd = lane + 32 * c;
+                if (dd < d) part_o[prow * d + dd] = acc[s][c];
+            }
+            if (lane == 0) {
+                part_ml[prow * 2 + 0] = m[s];
+                part_ml[prow * 2 + 1] = l[s];
+            }
+        }
+    }
+}
+
+extern "C" __global__ void attention_combine_f32(const float* __restrict__ part_o,
+                                                 const float* __restrict__ part_ml,
+                                                 float* __restrict__ out, const int rows,
+                                                 const int d, const int n_splits) {
+    const long long row = blockIdx.x;  // (i * nh + h)
+    float M = ATT_NEG_INF;
+    for (int s = 0; s < n_splits; ++s) {
+        const long long pr = (long long)s * rows + row;
+        if (part_ml[pr * 2 + 1] > 0.0f) M = fmaxf(M, part_ml[pr * 2 + 0]);
+    }
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+        const long long pr = (long long)s * rows + row;
+        const float ls = part_ml[pr * 2 + 1];
+        if (ls > 0.0f) L += ls * expf(part_ml[pr * 2 + 0] - M);
+    }
+    const float inv = (L > 0.0f) ? 1.0f / L : 0.0f;  // no visible key in any split -> 0
+    for (int dd = threadIdx.x; dd < d; dd += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; ++s) {
+            const long long pr = (long long)s * rows + row;
+            const float ls = part_ml[pr * 2 + 1];
+            if (ls > 0.0f) o = fmaf(part_o[pr * d + dd], expf(part_ml[pr * 2 + 0] - M), o);
+        }
+        out[row * d + dd] = o * inv;
+    }
+}

@@ -1,0 +1,64 @@
+"""benchmarks/attention.py: a clear exit without a GPU; a checked quick run with one."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_ref.testing import gpu_skip_reason
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "attention.py"
+
+
+def test_without_a_gpu_it_exits_with_a_clear_message():
+    if gpu_skip_reason() is None:
+        pytest.skip("a GPU is usable here; test_quick_run_checks_then_times covers the script")
+    run = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert "no usable CUDA GPU" in run.stderr and "Traceback" not in run.stderr
+    assert run.stdout == ""  # no table, no half-printed timings
+
+
+@pytest.mark.gpu
+def test_quick_run_checks_then_times(capsys):
+    module = _load_bench()
+    assert module.main(["--quick", "--heads", "8", "--kv-heads", "2", "--head-dim", "64"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("checked") < out.index("kernel ms")  # correctness before timings
+    for case in ("decode", "decode-swa", "drafter", "verify", "prefill"):
+        assert f"\n{case} " in out, case
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dense_baseline_and_cases_are_right_on_cpu():
+    # The dense baseline is xp-generic array code: run it with NumPy as xp against the
+    # reference, for every case kind the benchmark builds.
+    import numpy as np
+
+    from dflash_ref.ops.attention import attention
+    from dflash_ref.ops.masks import materialize
+    from dflash_ref.testing import assert_close
+
+    bench = _load_bench()
+    rng = np.random.default_rng(1)
+    cases = bench.build_cases([40], max_prefill=40)
+    assert [c[0] for c in cases] == ["decode", "decode-swa", "drafter", "verify", "prefill"]
+    for name, _, spec in cases:
+        Tq, Tk = spec.shape
+        q = rng.standard_normal((Tq, 4, 16), dtype=np.float32)
+        k = rng.standard_normal((Tk, 2, 16), dtype=np.float32)
+        v = rng.standard_normal((Tk, 2, 16), dtype=np.float32)
+        dense = bench.dense_attention(np, q, k, v, materialize(spec), 16 ** -0.5)
+        assert_close(dense, attention(q, k, v, spec), "float32_attention", op="attention",
+                     case=f"benchmark dense baseline, {name}")

@@ -1,0 +1,134 @@
+"""An independent float64 forward for the dense targets (Qwen3, Gemma 3), written for the tests.
+
+It re-derives the HF computation directly from the config dict and the tensor dict, with explicit
+loops over heads and full-sequence attention (no cache, no ops from dflash_ref), and returns the
+HF ``hidden_states`` tuple convention: ``hs[0]`` = embeddings, ``hs[i + 1]`` = raw output of layer
+i, plus the logits. It shares no code with dflash_ref.models.target.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _rms(x, w, eps, offset):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (offset + w)
+
+
+def _rope(x, pos, theta, factor=1.0):
+    # x [T, h, d]; NEOX halves; float64 throughout (angles in float32 as HF, then float64 trig).
+    d = x.shape[-1]
+    inv = (1.0 / (np.float32(theta) ** (np.arange(0, d, 2).astype(np.float32) / np.float32(d))))
+    inv = (inv.astype(np.float32) / np.float32(factor)).astype(np.float32)
+    ang = (pos.astype(np.float32)[:, None] * inv[None, :]).astype(np.float64)
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def dense_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
+    """Return (hidden_states list of [T, H], logits [T, V]) for a qwen3 or gemma3_text config."""
+    W = {k: v.astype(np.float64) for k, v in tensors.items()}
+    gemma = config["model_type"].startswith("gemma3")
+    off = 1.0 if gemma else 0.0
+    eps = config["rms_norm_eps"]
+    H, nh, nkv, d = (config[k] for k in ("hidden_size", "num_attention_heads",
+                                         "num_key_value_heads", "head_dim"))
+    ids = np.asarray(ids)
+    T = len(ids)
+    pos = np.arange(T)
+    x = W["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * np.float64(np.float32(math.sqrt(H)))  # float32 checkpoint: sqrt(H) in float32
+    hs = [x]
+    for i in range(config["num_hidden_layers"]):
+        L = f"model.layers.{i}."
+        u = _rms(x, W[L + "input_layernorm.weight"], eps, off)
+        q = (u @ W[L + "self_attn.q_proj.weight"].T).reshape(T, nh, d)
+        k = (u @ W[L + "self_attn.k_proj.weight"].T).reshape(T, nkv, d)
+        v = (u @ W[L + "self_attn.v_proj.weight"].T).reshape(T, nkv, d)
+        q = _rms(q, W[L + "self_attn.q_norm.weight"], eps, off)
+        k = _rms(k, W[L + "self_attn.k_norm.weight"], eps, off)
+        sliding = gemma and config["layer_types"][i] == "sliding_attention"
+        theta = config["rope_local_base_freq"] if sliding else config["rope_theta"]
+        q, k = _rope(q, pos, theta), _rope(k, pos, theta)
+        scale = config["query_pre_attn_scalar"] ** -0.5 if gemma else d ** -0.5
+        o = np.zeros((T, nh, d))
+        for h in range(nh):
+            kh = h // (nh // nkv)
+            for t in range(T):
+                keys = [j for j in range(T) if j <= t
+                        and (not sliding or t - j < config["sliding_window"])]
+                s = np.array([q[t, h] @ k[j, kh] for j in keys]) * scale
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                o[t, h] = sum(pj * v[j, kh] for pj, j in zip(p, keys))
+        a = o.reshape(T, nh * d) @ W[L + "self_attn.o_proj.weight"].T
+        if gemma:
+            a = _rms(a, W[L + "post_attention_layernorm.weight"], eps, off)
+            x = x + a
+            u = _rms(x, W[L + "pre_feedforward_layernorm.weight"], eps, off)
+        else:
+            x = x + a
+            u = _rms(x, W[L + "post_attention_layernorm.weight"], eps, off)
+        g = u @ W[L + "mlp.gate_proj.weight"].T
+        up = u @ W[L + "mlp.up_proj.weight"].T
+        if gemma:
+            act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
+        else:
+            act = g / (1 + np.exp(-g))
+        m = (act * up) @ W[L + "mlp.down_proj.weight"].T
+        if gemma:
+            m = _rms(m, W[L + "post_feedforward_layernorm.weight"], eps, off)
+        x = x + m
+        hs.append(x)
+    xn = _rms(x, W["model.norm.weight"], eps, off)
+    head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
+    logits = xn @ head.T
+    cap = config.get("final_logit_softcapping")
+    if cap:
+        logits = cap * np.tanh(logits / cap)
+    # HF convention: the last entry is the final-normed state (not needed by the tests).
+    return hs, logits
+
+
+def drafter_forward(dcfg: dict, D: dict, E: np.ndarray, head: np.ndarray, feats, ctx_pos,
+                    anchor: int, s: int, emb_scale: float = 1.0, softcap=None) -> np.ndarray:
+    """Independent float64 DFlash drafter forward (spec/dflash.md §4), full non-causal layers.
+
+    D: drafter tensors (z-lab names); E: target embedding [V, H]; head: target lm_head [V, H].
+    Returns logits [B, V].
+    """
+    D = {k: v.astype(np.float64) for k, v in D.items()}
+    eps, B = dcfg["rms_norm_eps"], dcfg["block_size"]
+    nh, nkv, d = dcfg["num_attention_heads"], dcfg["num_key_value_heads"], dcfg["head_dim"]
+    theta = dcfg["rope_theta"]
+    m = dcfg["dflash_config"]["mask_token_id"]
+    c = _rms(np.asarray(feats, np.float64) @ D["fc.weight"].T, D["hidden_norm.weight"], eps, 0.0)
+    block = np.array([anchor] + [m] * (B - 1))
+    h = E.astype(np.float64)[block] * emb_scale
+    qpos, kpos = np.arange(s, s + B), np.concatenate([np.asarray(ctx_pos), np.arange(s, s + B)])
+    for i in range(dcfg["num_hidden_layers"]):
+        L = f"layers.{i}."
+        u = _rms(h, D[L + "input_layernorm.weight"], eps, 0.0)
+        ctx_and_noise = np.concatenate([c, u], axis=0)  # context rows first
+        q = _rms((u @ D[L + "self_attn.q_proj.weight"].T).reshape(B, nh, d),
+                 D[L + "self_attn.q_norm.weight"], eps, 0.0)
+        k = _rms((ctx_and_noise @ D[L + "self_attn.k_proj.weight"].T).reshape(-1, nkv, d),
+                 D[L + "self_attn.k_norm.weight"], eps, 0.0)
+        v = (ctx_and_noise @ D[L + "self_attn.v_proj.weight"].T).reshape(-1, nkv, d)
+        q, k = _rope(q, qpos, theta), _rope(k, kpos, theta)
+        o = np.zeros((B, nh, d))
+        for hh in range(nh):
+            sc = k[:, hh // (nh // nkv)] @ q[:, hh].T * d**-0.5  # [ctx+B, B]
+            p = np.exp(sc - sc.max(0))
+            p /= p.sum(0)
+            o[:, hh] = p.T @ v[:, hh // (nh // nkv)]
+        h = h + o.reshape(B, nh * d) @ D[L + "self_attn.o_proj.weight"].T
+        u = _rms(h, D[L + "post_attention_layernorm.weight"], eps, 0.0)
+        g, up = u @ D[L + "mlp.gate_proj.weight"].T, u @ D[L + "mlp.up_proj.weight"].T
+        h = h + (g / (1 + np.exp(-g)) * up) @ D[L + "mlp.down_proj.weight"].T
+    logits = _rms(h, D["norm.weight"], eps, 0.0) @ head.astype(np.float64).T
+    return logits if not softcap else softcap * np.tanh(logits / softcap)

@@ -1,0 +1,80 @@
+"""KVCache and FeatureBuffer: position bookkeeping, capacity, eviction, rollback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dflash_ref.backend import get_backend
+from dflash_ref.errors import ConfigError
+from dflash_ref.models.cache import FeatureBuffer, KVCache
+
+be = get_backend("numpy")
+
+
+def rows(start, n, width=3):
+    """Rows whose first column is their absolute position (so every check is by eye)."""
+    r = np.zeros((n, width), np.float32)
+    r[:, 0] = np.arange(start, start + n)
+    return r
+
+
+def test_feature_buffer_accumulates_micro_batches_by_position():
+    buf = FeatureBuffer(be, 3)
+    buf.append(0, rows(0, 5))
+    buf.append(5, rows(5, 512))  # the seed-001 bug kept only this last micro-batch
+    buf.append(517, rows(517, 1))
+    assert len(buf) == 518
+    np.testing.assert_array_equal(buf.rows()[:, 0], np.arange(518))
+
+
+def test_feature_buffer_refuses_gaps_and_overlaps():
+    buf = FeatureBuffer(be, 3)
+    buf.append(0, rows(0, 4))
+    with pytest.raises(ValueError, match="no gap or overlap"):
+        buf.append(6, rows(6, 2))  # a cache restore that skipped features (spec §7.7)
+    with pytest.raises(ValueError, match="no gap or overlap"):
+        buf.append(2, rows(2, 2))
+
+
+def test_feature_buffer_truncates_on_rollback():
+    buf = FeatureBuffer(be, 3)
+    buf.append(0, rows(0, 10))
+    buf.truncate(7)
+    buf.append(7, rows(7, 2))
+    np.testing.assert_array_equal(buf.rows()[:, 0], np.arange(9))
+
+
+def test_feature_buffer_capacity_without_window_raises_never_wraps():
+    buf = FeatureBuffer(be, 3, capacity=4096)
+    buf.append(0, rows(0, 4096))
+    with pytest.raises(ConfigError, match="capacity is 4096"):
+        buf.append(4096, rows(4096, 1))  # a ring would silently overwrite row 0 here (§7.8)
+    np.testing.assert_array_equal(buf.rows()[:, 0], np.arange(4096))
+
+
+def test_feature_buffer_window_evicts_oldest_rows_explicitly():
+    buf = FeatureBuffer(be, 3, capacity=8, window=6)
+    buf.append(0, rows(0, 7))
+    buf.append(7, rows(7, 3))  # 10 rows > capacity 8: the oldest 2 go
+    assert (buf.start, buf.end) == (2, 10)
+    ctx, pos = buf.window_rows()
+    np.testing.assert_array_equal(pos, np.arange(4, 10))
+    np.testing.assert_array_equal(ctx[:, 0], np.arange(4, 10))
+    with pytest.raises(ValueError, match="held positions are"):
+        buf.rows(0, 3)
+    with pytest.raises(ConfigError, match="smaller than the drafter context window"):
+        FeatureBuffer(be, 3, capacity=4, window=6)
+
+
+def test_kv_cache_append_truncate_and_shape_errors():
+    c = KVCache(be, 2, 4)
+    for t in range(40):  # grows past its initial capacity
+        c.append(np.full((1, 2, 4), t, np.float32), np.full((1, 2, 4), -t, np.float32))
+    np.testing.assert_array_equal(c.k[:, 0, 0], np.arange(40))
+    c.truncate(25)
+    assert c.k.shape == (25, 2, 4) and c.v[-1, 0, 0] == -24
+    with pytest.raises(ValueError, match="expected"):
+        c.append(np.zeros((1, 3, 4), np.float32), np.zeros((1, 3, 4), np.float32))
+    with pytest.raises(ValueError, match="holds 25"):
+        c.truncate(30)

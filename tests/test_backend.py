@@ -1,0 +1,80 @@
+"""The backend contract: op table parity between the reference and the twins, backend choice."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+
+import numpy as np
+import pytest
+from hypothesis import settings
+
+import dflash_ref
+from dflash_ref.backend import as_backend, cupy_unavailable_reason, get_backend
+from dflash_ref.errors import BackendUnavailable, DFlashRefError
+from dflash_ref.ops import OP_FAMILIES, all_op_names
+
+
+def _params(fn) -> inspect.Signature:
+    """The signature without its return annotation (np.ndarray vs cp.ndarray may differ)."""
+    return inspect.signature(fn).replace(return_annotation=inspect.Signature.empty)
+
+
+@pytest.mark.parametrize("family", sorted(OP_FAMILIES))
+def test_every_op_has_a_twin_with_the_same_signature(family):
+    # Importing kernels_cupy needs CuPy (installed by the test extra) but no GPU.
+    ref = importlib.import_module(f"dflash_ref.ops.{family}")
+    twin = importlib.import_module(f"kernels_cupy.{family}")
+    for name in OP_FAMILIES[family]:
+        assert hasattr(ref, name), f"dflash_ref.ops.{family} lacks {name}"
+        assert hasattr(twin, name), f"kernels_cupy.{family} lacks the twin of {name}"
+        assert _params(getattr(ref, name)) == _params(getattr(twin, name)), (
+            f"{family}.{name}: reference and twin parameters differ"
+        )
+        assert getattr(ref, name).__doc__, f"dflash_ref.ops.{family}.{name} needs a docstring"
+
+
+def test_numpy_backend_has_the_whole_op_table():
+    be = get_backend("numpy")
+    assert be.name == "numpy" and be.xp is np
+    assert sorted(vars(be.ops)) == sorted(all_op_names())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert be.to_numpy(be.to_backend(x)) is not None
+    np.testing.assert_array_equal(be.to_numpy(be.to_backend(x)), x)
+
+
+def test_unknown_backend_name():
+    with pytest.raises(ValueError, match="numpy"):
+        get_backend("torch")
+
+
+def test_as_backend_accepts_names_and_backends():
+    be = get_backend("numpy")
+    assert as_backend(be) is be and as_backend("numpy") is be
+
+
+def test_cupy_backend_reports_why_it_is_unavailable():
+    reason = cupy_unavailable_reason()
+    if reason is None:
+        be = get_backend("cupy")
+        assert be.name == "cupy" and sorted(vars(be.ops)) == sorted(all_op_names())
+        assert get_backend("auto").name == "cupy"
+        return
+    # No usable GPU here: "cupy" must raise with the precise reason, "auto" must fall back.
+    with pytest.raises(BackendUnavailable) as info:
+        get_backend("cupy")
+    assert reason in str(info.value)
+    assert isinstance(info.value, DFlashRefError)
+    assert get_backend("auto").name == "numpy"
+
+
+def test_exports():
+    assert dflash_ref.__version__ and dflash_ref.get_backend is get_backend
+
+
+def test_hypothesis_profile_is_the_intended_one():
+    intended = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    assert settings().max_examples == settings.get_profile(intended).max_examples
+    if intended == "ci":
+        assert settings().derandomize and settings().deadline is None

@@ -1,0 +1,55 @@
+"""The console script: `dflash-ref info`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import dflash_ref
+from dflash_ref.backend import cupy_unavailable_reason
+from dflash_ref.cli import main
+
+
+def test_info_prints_version_backends_and_cupy_status(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"dflash-ref {dflash_ref.__version__}" in out
+    assert "numpy    available" in out
+    reason = cupy_unavailable_reason()
+    if reason is None:
+        assert "cupy     available" in out
+    else:
+        assert f"cupy     unavailable: {reason}" in out
+    assert "nvrtc" in out
+
+
+def test_console_script_entry_point_runs():
+    # The same code path as the installed `dflash-ref` script, through the module entry.
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref.cli", "info"], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "backends:" in proc.stdout
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "info" in capsys.readouterr().out
+
+
+def test_demo_on_checkpoint_directories(tmp_path, capsys):
+    from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+
+    t = write_tiny_target(tmp_path / "t", "qwen3", seed=2)
+    d = write_tiny_drafter(tmp_path / "d", t, seed=3)
+    for verify in ("chain", "tree"):
+        code = main(["demo", "--target", str(t), "--drafter", str(d), "--max-new-tokens", "12",
+                     "--verify", verify, "--prompt", "5,6,7"])
+        out = capsys.readouterr().out
+        assert code == 0
+        assert "identical output: yes" in out
+        assert "plain" in out and "speculative" in out and "tau" in out
+
+
+def test_demo_needs_both_directories(tmp_path, capsys):
+    assert main(["demo", "--target", str(tmp_path)]) == 2
+    assert "both --target and --drafter" in capsys.readouterr().err
