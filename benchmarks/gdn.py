@@ -10,6 +10,8 @@ form vs NumPy, with the ``float32_gdn`` tolerance (dflash_ref/testing.py). A mis
 the case and the error before any timing is printed. NumPy times are the best of ``--repeats``
 runs, recurrent and chunked interleaved so that both see the same machine state; CuPy times are
 CUDA-event medians after a warm-up. A GPU section that cannot run says why and is skipped.
+GFLOP/s uses the work measure 4 K V T HV of flashinfer's GDN tables (spec/gdn.md §6.1), the same
+for both forms, so it reads as throughput comparable with the published numbers.
 """
 
 from __future__ import annotations
@@ -74,14 +76,20 @@ def _wall(fn, args) -> float:
     return time.perf_counter() - t0
 
 
+def gflop(T, HV, K, V) -> float:
+    """The 4 K V T HV work measure (flashinfer's GDN tables), in GFLOP."""
+    return 4.0 * K * V * T * HV / 1e9
+
+
 def print_numpy_table(rows, H, HV, K, V, repeats):
     print(f"\nNumPy float32, H={H} HV={HV} K={K} V={V}, best of {repeats} "
           f"(recurrent and chunked interleaved)")
-    print(f"{'T':>6} {'recurrent ms':>13} {'tok/s':>10} {'chunked ms':>11} {'tok/s':>10} "
-          f"{'speedup':>8}")
+    print(f"{'T':>6} {'recurrent ms':>13} {'tok/s':>10} {'GFLOP/s':>8} {'chunked ms':>11} "
+          f"{'tok/s':>10} {'GFLOP/s':>8} {'speedup':>8}")
     for T, r, c in rows:
-        print(f"{T:>6} {r * 1e3:>13.1f} {T / r:>10.0f} {c * 1e3:>11.1f} {T / c:>10.0f} "
-              f"{r / c:>7.2f}x")
+        w = gflop(T, HV, K, V)
+        print(f"{T:>6} {r * 1e3:>13.1f} {T / r:>10.0f} {w / r:>8.1f} {c * 1e3:>11.1f} "
+              f"{T / c:>10.0f} {w / c:>8.1f} {r / c:>7.2f}x")
     for T, r, c in rows:
         if T == CRITERION_T:
             print(f"chunked vs recurrent NumPy speedup at T={T}: {r / c:.2f}x (target >= 4x)")
@@ -124,11 +132,12 @@ def _cuda_median(cp, fn, args, iters) -> float:
 def print_cupy_table(rows, H, HV, K, V, iters):
     print(f"\nCuPy float32 on {cupy_device_description()}, H={H} HV={HV} K={K} V={V}, "
           f"median of {iters} (CUDA events)")
-    print(f"{'T':>6} {'recurrent ms':>13} {'tok/s':>11} {'chunked ms':>11} {'tok/s':>11} "
-          f"{'speedup':>8}")
+    print(f"{'T':>6} {'recurrent ms':>13} {'tok/s':>11} {'GFLOP/s':>8} {'chunked ms':>11} "
+          f"{'tok/s':>11} {'GFLOP/s':>8} {'speedup':>8}")
     for T, r, c in rows:
-        print(f"{T:>6} {r * 1e3:>13.3f} {T / r:>11.0f} {c * 1e3:>11.3f} {T / c:>11.0f} "
-              f"{r / c:>7.2f}x")
+        w = gflop(T, HV, K, V)
+        print(f"{T:>6} {r * 1e3:>13.3f} {T / r:>11.0f} {w / r:>8.1f} {c * 1e3:>11.3f} "
+              f"{T / c:>11.0f} {w / c:>8.1f} {r / c:>7.2f}x")
 
 
 def main(argv=None) -> int:
