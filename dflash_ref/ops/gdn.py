@@ -216,7 +216,7 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
 
     Range (spec/gdn.md §2.4): G restarts at every chunk and only non-positive differences
     (G_i - G_j with i >= j, G_i, G_C - G_j) are exponentiated, each masked *before* exp (the upper
-    triangle becomes exp(-inf) = 0), so nothing overflows for any g <= 0. Never factor
+    triangle is zeroed), so nothing overflows for any g <= 0. Never factor
     exp(G_i - G_j) as exp(G_i) * exp(-G_j): a chunk of g = -2 gives exp(128) = inf in float32.
 
     KDA (g [T, HV, K]): the decay no longer factors out of K K^T, so the per-channel decay
@@ -303,12 +303,17 @@ def _chunk_view(x: np.ndarray, N: int, C: int) -> np.ndarray:
 
 
 def _masked_exp(diff: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """exp(diff) where ``mask`` else exactly 0, masking *before* exp (no inf, no inf * 0).
+    """exp(diff) where ``mask`` else exactly 0, masking *before* exp: the masked-out entries
+    (the positive differences G_i - G_j, i < j) are replaced by 0 before exp, so nothing can
+    overflow, then zeroed; no inf ever appears, so no inf * 0 = NaN either. (Writing -inf there
+    instead is equally correct but sends NumPy's vectorised exp down its slow special-value path.)
 
     Overwrites and returns ``diff``.
     """
-    np.copyto(diff, -np.inf, where=~mask)  # exp(-inf) = 0 exactly
-    return np.exp(diff, out=diff)
+    np.copyto(diff, 0, where=~mask)
+    np.exp(diff, out=diff)
+    np.copyto(diff, 0, where=~mask)
+    return diff
 
 
 def _intra_chunk_scalar(Qc, Kc, Vc, bc, G, scale):
