@@ -303,16 +303,16 @@ def _chunk_view(x: np.ndarray, N: int, C: int) -> np.ndarray:
 
 
 def _masked_exp(diff: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """exp(diff) where ``mask`` else exactly 0, masking *before* exp: the masked-out entries
-    (the positive differences G_i - G_j, i < j) are replaced by 0 before exp, so nothing can
-    overflow, then zeroed; no inf ever appears, so no inf * 0 = NaN either. (Writing -inf there
-    instead is equally correct but sends NumPy's vectorised exp down its slow special-value path.)
+    """exp(diff) where ``mask`` else exactly 0, sanitised *before* exp.
 
-    Overwrites and returns ``diff``.
+    ``diff`` holds G_i - G_j: <= 0 inside the mask (i >= j; G is a running sum of g <= 0, and
+    adding a non-positive float never increases a float), positive outside it. Clamping the
+    exponents to <= 0 first changes only the masked-out entries, so exp never overflows and no
+    inf appears (hence no inf * 0 = NaN); the mask then zeroes them. Overwrites ``diff``.
     """
-    np.copyto(diff, 0, where=~mask)
+    np.minimum(diff, 0, out=diff)
     np.exp(diff, out=diff)
-    np.copyto(diff, 0, where=~mask)
+    diff *= mask
     return diff
 
 
@@ -330,6 +330,7 @@ def _intra_chunk_scalar(Qc, Kc, Vc, bc, G, scale):
     C = G.shape[-1]
     eG = np.exp(G)[..., None]  # [.., C, 1]; G <= 0 so every factor is <= 1
     incl = np.tril(np.ones((C, C), dtype=bool))  # i >= j
+    G = np.ascontiguousarray(G)
     Gamma = _masked_exp(G[..., :, None] - G[..., None, :], incl)  # exp(G_i - G_j), [.., C, C]
     KT = Kc.swapaxes(-1, -2)  # [.., K, C]
     P = Qc @ KT  # [.., C, C]
