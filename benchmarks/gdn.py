@@ -17,6 +17,7 @@ for both forms, so it reads as throughput comparable with the published numbers.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -81,9 +82,23 @@ def gflop(T, HV, K, V) -> float:
     return 4.0 * K * V * T * HV / 1e9
 
 
+START_LOAD = os.getloadavg()[0]  # 1-minute load average when the script started
+
+
+def load_note() -> str:
+    """A warning when other processes competed for the CPU (the load average at start)."""
+    cpus = os.cpu_count() or 1
+    if START_LOAD < 0.75 * cpus:
+        return ""
+    return (f"  [load average {START_LOAD:.1f} on {cpus} CPUs at start: other processes compete "
+            f"for the cores "
+            f"and for the BLAS threads, so the chunked (BLAS-bound) times suffer most; rerun on "
+            f"an idle machine]")
+
+
 def print_numpy_table(rows, H, HV, K, V, repeats):
     print(f"\nNumPy float32, H={H} HV={HV} K={K} V={V}, best of {repeats} "
-          f"(recurrent and chunked interleaved)")
+          f"(recurrent and chunked interleaved){load_note()}")
     print(f"{'T':>6} {'recurrent ms':>13} {'tok/s':>10} {'GFLOP/s':>8} {'chunked ms':>11} "
           f"{'tok/s':>10} {'GFLOP/s':>8} {'speedup':>8}")
     for T, r, c in rows:
