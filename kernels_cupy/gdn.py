@@ -13,7 +13,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from dflash_ref.ops.gdn import _check_gdn_inputs
+from dflash_ref.ops.gdn import _check_gdn_inputs, _check_log_decay
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32, i64, launch_elementwise
 
@@ -63,6 +63,7 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
             f"gdn_chunked (cupy): chunk_size must be in [1, {MAX_C}], got {chunk_size}")
     if K > MAX_K_CHUNK:
         raise ValueError(f"gdn_chunked (cupy): head_k_dim K={K} > {MAX_K_CHUNK} unsupported")
+    _check_log_decay(g, "gdn_chunked (cupy)")
     scale = float(K ** -0.5 if scale is None else scale)
     if T == 0:
         return cp.zeros((0, HV, V), cp.float32), state.copy()

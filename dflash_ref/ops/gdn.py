@@ -68,6 +68,16 @@ def _check_gdn_inputs(q, k, v, g, beta, state) -> tuple[int, int, int, int, int,
     return T, H, HV, K, V, kda
 
 
+def _check_log_decay(g, op: str) -> None:
+    """g is a log decay: every entry must be <= 0 (the chunked form relies on it for range)."""
+    if g.size and bool((g > 0).any()):
+        raise ValueError(
+            f"{op}: g must be <= 0 (a log decay, e.g. -exp(A_log) * softplus(a + dt_bias)); got "
+            f"max {float(g.max())}. Positive gates grow the state and have no overflow-safe "
+            f"chunked form"
+        )
+
+
 def qk_head_of_value_head(hv: int, num_k_heads: int, num_v_heads: int,
                           mapping: str = "grouped") -> int:
     """The q/k head that value head ``hv`` reads (spec/gdn.md §1.5).
@@ -215,9 +225,10 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     ``U - W S0``; outputs and the final state are then plain sums of the rank-1 writes.
 
     Range (spec/gdn.md §2.4): G restarts at every chunk and only non-positive differences
-    (G_i - G_j with i >= j, G_i, G_C - G_j) are exponentiated, each masked *before* exp (the upper
-    triangle is zeroed), so nothing overflows for any g <= 0. Never factor
-    exp(G_i - G_j) as exp(G_i) * exp(-G_j): a chunk of g = -2 gives exp(128) = inf in float32.
+    (G_i - G_j with i >= j, G_i, G_C - G_j) are exponentiated; the positive upper-triangle
+    differences are sanitised *before* exp (clamped to 0) and zeroed after, so nothing overflows
+    for any g <= 0. Never factor exp(G_i - G_j) as exp(G_i) * exp(-G_j): a chunk of g = -2 gives
+    exp(128) = inf in float32. g must be <= 0 (a log decay); positive g raises ValueError.
 
     KDA (g [T, HV, K]): the decay no longer factors out of K K^T, so the per-channel decay
     tensor exp(G_ic - G_jc) [C, C, K] is built (masked, non-positive exponents only) one chunk at
@@ -226,10 +237,10 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     Cost layout, for NumPy speed (few, large BLAS calls; see docs/gdn.md): the sequence is
     processed in blocks of ``CHUNKS_PER_BLOCK`` chunks (the state carried between blocks, as
     between chunks). Within a block, everything that does not depend on S0 (A, T, W, U, the
-    masked scores) is computed for all chunks at once with batched matmuls; Q and K are stacked
-    as [Q; K] so one product gives both Q K^T and K K^T; W is stacked with Q e^G as [W; Q e^G]
-    so that the first of the two sequential products per chunk, [W; Q e^G] S0, gives both W S0
-    (for Delta) and the inter-chunk output; the intra-chunk output is one batched product.
+    masked scores) is computed for all chunks at once with batched matmuls; W is stacked with
+    Q e^G as [W; Q e^G] so that the first of the two sequential products per chunk,
+    [W; Q e^G] S0, gives both W S0 (for Delta) and the inter-chunk output; the intra-chunk
+    output is one batched product at the end.
 
     Args: as :func:`gdn_recurrent`; ``chunk_size`` >= 1 (64 as FLA; ggml uses 16 for KDA).
     Returns:
@@ -241,6 +252,7 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     q, k, v, g, beta = (as_compute(a, dt) for a in (q, k, v, g, beta))
     state = None if state is None else as_compute(state, dt)
     T, H, HV, K, V, kda = _check_gdn_inputs(q, k, v, g, beta, state)
+    _check_log_decay(g, "gdn_chunked")
     scale = dt.type(K ** -0.5 if scale is None else scale)
     S = np.zeros((HV, K, V), dt) if state is None else state.copy()  # [HV, K, V]
     o = np.empty((T, HV, V), dt)

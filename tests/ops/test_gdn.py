@@ -210,6 +210,8 @@ def test_input_shape_errors_are_explained():
         gdn_recurrent(q, q, v, np.zeros((3, 4, 5)), np.zeros((3, 4)))
     with pytest.raises(ValueError, match="state must be"):
         gdn_chunked(q, q, v, np.zeros((3, 4)), np.zeros((3, 4)), np.zeros((4, 5, 4)))
+    with pytest.raises(ValueError, match="g must be <= 0"):
+        gdn_chunked(q, q, v, np.full((3, 4), 0.1), np.zeros((3, 4)))
     with pytest.raises(ValueError, match="squeeze"):
         causal_conv1d(np.zeros((3, 4)), np.zeros((4, 1, 4)))
 
