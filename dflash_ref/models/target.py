@@ -26,7 +26,7 @@ needed to roll back the last batch. ``model.forward(ids, state)`` appends ``ids`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +180,7 @@ class TargetModel:
             raise FormatError(f"{path} has no config.json; expected a Hugging Face model directory")
         config = TargetConfig.from_hf(json.loads(cfg_path.read_text()))
         weights = load_checkpoint(path)
+        config = _match_weight_prefix(config, weights)
         return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
 
     def set_target_layer_ids(self, target_layer_ids) -> None:
@@ -420,6 +421,22 @@ def gdn_config(cfg: TargetConfig) -> GDNConfig:
                      num_v_heads=g.num_value_heads, head_k_dim=g.key_head_dim,
                      head_v_dim=g.value_head_dim, conv_kernel=g.conv_kernel_dim,
                      rms_norm_eps=cfg.rms_norm_eps, layout=GDN_LAYOUTS[g.projection_layout])
+
+
+def _match_weight_prefix(cfg: TargetConfig, weights) -> TargetConfig:
+    """Pick the decoder-tensor prefix the checkpoint actually uses among the layouts seen for
+    this wrapper (multimodal checkpoints differ: ``model.language_model.`` vs
+    ``language_model.model.``); the config's own guess when none matches (errors name it)."""
+    for prefix in (cfg.weight_prefix, *cfg.weight_prefix_candidates):
+        if f"{prefix}embed_tokens.weight" in weights:
+            if prefix != cfg.weight_prefix:
+                cfg = cfg.with_weight_prefix(prefix)
+            break
+    if not cfg.tie_word_embeddings and cfg.lm_head_name not in weights:
+        for name in ("lm_head.weight", "language_model.lm_head.weight"):
+            if name in weights:
+                return replace(cfg, lm_head_name=name)
+    return cfg
 
 
 def _check_supported(cfg: TargetConfig) -> None:
