@@ -15,7 +15,7 @@ from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.models.target import TargetModel
 from dflash_ref.testing import Tolerance, assert_close
 from dflash_ref.tiny import TINY_FAMILIES, write_tiny_target
-from tests.models.oracle import dense_forward
+from tests.models.oracle import dense_forward, qwen35_forward
 
 # float32 model vs float64 oracle through 4 layers of matmuls over width <= 128: relative error
 # per layer ~ sqrt(128) * 6e-8, amplified by norms; logits are O(10).
@@ -58,11 +58,12 @@ def test_every_family_loads_through_from_pretrained(ckpt, family):
     assert np.all(np.isfinite(out.logits))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_forward_matches_the_independent_float64_oracle(ckpt, family):
     config = json.loads((ckpt[family] / "config.json").read_text())
     tensors = load_file(ckpt[family] / "model.safetensors")
-    hs, logits = dense_forward(config, tensors, PROMPT)
+    oracle = qwen35_forward if family == "qwen3_5" else dense_forward
+    hs, logits = oracle(config, tensors, PROMPT)
     model = TargetModel.from_pretrained(ckpt[family], target_layer_ids=[2, 0, 1])
     _, got_logits, feats = _run(model, PROMPT)
     assert_close(got_logits, logits, VS_ORACLE, op="TargetModel.forward", tensor="logits",
