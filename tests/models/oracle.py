@@ -147,7 +147,7 @@ def qwen35_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
     """
     W = {k: v.astype(np.float64) for k, v in tensors.items()}
     c = config
-    eps, H = c["rms_norm_eps"], c["hidden_size"]
+    eps = c["rms_norm_eps"]
     nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     rp = c["rope_parameters"]
     rd = int(d * rp["partial_rotary_factor"])
