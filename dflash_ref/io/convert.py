@@ -140,23 +140,33 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
     return cfg._reconcile_fc(tuple(int(x) for x in fc), cfg.num_target_layers or 0)
 
 
-def _check_tensor_names(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> None:
+def drafter_shape_problems(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> list[str]:
+    """Every way the tensors differ from what ``cfg`` implies (empty when they agree)."""
     from dflash_ref.models.drafter import drafter_expected_tensors
 
     expected = drafter_expected_tensors(cfg)
+    problems = []
     extra = sorted(set(shapes) - set(expected))
     if extra:
-        raise FormatError(
-            f"the drafter checkpoint has tensors dflash-ref's drafter does not implement: "
-            f"{extra[:6]}{' ...' if len(extra) > 6 else ''} (biases, d2t reduced vocabularies, "
-            f"attention sinks, own embeddings); converting without them would give a GGUF that "
-            f"runs differently from the checkpoint")
+        problems.append(
+            f"tensors dflash-ref's drafter does not implement: {extra[:6]}"
+            f"{' ...' if len(extra) > 6 else ''} (biases, d2t reduced vocabularies, attention "
+            f"sinks, own embeddings); converting without them would give a GGUF that runs "
+            f"differently from the checkpoint")
     for name, shape in expected.items():
         if name not in shapes:
-            raise FormatError(f"the drafter checkpoint lacks {name}; found {len(shapes)} tensors")
-        if tuple(shapes[name]) != shape:
-            raise FormatError(f"drafter tensor {name} has shape {list(shapes[name])}, expected "
-                              f"{list(shape)} from config.json and the other tensors")
+            problems.append(f"missing tensor {name}")
+        elif tuple(shapes[name]) != shape:
+            problems.append(f"tensor {name} has shape {list(shapes[name])}, expected "
+                            f"{list(shape)} from config.json and the other tensors")
+    return problems
+
+
+def _check_tensor_names(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> None:
+    problems = drafter_shape_problems(shapes, cfg)
+    if problems:
+        raise FormatError(f"the drafter checkpoint does not match its config: {problems[0]}"
+                          + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
 def _load_target_config(target) -> TargetConfig | None:
