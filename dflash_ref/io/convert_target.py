@@ -294,6 +294,10 @@ def convert_target(src_dir, out_path, qtype: str = "f32", *, fallback: str | Non
     missing = [h for h, _, _ in plan if h not in ckpt]
     if missing:
         raise FormatError(f"{src_dir} lacks tensors the config needs, e.g. {missing[:3]}")
+    skipped = sorted(set(ckpt) - {h for h, _, _ in plan})
+    if skipped:  # e.g. MTP heads or a vision tower: not part of the text model
+        warnings.warn(f"convert_target: {len(skipped)} tensor(s) outside the {cfg.family} text "
+                      f"model are not written, e.g. {skipped[:3]}", stacklevel=2)
     loaders, types, n_weights = {}, {}, 0
     for hf, suffix, g_name in plan:
         loaders[g_name] = lambda h=hf, s=suffix: to_gguf_value(cfg, s, ckpt.load(h))

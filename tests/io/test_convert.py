@@ -174,6 +174,14 @@ def test_q4_k_needs_whole_blocks_and_fallback(tmp_path):
     assert float(np.abs(b - a).max()) < 0.25 * float(np.abs(a).max())
 
 
+def test_progress_bar(tiny, tmp_path, capsys):
+    convert_drafter(tiny["drafter"], tmp_path / "d.gguf", "q8_0", progress=True)
+    err = capsys.readouterr().err
+    assert "convert -> d.gguf" in err and "25/25" in err
+    convert_drafter(tiny["drafter"], tmp_path / "e.gguf", "q8_0")  # tiny: no bar by default
+    assert "convert ->" not in capsys.readouterr().err
+
+
 def test_tensor_type_rule():
     assert tensor_type("blk.0.attn_norm.weight", (48,), "q8_0") == "F32"
     assert tensor_type("blk.0.ssm_conv1d.weight", (96, 4), "bf16") == "F32"
@@ -631,6 +639,12 @@ def test_target_errors(tiny, tmp_path):
                             max_window_layers=2)
     with pytest.raises(ConfigError, match="sliding-window layers"):
         convert_target(swa, tmp_path / "x.gguf")
+    w = load_checkpoint(tiny["qwen3"])
+    cfg = json.loads((tiny["qwen3"] / "config.json").read_text())
+    extra = write_safetensors(tmp_path / "mtp", dict(w, **{"mtp.fc.weight": w["lm_head.weight"]}),
+                              config=cfg)
+    with pytest.warns(UserWarning, match=r"1 tensor\(s\) outside the qwen3 text model"):
+        convert_target(extra, tmp_path / "mtp.gguf")
     g35 = convert_target(tiny["qwen3_5"], tmp_path / "q.gguf")
     raw_a = rewrite(g35, tmp_path / "a.gguf",
                     tensors={"blk.0.ssm_a": np.ones(4, dtype=np.float32)})
