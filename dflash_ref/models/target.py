@@ -183,6 +183,20 @@ class TargetModel:
         config = _match_weight_prefix(config, weights)
         return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
 
+    @classmethod
+    def from_gguf(cls, path, backend="numpy", target_layer_ids=None) -> TargetModel:
+        """Load a llama.cpp GGUF of arch ``qwen3``, ``qwen35`` or ``gemma3``.
+
+        :func:`~dflash_ref.io.convert_target.read_gguf_target` undoes what llama.cpp's converter
+        baked in (the +1 of (1+w) norms, ``ssm_a = -exp(A_log)``, the tiled GDN value heads) and
+        dequantizes, so the forward is the safetensors one up to the storage error.
+        """
+        from dflash_ref.io.convert_target import read_gguf_target
+
+        config_dict, weights = read_gguf_target(path)
+        config = TargetConfig.from_hf(config_dict)
+        return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
+
     def set_target_layer_ids(self, target_layer_ids) -> None:
         """Set the capture layers (HF numbering: the output of decoder layer i)."""
         ids = [] if target_layer_ids is None else [int(i) for i in target_layer_ids]
