@@ -12,6 +12,7 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "rope": ("rope",),
     "activations": ("swiglu", "softmax", "log_softmax"),
     "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows"),
+    "pager": ("gather_rows", "scatter_rows", "fill_slot_pos"),
 }
 
 
