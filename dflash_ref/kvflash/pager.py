@@ -433,6 +433,12 @@ class KVFlashPager:
         Raises :class:`PagerError` at the first position that gets no slot (upstream returns
         false there). Chunks allocated earlier in the span are not undone; only ``cur_chunk`` is
         rolled back, inside slot_for.
+
+        A span must fit the protected tail: once its chunks are allocated they must all still be
+        resident, or the writes that follow would land in blocks already reused. Only
+        ``tail_window_chunks + 1`` chunks are protected, so a longer span (a prompt larger than
+        the pool) evicts its own first chunks; that raises :class:`PagerError` here (a check the
+        public code does not make: its pooled prefill simply runs one chunk per forward).
         """
         slots = np.empty(n, dtype=np.int64)
         for i in range(n):
@@ -445,6 +451,13 @@ class KVFlashPager:
                     f"{start}..{start + i - 1} of the span stay allocated"
                 )
             slots[i] = s
+        if n and np.any(self.slots_of(np.arange(start, start + n)) != slots):
+            raise PagerError(
+                f"alloc_span({start}, {n}): the span evicted its own first chunks (only the "
+                f"sinks and the last {self.tail_window_chunks + 1} chunks are protected); split "
+                f"the forward into pieces of at most one chunk ({self.chunk_tokens} tokens), as "
+                f"the pooled prefill does"
+            )
         return slots
 
     def slot_of(self, pos: int) -> int:
