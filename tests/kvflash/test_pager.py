@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_ref.backend import get_backend
 from dflash_ref.errors import PagerError
 from dflash_ref.kvflash import KVFlashPager, min_pool_tokens
 from dflash_ref.kvflash.scorers import hook_from_scores
@@ -218,7 +217,8 @@ def test_page_round_trip_is_bit_exact_and_freed_blocks_read_zero(rng, dtype):
     assert content_by_position(pager) == before
     for p in (16, 23):
         k, v = pager.read(5, [p])
-        assert k.tobytes() == written[p][1, 0].tobytes() and v.tobytes() == written[p][1, 1].tobytes()
+        assert k.tobytes() == written[p][1, 0].tobytes()
+        assert v.tobytes() == written[p][1, 1].tobytes()
     # chunk_bytes = 2 layers x (K, V) x 8 tokens x 3 heads x 5 dims x itemsize.
     itemsize = np.dtype(dtype).itemsize
     assert pager.chunk_bytes == 2 * 2 * 8 * 3 * 5 * itemsize
@@ -423,3 +423,49 @@ def test_pool_attention_equals_full_cache_attention_over_resident_positions(rng)
         keep = resident[resident <= q_pos]  # [n] positions, in position order
         ref = _attend(q, rows[1, 0, keep], rows[1, 1, keep], keep, q_pos)
         assert_close(got, ref, "float64", op="pool attention", case=f"q_pos={q_pos}")
+
+
+# ---------------------------------------------------------------- the pager on CuPy (gpu)
+
+
+def _scripted(backend: str, dtype: str, rows: np.ndarray) -> KVFlashPager:
+    """One op sequence (writes, evictions, manual paging, reselect) on a given backend."""
+    pager = KVFlashPager(6 * 8, 8, 1, 2, backend=backend, layers=[0, 2, 4], n_kv_heads=2,
+                         head_dim=6, dtype=dtype)
+    be = pager.be
+    pager.set_block_order([5, 3, 1, 0, 2, 4])
+    for start in range(0, 96, 8):
+        pager.alloc_span(start, 8)
+        pos = np.arange(start, start + 8)
+        for i, layer in enumerate(pager.pool.layers):
+            pager.write(layer, pos, be.to_backend(rows[i, 0, pos]), be.to_backend(rows[i, 1, pos]))
+    pager.page_in(pager.host_only_chunks()[0])
+    pager.score_hook = hook_from_scores(-np.arange(12.0))  # older chunks are hotter
+    pager.reselect()
+    return pager
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_pager_on_cupy_matches_numpy_bit_for_bit(rng, dtype):
+    rows = rng.standard_normal((3, 2, 96, 2, 6)).astype(dtype)
+    ref, dev = _scripted("numpy", dtype, rows), _scripted("cupy", dtype, rows)
+    assert dev.be.name == "cupy"
+    np.testing.assert_array_equal(ref.chunk_blocks(), dev.chunk_blocks())
+    assert ref.stats == dev.stats
+    assert ref.pool.data.tobytes() == dev.be.to_numpy(dev.pool.data).tobytes()
+    np.testing.assert_array_equal(ref.fill_slot_pos(), dev.be.to_numpy(dev.slot_positions()))
+    for c in ref.host_only_chunks():
+        assert ref._host[c].tobytes() == dev._host[c].tobytes()
+
+
+@pytest.mark.gpu
+def test_cupy_host_store_is_pinned():
+    import cupy
+
+    pager = small_pager(4, backend="cupy")
+    pager.alloc_span(0, 16)
+    pager.page_out(2)
+    buf = pager._host[2]
+    attrs = cupy.cuda.runtime.pointerGetAttributes(buf.ctypes.data)
+    assert attrs.type == cupy.cuda.runtime.memoryTypeHost, "the host copy is not pinned memory"
