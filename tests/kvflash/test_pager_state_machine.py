@@ -9,7 +9,9 @@ After every step it checks, against that model and against rules restated here f
    fill_slot_pos / slot_positions invert the mapping; cur_chunk never decreases (reset aside) and a
    failed slot_for leaves it where it was (the PR#487 rollback);
 2. an eviction by slot_for or reselect never takes a sink (c < sink) or a tail chunk
-   (c > cur - 1 - tail); reselect keeps the best-scoring unprotected chunks;
+   (c > cur - 1 - tail); slot_for evicts exactly the minimum (score or last_use, chunk) among
+   those candidates, with the append head moved first; reselect keeps the best-scoring
+   unprotected chunks;
 3. every valid slot holds exactly the last rows written at its position (zeros if never
    written): paging round trips are bit-exact under any block order; freed blocks read zero;
 4. with a pool at or above the floor slot_for never fails; below it (drawn on purpose, the
@@ -39,8 +41,9 @@ class PagerMachine(RuleBasedStateMachine):
                 seed=st.integers(0, 2**16))
     def setup(self, T, sink, tail, below_floor, extra_blocks, seed):
         floor_blocks = sink + tail + 2
-        # Below the floor: 1 or 2 blocks short, so allocations can fail (and must roll back).
-        n_blocks = max(1, floor_blocks - 1 - extra_blocks % 2 if below_floor
+        # Below the floor: 2 blocks short (appends fail once the pool is full) or 1 short (only
+        # recalls fail), so allocations fail and must roll back.
+        n_blocks = max(1, floor_blocks - 2 + extra_blocks // 2 if below_floor
                        else floor_blocks + extra_blocks)
         self.legal = n_blocks >= floor_blocks
         self.T, self.sink, self.tail, self.n_blocks = T, sink, tail, n_blocks
@@ -59,9 +62,23 @@ class PagerMachine(RuleBasedStateMachine):
     def resident(self) -> set[int]:
         return set(self.pager.resident_chunks().tolist())
 
-    def check_evictions(self, before: set[int], cur: int, ignore: int | None = None) -> None:
+    def expected_victim(self, cur: int):
+        """The chunk an allocation must evict now (§1.2), None if a block is free, "fail" if no
+        chunk may go: the minimum of (score or last_use, chunk) over the resident chunks with
+        sink <= c <= cur - 1 - tail."""
+        if self.pager.free_blocks:
+            return None
+        cands = sorted(c for c in self.resident() if not self.protected(c, cur))
+        if not cands:
+            return "fail"
+        hook = self.pager.score_hook
+        keys = (hook(np.array(cands)).tolist() if hook is not None
+                else [self.pager.last_use(c) for c in cands])
+        return min(zip(keys, cands))[1]
+
+    def check_evictions(self, before: set[int], cur: int) -> None:
         """Chunks that left the pool during one allocation must have been candidates."""
-        gone = before - self.resident() - {ignore}
+        gone = before - self.resident()
         for c in gone:
             assert not self.protected(c, cur), (
                 f"chunk {c} evicted but protected (sink {self.sink}, tail {self.tail}, cur {cur})")
@@ -70,16 +87,19 @@ class PagerMachine(RuleBasedStateMachine):
         """slot_for(pos) with the checks of §1.2; True when a slot was given."""
         pager, c = self.pager, pos // self.T
         before, prev_cur = self.resident(), pager.cur_chunk
+        new_cur = max(prev_cur, c)
+        victim = None if c in before else self.expected_victim(new_cur)
         slot = pager.slot_for(pos)
+        assert (slot < 0) == (victim == "fail"), f"slot {slot}, expected victim {victim}"
         if slot < 0:
             event("slot_for failed (pool below the floor)")
             assert not self.legal, "slot_for failed with a pool at or above min_pool_tokens"
             assert pager.cur_chunk == prev_cur, "failed slot_for did not roll cur_chunk back"
             assert self.resident() == before and pager.block_of(c) == -1
             return False
-        new_cur = max(prev_cur, c)
         assert pager.cur_chunk == new_cur
-        assert len(before - self.resident()) <= 1, "one allocation evicts at most one chunk"
+        assert before - self.resident() == ({victim} if victim is not None else set()), (
+            f"evicted {before - self.resident()}, expected {victim}")
         self.check_evictions(before, new_cur)
         assert slot == pager.block_of(c) * self.T + pos % self.T
         assert pager.last_use(c) == pager.clock
@@ -137,14 +157,16 @@ class PagerMachine(RuleBasedStateMachine):
         c = data.draw(st.sampled_from(self.pager.host_only_chunks().tolist()), label="chunk")
         pager = self.pager
         before, cur = self.resident(), pager.cur_chunk
+        victim = self.expected_victim(cur)
         try:
             pager.page_in(c)
         except PagerError:
-            assert not self.legal, "page_in failed with a pool at or above the floor"
+            assert victim == "fail" and not self.legal, "page_in failed with a legal pool"
             assert pager.cur_chunk == cur and self.resident() == before
             return
         assert pager.cur_chunk == cur, "page_in moved the append head"
         assert pager.block_of(c) >= 0 and pager.is_on_host(c)
+        assert before - self.resident() == ({victim} if victim is not None else set())
         self.check_evictions(before, cur)
 
     @rule(scores=st.lists(SCORES, max_size=12), keep_hook=st.booleans())
