@@ -59,13 +59,20 @@ def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> cp.ndarray:
     return cp.ascontiguousarray(slots.astype(cp.int32, copy=False))
 
 
-def gather_rows(pool, slots) -> cp.ndarray:
+def gather_rows(pool, slots, out=None) -> cp.ndarray:
     """Twin of :func:`dflash_ref.ops.pager.gather_rows`: pool [S, P, W], slots [n] -> [S, n, W]."""
     pool = cp.ascontiguousarray(_check_pool(pool, "gather_rows"))
     S, P, W = pool.shape
     slots = _check_slots(slots, P, "gather_rows", distinct=False)
     n = slots.size
-    rows = cp.empty((S, n, W), dtype=pool.dtype)
+    if out is None:
+        rows = cp.empty((S, n, W), dtype=pool.dtype)
+    else:
+        if (not isinstance(out, cp.ndarray) or out.shape != (S, n, W) or out.dtype != pool.dtype
+                or not out.flags.c_contiguous):
+            raise ValueError(f"gather_rows: out must be a C-contiguous {(S, n, W)} {pool.dtype} "
+                             f"CuPy array, got {type(out).__name__} {getattr(out, 'shape', '')}")
+        rows = out
     src, dst = _words(pool), _words(rows)
     Ww = src.shape[2]
     launch_elementwise("pager", "gather_rows_u32", S * n * Ww,

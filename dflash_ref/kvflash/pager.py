@@ -164,9 +164,9 @@ class PooledKV:
         """[P, H, D] V rows of model layer ``layer`` (a view into ``data``)."""
         return self.data[self.layer_index(layer), 1]
 
-    def gather(self, slots):
-        """[2L, n, W] rows of ``slots`` in every segment (the page-out staging copy)."""
-        return self.be.ops.gather_rows(self.segments, slots)
+    def gather(self, slots, out=None):
+        """[2L, n, W] rows of ``slots`` in every segment (the page-out copy), into ``out``."""
+        return self.be.ops.gather_rows(self.segments, slots, out)
 
     def scatter(self, slots, rows) -> None:
         """Write ``rows`` [2L, n, W] into ``slots`` of every segment (page-in)."""
@@ -206,12 +206,16 @@ class PooledKV:
             return np.frombuffer(mem, self.dtype, count).reshape(shape)
         return np.empty(shape, dtype=self.dtype)
 
-    def download(self, rows, out: np.ndarray) -> None:
-        """Copy device rows into the host buffer ``out`` (synchronous)."""
+    def page_out_rows(self, slots, host: np.ndarray) -> None:
+        """Copy the rows of ``slots`` [T] into the host buffer ``host`` [2L, T, W] (synchronous).
+
+        NumPy gathers straight into the host buffer; CuPy gathers on the device, then copies
+        device -> pinned host.
+        """
         if self.be.name == "cupy":
-            rows.get(out=out)
+            self.gather(slots).get(out=host)
         else:
-            np.copyto(out, rows)
+            self.gather(slots, out=host)
 
 
 class KVFlashPager:
@@ -491,8 +495,7 @@ class KVFlashPager:
             if chunk not in self._host:
                 self._host[chunk] = self.pool.host_empty(self.chunk_tokens)
             T = self.chunk_tokens
-            rows = self.pool.gather(np.arange(b * T, (b + 1) * T))  # [2L, T, W] device
-            self.pool.download(rows, self._host[chunk])
+            self.pool.page_out_rows(np.arange(b * T, (b + 1) * T), self._host[chunk])
             self.pool.zero_block(b, T)  # defence in depth: freed blocks read as zeros
         if not self._on_host[chunk]:
             self.stats.host_bytes += self.chunk_bytes

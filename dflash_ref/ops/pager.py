@@ -47,18 +47,29 @@ def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> np.ndarray:
     return slots
 
 
-def gather_rows(pool, slots) -> np.ndarray:
+def _check_out(out, shape, dtype) -> None:
+    if tuple(out.shape) != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"gather_rows: out must be a C-contiguous {shape} {dtype} array, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+
+
+def gather_rows(pool, slots, out=None) -> np.ndarray:
     """Copy the rows of ``slots`` out of every segment: ``rows[s, i] = pool[s, slots[i]]``.
 
     Args:
         pool: [S, P, W] any dtype.
         slots: [n] integer slot indices in [0, P) (repeats allowed).
+        out: optional C-contiguous [S, n, W] array of the pool's dtype to write into (the pager
+            passes its host buffer, saving an allocation per page-out).
     Returns:
-        [S, n, W] a new array of the pool's dtype (bit copies).
+        [S, n, W] of the pool's dtype (bit copies): ``out`` when given, else a new array.
     """
     _check_pool(pool, "gather_rows")
     slots = _check_slots(slots, pool.shape[1], "gather_rows", distinct=False)
-    return np.ascontiguousarray(pool[:, slots])  # [S, P, W] -> [S, n, W]
+    if out is None:
+        return np.ascontiguousarray(pool[:, slots])  # [S, P, W] -> [S, n, W]
+    _check_out(out, (pool.shape[0], slots.size, pool.shape[2]), pool.dtype)
+    return np.take(pool, slots, axis=1, out=out)
 
 
 def scatter_rows(pool, slots, rows):

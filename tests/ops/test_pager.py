@@ -26,6 +26,9 @@ def test_gather_rows_hand_values():
     expected = [[[2, -2], [0, 0], [2, -2]], [[12, -12], [10, -10], [12, -12]]]
     assert_close(rows, np.array(expected, np.float32), "exact", op="gather_rows")
     assert rows.dtype == np.float32 and rows.flags.c_contiguous
+    out = np.full((2, 3, 2), np.nan, np.float32)  # NaN-filled: an unwritten element would show
+    assert gather_rows(pool, np.array([2, 0, 2]), out=out) is out
+    assert_close(out, np.array(expected, np.float32), "exact", op="gather_rows", case="out=")
 
 
 def test_scatter_rows_writes_in_place_and_returns_the_pool():
@@ -65,6 +68,9 @@ def test_copies_are_bit_exact_for_any_dtype():
         (lambda: scatter_rows(np.zeros((1, 4, 2)), [1], np.zeros((1, 2, 2))), r"\[S, n, W\]"),
         (lambda: scatter_rows(np.zeros((1, 4, 4))[:, :, ::2], [1], np.zeros((1, 1, 2))),
          "C-contiguous"),
+        (lambda: gather_rows(np.zeros((1, 4, 2)), [0], out=np.zeros((1, 2, 2))), "out must"),
+        (lambda: gather_rows(np.zeros((1, 4, 2)), [0], out=np.zeros((1, 1, 2), np.float32)),
+         "out must"),
         (lambda: fill_slot_pos([0, 0], 2, 4), "distinct blocks"),
         (lambda: fill_slot_pos([2], 2, 4), "distinct blocks"),
         (lambda: fill_slot_pos([0], 3, 4), "multiple"),
@@ -130,6 +136,11 @@ def test_gather_rows_twin(rng, shape, dtype):
     pool = rng.standard_normal((S, P, W)).astype(dtype)
     slots = rng.permutation(P)[: max(1, P // 3)]
     check_twin("gather_rows", (pool, slots), tol="exact", case=f"{shape} {dtype.__name__}")
+    cp_be = get_backend("cupy")
+    out = cp_be.xp.full((S, slots.size, W), np.nan, dtype=dtype)
+    got = cp_be.ops.gather_rows(cp_be.to_backend(pool), cp_be.to_backend(slots), out)
+    assert got is out
+    assert_close(out, gather_rows(pool, slots), "exact", op="gather_rows", case="out=")
 
 
 @pytest.mark.gpu
