@@ -34,16 +34,23 @@ The pool (:class:`PooledKV`) holds the K and V rows of every pooled layer in one
 Integration API (how a target model uses a pager; the wiring itself is pending)::
 
     pager = KVFlashPager(pool_tokens, backend=be, layers=full_attn_layer_ids,
-                         n_kv_heads=H, head_dim=D)
-    # per forward of T tokens at positions start .. start+T-1 (prefill piece, decode, verify):
-    slots = pager.alloc_span(start, T)             # slot_for each position; raises PagerError
-    for layer in full_attn_layer_ids:
-        k, v = ...                                 # [T, H, D] post-norm, post-RoPE keys
-        pager.write(layer, positions, k, v)        # scatter into the slots of those positions
-        K, V, k_pos = pager.kv(layer)              # [P, H, D], [P, H, D], [P] int32
-        mask = committed_prefix_mask(q_pos, k_pos, base_pos)   # ops/masks.py (attention family)
-        out = attention(q, K, V, mask)
-    if should_reselect(...): pager.score_hook = hook_from_scores(scores); pager.reselect()
+                         n_kv_heads=H, head_dim=D)       # once; pager.reset() per request
+    # per forward of n tokens at positions = start .. start+n-1 (prefill piece, decode, verify):
+    pager.alloc_span(start, n)                     # slot_for each position, before any layer
+    for layer in model_layers:                     # GDN layers keep their own state
+        if layer in full_attn_layer_ids:
+            k, v = ...                             # [n, H, D] post-norm, post-RoPE keys
+            pager.write(layer, positions, k, v)    # into the slots of those positions
+            K, V, k_pos = pager.kv(layer)          # [P, H, D], [P, H, D], [P] int32
+            mask = committed_prefix_mask(positions, k_pos, base_pos)  # ops/masks.py
+            out = attention(q, K, V, mask)
+    # decode loop, after each generated token (scorers.py):
+    maybe_reselect(pager, generated, history_len, rescore=lambda: scorer.chunk_scores(...))
+
+Rules for the caller: a forward's span must stay resident while it is written and read, so a
+prompt larger than the pool is prefilled one chunk (T tokens) per forward (alloc_span refuses a
+span that would evict its own chunks); every position a forward allocates is written by that
+forward before attention reads it; a verify batch writes base_pos, base_pos+1, ... contiguously.
 
 ``k_pos`` (:meth:`KVFlashPager.slot_positions`) is the absolute position held by each slot and
 -1 for free or paged-out slots; it is all the attention mask needs. The reference uses the strict
@@ -51,7 +58,9 @@ position-aware rule (§1.6): a slot at position p is visible to a query at q iff
 ``p < base_pos or p <= q``. The public qwen35 AR-decode mask opens every slot of a resident chunk,
 including slots of the append-head chunk at positions > q; here those are hidden by ``p <= q``.
 Rejected drafts from an earlier spec round sit at positions >= base_pos and stay hidden until the
-next write to that position overwrites them through the same slot (no rollback needed).
+next write to that position overwrites them through the same slot (no rollback needed): under the
+rules above, a stale slot is always at a position above every query of the forward, so k_pos
+never needs a -1 for staleness.
 
 Copies run synchronously on the backend's current stream, in the public order (D2H of the victim,
 then its zeroing, then any H2D into the reused block); on CuPy the host store is pinned memory
