@@ -15,7 +15,8 @@ from kernels_cupy._launch import i32, launch_elementwise
 
 
 def _check_pool(pool, op: str) -> cp.ndarray:
-    pool = cp.asarray(pool)
+    if not isinstance(pool, cp.ndarray):  # keep the caller's array itself: scatter writes into it
+        pool = cp.asarray(pool)
     if pool.ndim != 3:
         raise ValueError(
             f"{op}: pool has shape {pool.shape}; expected [S, P, W] (segments, slots, row width). "

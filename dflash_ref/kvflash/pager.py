@@ -62,9 +62,10 @@ next write to that position overwrites them through the same slot (no rollback n
 rules above, a stale slot is always at a position above every query of the forward, so k_pos
 never needs a -1 for staleness.
 
-Copies run synchronously on the backend's current stream, in the public order (D2H of the victim,
-then its zeroing, then any H2D into the reused block); on CuPy the host store is pinned memory
-(``cupy.cuda.alloc_pinned_memory``), on NumPy plain arrays.
+Copies run in order on the backend's current stream, in the public order (D2H of the victim,
+then its zeroing, then any H2D into the reused block); a page-out returns once its host copy is
+complete, so there is no ``synchronize_paging()`` to forget. On CuPy the host store is pinned
+memory (``cupy.cuda.alloc_pinned_memory``), on NumPy plain arrays.
 """
 
 from __future__ import annotations
@@ -209,10 +210,9 @@ class PooledKV:
     def host_empty(self, chunk_tokens: int) -> np.ndarray:
         """A host buffer for one chunk, [2L, T, W]; pinned memory on CuPy (fast, async-capable)."""
         shape = (self.segments.shape[0], chunk_tokens, self.segments.shape[2])
-        if self.be.name == "cupy":
-            count = math.prod(shape)
-            mem = self.be.xp.cuda.alloc_pinned_memory(count * self.dtype.itemsize)
-            return np.frombuffer(mem, self.dtype, count).reshape(shape)
+        if self.be.name == "cupy":  # as cupyx.empty_pinned does
+            mem = self.be.xp.cuda.alloc_pinned_memory(math.prod(shape) * self.dtype.itemsize)
+            return np.ndarray(shape, dtype=self.dtype, buffer=mem)
         return np.empty(shape, dtype=self.dtype)
 
     def page_out_rows(self, slots, host: np.ndarray) -> None:
