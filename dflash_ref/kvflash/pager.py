@@ -79,10 +79,6 @@ import numpy as np
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.errors import PagerError
 
-# reselect ranks protected chunks with this score upstream (FLT_MAX); here protection is a
-# separate sort key, so a hook returning values above it cannot displace a protected chunk.
-PROTECTED_SCORE = 3.4e38
-
 ScoreHook = Callable[[np.ndarray], np.ndarray]
 """``hook(chunks [n] int64) -> [n] float``: higher means keep (scorers.hook_from_scores)."""
 
