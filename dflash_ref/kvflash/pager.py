@@ -576,6 +576,28 @@ class KVFlashPager:
         self.stats.host_bytes = 0
         self.epoch += 1
 
+    def attach(self, backend: Backend | str, layers: Sequence[int], n_kv_heads: int,
+               head_dim: int, dtype="float32") -> None:
+        """Give a mapping-only pager its device pool: what ``TargetModel.new_state(pager=...)``
+        calls with the target's full-attention layers. A pager that already holds a pool for the
+        same layers and shapes on the same backend is kept as it is; any other is an error."""
+        be = as_backend(backend)
+        if self.pool is not None:
+            p = self.pool
+            if (p.be.name, p.layers, p.n_kv_heads, p.head_dim) != (
+                    be.name, tuple(layers), n_kv_heads, head_dim):
+                raise PagerError(
+                    f"this pager's pool serves layers {p.layers} ({p.n_kv_heads} x {p.head_dim}, "
+                    f"{p.be.name}) but the target needs layers {tuple(layers)} ({n_kv_heads} x "
+                    f"{head_dim}, {be.name}); create KVFlashPager(pool_tokens) without layers "
+                    f"and let the target attach it"
+                )
+            return
+        self.be = be
+        self.pool = PooledKV(be, self.pool_tokens, n_kv_heads, head_dim, layers, dtype)
+        self.chunk_bytes = self.pool.chunk_bytes(self.chunk_tokens)
+        self._slot_pos_cache = None
+
     def zero_free_blocks(self) -> None:
         """Zero every free block of the pool (maskless consumers read the whole pool)."""
         if self.pool is not None:
