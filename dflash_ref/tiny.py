@@ -7,6 +7,10 @@ loaded through the same ``from_pretrained`` a real checkpoint goes through.
 
 Weights are random but well-conditioned: matrices ~ N(0, 1/fan_in), so activations keep unit
 scale through the layers and logits are decisive (few near-ties).
+
+The second half builds the demo checkpoints shipped in ``dflash_ref/data/demo``: a tiny target
+whose attention is damped and a drafter fitted to it in closed form, which the target accepts
+(:func:`write_demo_checkpoints`, :func:`fit_tiny_drafter`; docs/demo.md).
 """
 
 from __future__ import annotations
