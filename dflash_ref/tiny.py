@@ -265,7 +265,7 @@ def fit_tiny_drafter(path, target_dir, block_size: int = 8, intermediate_size: i
 
     The result is an *anchor-only* block drafter: block row j drafts t_{s+j} from the anchor
     token t_s alone. ``fc`` is 0, so the context rows have zero keys and values and the attention
-    of step 3 gives them a weight ~e^-33 each: the drafts are a table ``draft[a, j]``, and the
+    of step 3 gives them a weight < e^-33 each: the drafts are a table ``draft[a, j]``, and the
     fit makes it the target's most frequent continuation.
 
     1. **Data** (:func:`greedy_rollouts`, :func:`block_successor_counts`): greedy rollouts of the
@@ -332,9 +332,9 @@ def fit_tiny_drafter(path, target_dir, block_size: int = 8, intermediate_size: i
     for name in ("gate_proj", "up_proj"):
         for i in range(2):
             w[f"layers.{i}.mlp.{name}.weight"] = rng.normal(0.0, H ** -0.5, (F, H))
-    w["layers.1.self_attn.v_proj.weight"] = rng.normal(0.0, H ** -0.5, (cfg.num_key_value_heads
-                                                                        * cfg.head_dim, H))
-    w["layers.1.self_attn.o_proj.weight"] = rng.normal(0.0, H ** -0.5, (H, H))
+    n_q, n_kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    w["layers.1.self_attn.v_proj.weight"] = rng.normal(0.0, H ** -0.5, (n_kv, H))
+    w["layers.1.self_attn.o_proj.weight"] = rng.normal(0.0, n_q ** -0.5, (H, n_q))
     w["norm.weight"] = target.be.to_numpy(target.final_norm) + target.config.norm_offset
     w = {name: _round_to_storage(x, dtype) for name, x in w.items()}
 
