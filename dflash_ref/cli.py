@@ -5,12 +5,20 @@ Subcommands:
             (real HF / z-lab layouts, no download), or on ``--target DIR --drafter DIR``.
     info    package version, the backends available here, and for CuPy the device or the
             precise reason it is unavailable; the NVRTC version used by the compile check.
+    convert SRC OUT   a z-lab drafter directory -> GGUF (``--naming llama.cpp|lucebox``), or a
+            Qwen3 / Qwen3.5 / Gemma 3 target directory -> llama.cpp GGUF (docs/formats.md).
+    inspect PATH      a GGUF file or checkpoint directory: metadata, tensors, the derived
+            config, and warnings where metadata and weights disagree.
+    compare-weights A B   per-tensor relative RMS / max-abs table; exit 1 on any flagged row.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +117,175 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def _formats_command(func):
+    """Run a formats subcommand: warnings and DFlashRefErrors become lines on stderr."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        from dflash_ref.errors import DFlashRefError
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                code = func(args)
+            except DFlashRefError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                code = 1
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        return code
+
+    return run
+
+
+def _is_drafter_config(config: dict | None) -> bool:
+    archs = (config or {}).get("architectures") or []
+    return "dflash_config" in (config or {}) or any("DFlash" in str(a) for a in archs)
+
+
+@_formats_command
+def cmd_convert(args: argparse.Namespace) -> int:
+    """A drafter directory -> GGUF in either naming; a target directory -> llama.cpp GGUF."""
+    from dflash_ref.io.convert import convert_drafter, convert_target
+    from dflash_ref.io.gguf_io import open_gguf
+    from dflash_ref.io.safetensors_io import open_checkpoint
+
+    config = open_checkpoint(args.src).config
+    if _is_drafter_config(config):
+        out = convert_drafter(args.src, args.out, args.qtype, args.naming, target=args.target,
+                              arch=args.arch, fallback=args.fallback, progress=args.progress)
+        kind = f"drafter, {args.naming} naming"
+    else:
+        out = convert_target(args.src, args.out, args.qtype, fallback=args.fallback,
+                             progress=args.progress)
+        kind = "target, llama.cpp names"
+    g = open_gguf(out)
+    types = sorted({g.tensor_info(n).ggml_type for n in g.tensor_names})
+    print(f"wrote {out} ({out.stat().st_size} bytes): arch {g.arch} ({kind}), "
+          f"{len(g.tensor_names)} tensors, types {', '.join(types)}")
+    return 0
+
+
+def _print_gguf(path: Path, show_all: bool) -> list[str]:
+    """Print a GGUF file's metadata, tensors and derived config; return its warnings."""
+    from dflash_ref.config import DrafterConfig, TargetConfig
+    from dflash_ref.io.convert import drafter_config_dict_from_gguf
+    from dflash_ref.io.convert_common import describe_metadata_value, float_from_f32
+    from dflash_ref.io.convert_target import FAMILY_OF_ARCH, target_config_dict_from_gguf
+    from dflash_ref.io.gguf_io import open_gguf
+    from dflash_ref.io.names import flavour_of_arch
+
+    g = open_gguf(path)
+    flavour = flavour_of_arch(g.arch)
+    kind = ({"dflash": "DFlash drafter, llama.cpp naming (target ids stored + 1)",
+             "lucebox": "DFlash drafter, lucebox naming (raw target ids)"}.get(flavour)
+            or (f"{FAMILY_OF_ARCH[g.arch]} target" if g.arch in FAMILY_OF_ARCH
+                else "not a model dflash-ref loads"))
+    print(f"GGUF {path} ({path.stat().st_size} bytes): arch {g.arch!r}, {kind}")
+    print("metadata:")
+    for key in sorted(g.metadata):
+        value, vtype = g.metadata[key], g.value_type(key)
+        if vtype == "FLOAT32":
+            value = float_from_f32(value)
+        print(f"  {key:52} {vtype:14} {describe_metadata_value(value)}")
+    _print_tensors([(n, g.tensor_info(n).ggml_type,
+                     "{" + ", ".join(map(str, g.tensor_info(n).ggml_shape)) + "}",
+                     list(g.tensor_info(n).numpy_shape)) for n in g.tensor_names], show_all,
+                   "type", "ggml shape", "NumPy shape")
+    print("derived config:")
+    problems = []
+    if flavour is not None:
+        config = drafter_config_dict_from_gguf(g)
+        cfg = DrafterConfig.from_hf(config)
+        print(_indent(cfg.describe()))
+        if flavour == "dflash":
+            print(f"  (file stores target_layers {g.get('target_layers')}: HF ids + 1)")
+        from dflash_ref.io.names import gguf_to_hf
+        from dflash_ref.models.drafter import drafter_expected_tensors
+
+        expected = drafter_expected_tensors(cfg)
+        for name in g.tensor_names:
+            hf = gguf_to_hf(name, flavour)
+            if hf in expected and g.tensor_info(name).numpy_shape != expected[hf]:
+                problems.append(f"{name} has NumPy shape {list(g.tensor_info(name).numpy_shape)}"
+                                f", the metadata implies {list(expected[hf])}")
+    elif g.arch in FAMILY_OF_ARCH:
+        print(_indent(TargetConfig.from_hf(target_config_dict_from_gguf(g)).describe()))
+    return problems
+
+
+def _print_checkpoint(path: Path, show_all: bool) -> list[str]:
+    """Print a checkpoint directory's config.json, tensors and derived config; return warnings."""
+    from dflash_ref.config import TargetConfig
+    from dflash_ref.io.convert import drafter_config_from_checkpoint, drafter_shape_problems
+    from dflash_ref.io.safetensors_io import open_checkpoint
+    from dflash_ref.models.target import expected_tensors
+
+    ckpt = open_checkpoint(path)
+    config = ckpt.config
+    print(f"checkpoint {path}: {len(ckpt)} tensors, config.json {'yes' if config else 'MISSING'}")
+    print("config.json:")
+    for key, value in (config or {}).items():
+        print(f"  {key:40} {json.dumps(value)}")
+    shapes = {n: tuple(ckpt.info(n).shape) for n in ckpt}
+    _print_tensors([(n, ckpt.info(n).dtype, "", list(shapes[n])) for n in ckpt], show_all,
+                   "dtype", "", "shape")
+    print("derived config:")
+    if _is_drafter_config(config):
+        cfg = drafter_config_from_checkpoint(config, shapes)
+        print(_indent(cfg.describe()))
+        return drafter_shape_problems(shapes, cfg)
+    cfg = TargetConfig.from_hf(config or {})
+    print(_indent(cfg.describe()))
+    problems = []
+    for name, shape in expected_tensors(cfg).items():
+        if name not in shapes:
+            problems.append(f"missing tensor {name}")
+        elif shapes[name] != shape:
+            problems.append(f"tensor {name} has shape {list(shapes[name])}, config.json implies "
+                            f"{list(shape)}")
+    return problems
+
+
+def _print_tensors(rows, show_all: bool, *headers) -> None:
+    limit = None if show_all else 40
+    print(f"tensors ({len(rows)}):")
+    for name, typ, ggml, numpy_shape in rows[:limit]:
+        print(f"  {name:44} {typ:6} {ggml:>16} {numpy_shape}")
+    if limit is not None and len(rows) > limit:
+        print(f"  ... {len(rows) - limit} more (--all lists every tensor)")
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+@_formats_command
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Metadata, tensors, derived config and warnings of a GGUF file or checkpoint directory."""
+    from dflash_ref.io.gguf_io import GGUF_MAGIC
+
+    path = Path(args.path)
+    is_gguf = path.is_file() and path.read_bytes()[:4] == GGUF_MAGIC
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        problems = _print_gguf(path, args.all) if is_gguf else _print_checkpoint(path, args.all)
+    problems = [str(w.message) for w in caught] + problems
+    print("warnings:" + ("" if problems else " none"))
+    for p in problems:
+        print(f"  - {p}")
+    return 0
+
+
+@_formats_command
+def cmd_compare_weights(args: argparse.Namespace) -> int:
+    """Per-tensor comparison table; exit 1 when any row is flagged."""
+    from dflash_ref.io.compare import compare_weights
+
+    rows = compare_weights(args.a, args.b, threshold_factor=args.threshold_factor)
+    return 1 if any(r.flagged for r in rows) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dflash-ref",
@@ -127,6 +304,38 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.set_defaults(func=cmd_demo)
     p_info = sub.add_parser("info", help="version, available backends, CUDA device")
     p_info.set_defaults(func=cmd_info)
+
+    from dflash_ref.io.convert_common import QTYPES
+
+    p_conv = sub.add_parser("convert", help="drafter or target directory -> GGUF")
+    p_conv.add_argument("src", help="z-lab drafter or HF target directory (config.json + "
+                        "safetensors)")
+    p_conv.add_argument("out", help="the .gguf file to write")
+    p_conv.add_argument("--qtype", default="bf16", choices=list(QTYPES),
+                        help="matrix storage (norms are always f32); default bf16")
+    p_conv.add_argument("--naming", default="llama.cpp", choices=["llama.cpp", "lucebox"],
+                        help="drafter GGUF naming: llama.cpp arch 'dflash' (target ids + 1) or "
+                        "lucebox '*-dflash-draft' (raw ids)")
+    p_conv.add_argument("--target", help="the drafter's target directory: checks the pairing, "
+                        "adds its softcap / embedding scale (Gemma)")
+    p_conv.add_argument("--arch", help="lucebox arch string (default from the target)")
+    p_conv.add_argument("--fallback", choices=list(QTYPES),
+                        help="type for matrices whose rows do not fit --qtype blocks")
+    p_conv.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar (default: only for large models)")
+    p_conv.set_defaults(func=cmd_convert)
+    p_insp = sub.add_parser("inspect", help="metadata, tensors and derived config of a GGUF "
+                            "file or checkpoint directory")
+    p_insp.add_argument("path")
+    p_insp.add_argument("--all", action="store_true", help="list every tensor")
+    p_insp.set_defaults(func=cmd_inspect)
+    p_cmp = sub.add_parser("compare-weights", help="per-tensor rel. RMS / max-abs of two weight "
+                           "sets (checkpoint directories or GGUF files)")
+    p_cmp.add_argument("a", help="reference (e.g. the HF checkpoint)")
+    p_cmp.add_argument("b", help="the other side (e.g. the converted GGUF)")
+    p_cmp.add_argument("--threshold-factor", type=float, default=1.0,
+                       help="flag rows with rel. RMS above factor x the type's budget")
+    p_cmp.set_defaults(func=cmd_compare_weights)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from dflash_ref.ops.dequant import check_quant_input
 from kernels_cupy._launch import i64, launch_elementwise
 
 # (weights per block, bytes per block, kernel) of each format, as in dflash_ref/ops/dequant.py.
@@ -18,17 +19,9 @@ _FORMATS = {
 def _dequantize(fmt: str, raw, shape) -> cp.ndarray:
     """Check raw (uint8, size = nblocks * bytes) against shape, launch, return float32 [shape]."""
     block, type_size, kernel = _FORMATS[fmt]
-    shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
     raw = cp.asarray(raw)
-    if raw.dtype != cp.uint8:
-        raise TypeError(f"dequantize_{fmt}: raw must be uint8 bytes, got dtype {raw.dtype}")
+    shape = check_quant_input(raw, shape, block, type_size, fmt)
     n = int(np.prod(shape, dtype=np.int64))
-    if n % block != 0 or raw.size != n // block * type_size:
-        raise ValueError(
-            f"dequantize_{fmt}: output shape {shape} ({n} weights) needs "
-            f"{n // block} blocks of {type_size} bytes = {n // block * type_size} bytes with "
-            f"{n} a multiple of {block}; got {raw.size} bytes"
-        )
     raw = cp.ascontiguousarray(raw)
     y = cp.empty(shape, dtype=cp.float32)
     launch_elementwise("dequant", kernel, n, (raw, y, i64(n)))

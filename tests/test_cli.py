@@ -53,3 +53,11 @@ def test_demo_on_checkpoint_directories(tmp_path, capsys):
 def test_demo_needs_both_directories(tmp_path, capsys):
     assert main(["demo", "--target", str(tmp_path)]) == 2
     assert "both --target and --drafter" in capsys.readouterr().err
+
+
+def test_demo_default_runs_the_shipped_checkpoints(capsys):
+    assert main(["demo", "--max-new-tokens", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "identical output: yes" in out
+    spec_row = next(line for line in out.splitlines() if line.startswith("speculative"))
+    assert float(spec_row.split()[2]) > 1.5  # tau: the shipped drafter is accepted

@@ -26,7 +26,7 @@ needed to roll back the last batch. ``model.forward(ids, state)`` appends ``ids`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import load_checkpoint
 from dflash_ref.models.cache import FeatureBuffer, KVCache
 from dflash_ref.models.gdn_layer import GDNConfig, GDNLayer
-from dflash_ref.ops.masks import causal_mask, tree_depths, tree_mask
+from dflash_ref.ops.masks import causal_mask, committed_prefix_mask, tree_depths, tree_mask
 
 
 @dataclass
@@ -62,12 +62,29 @@ class TargetState:
     """Per-sequence state: KV caches, GDN states, features, and the last batch's rewind record."""
 
     def __init__(self, model: TargetModel, feature_capacity: int | None = None,
-                 feature_window: int | None = None):
+                 feature_window: int | None = None, pager=None):
         cfg, be = model.config, model.be
         self.length = 0
+        # KVFlash: full-attention layers keep their K/V in the pager's pool; sliding-window
+        # layers (bounded anyway) and GDN layers are never paged.
+        self.pager = pager
+        pooled = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+        if pager is not None:
+            if not pooled:
+                raise ConfigError("this target has no full-attention layer to page; run it "
+                                  "without a pager")
+            dims = {(cfg.num_key_value_heads_for(i), cfg.head_dim_for(i)) for i in pooled}
+            if len(dims) != 1:
+                raise ConfigError(f"KVFlash pools one K/V shape; the full-attention layers "
+                                  f"use {sorted(dims)}")
+            (nkv, d), = dims
+            pager.attach(be, pooled, nkv, d)
+            pager.reset()
+        self.pooled_layers = frozenset(pooled if pager is not None else ())
         self.kv: dict[int, KVCache] = {
             i: KVCache(be, cfg.num_key_value_heads_for(i), cfg.head_dim_for(i))
-            for i, t in enumerate(cfg.layer_types) if t != "linear_attention"
+            for i, t in enumerate(cfg.layer_types)
+            if t != "linear_attention" and i not in self.pooled_layers
         }
         self.gdn: dict[int, object] = {
             i: None for i, t in enumerate(cfg.layer_types) if t == "linear_attention"
@@ -180,6 +197,21 @@ class TargetModel:
             raise FormatError(f"{path} has no config.json; expected a Hugging Face model directory")
         config = TargetConfig.from_hf(json.loads(cfg_path.read_text()))
         weights = load_checkpoint(path)
+        config = _match_weight_prefix(config, weights)
+        return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
+
+    @classmethod
+    def from_gguf(cls, path, backend="numpy", target_layer_ids=None) -> TargetModel:
+        """Load a llama.cpp GGUF of arch ``qwen3``, ``qwen35`` or ``gemma3``.
+
+        :func:`~dflash_ref.io.convert_target.read_gguf_target` undoes what llama.cpp's converter
+        baked in (the +1 of (1+w) norms, ``ssm_a = -exp(A_log)``, the tiled GDN value heads) and
+        dequantizes, so the forward is the safetensors one up to the storage error.
+        """
+        from dflash_ref.io.convert_target import read_gguf_target
+
+        config_dict, weights = read_gguf_target(path)
+        config = TargetConfig.from_hf(config_dict)
         return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
 
     def set_target_layer_ids(self, target_layer_ids) -> None:
@@ -215,9 +247,13 @@ class TargetModel:
                 )
 
     def new_state(self, feature_capacity: int | None = None,
-                  feature_window: int | None = None) -> TargetState:
-        """A fresh per-sequence state (empty caches; features captured if layer ids are set)."""
-        return TargetState(self, feature_capacity, feature_window)
+                  feature_window: int | None = None, pager=None) -> TargetState:
+        """A fresh per-sequence state (empty caches; features captured if layer ids are set).
+
+        ``pager``: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers
+        then keep K/V in its bounded pool (it is attached and reset here, once per sequence).
+        """
+        return TargetState(self, feature_capacity, feature_window, pager)
 
     # ------------------------------------------------------------------ pieces the drafter shares
 
@@ -268,6 +304,19 @@ class TargetModel:
                              "(one root, node 0, topologically ordered)")
         return self._forward(ids, state, parents=parents)
 
+    def _forward_pieces(self, ids, state: TargetState) -> TargetOutput:
+        """Forward ``ids`` in chunk-aligned pieces through the pager; outputs concatenated."""
+        xp, T = self.be.xp, state.pager.chunk_tokens
+        cuts = [0]
+        while cuts[-1] < ids.size:
+            pos = state.length + cuts[-1]
+            cuts.append(min(ids.size, cuts[-1] + T - pos % T))
+        outs = [self._forward(ids[a:b], state, None) for a, b in zip(cuts, cuts[1:])]
+        feats = (None if outs[0].features is None
+                 else xp.concatenate([o.features for o in outs], axis=0))
+        return TargetOutput(logits=xp.concatenate([o.logits for o in outs], axis=0),
+                            features=feats)
+
     def _forward(self, ids, state: TargetState, parents) -> TargetOutput:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         T = ids.shape[0]
@@ -278,7 +327,17 @@ class TargetModel:
         if state._pending is not None:
             raise ValueError("the state holds an uncommitted tree verify; call "
                              "state.commit_path(path) first")
+        pager = state.pager
+        if pager is not None and parents is not None:
+            raise ConfigError("tree verify over a KVFlash pool is not implemented; use "
+                              "verify='chain' with a pager")
+        if pager is not None and T > pager.chunk_tokens:
+            # A span longer than a chunk may evict its own first chunks once the pool is full:
+            # run it one chunk-aligned piece at a time, as the public pooled prefill does.
+            return self._forward_pieces(ids, state)
         start = state.length
+        if pager is not None:
+            pager.alloc_span(start, T)  # slot_for each new position, evicting if needed
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
         record = _BatchRecord(start, T)
@@ -332,6 +391,8 @@ class _DecoderLayer:
             state.gdn[self.idx] = new_state
             if keep_trace:
                 record.gdn[self.idx] = (before, trace)
+        elif self.idx in state.pooled_layers:
+            y = self._attention_pooled(u, positions, state.pager)
         else:
             y = self._attention(u, positions, state.kv[self.idx], parents)
         if cfg.use_pre_post_ffn_norms:  # Gemma: norm the attention output before the residual
@@ -354,13 +415,8 @@ class _DecoderLayer:
         record.gdn[self.idx] = node_states
         return self.model.be.xp.concatenate(ys, axis=0)
 
-    def _attention(self, u, positions, kv: KVCache, parents=None):
-        """Self-attention of the batch over the cache + batch; returns [T, H].
-
-        Chain batches use the causal (or sliding) mask over positions; tree batches the
-        ancestor-only tree mask, with the nodes' K/V appended to the cache in node order until
-        ``commit_path`` keeps the accepted branch.
-        """
+    def _qkv(self, u, positions):
+        """Projections, q/k norms and RoPE: q [T, nh, d], k, v [T, nkv, d], gate or None."""
         cfg, be = self.model.config, self.model.be
         xp, ops, w = be.xp, be.ops, self.w
         T, nh = u.shape[0], cfg.num_attention_heads
@@ -379,6 +435,42 @@ class _DecoderLayer:
         r = cfg.rope_for(self.idx)  # theta, rotary_dim and linear factor of this layer's type
         q = ops.rope(xp.ascontiguousarray(q), positions, r.theta, r.rotary_dim, r.factor)
         k = ops.rope(xp.ascontiguousarray(k), positions, r.theta, r.rotary_dim, r.factor)
+        return q, k, v, gate
+
+    def _attend_out(self, q, keys, values, mask, gate):
+        """Attention, optional sigmoid output gate, o_proj: [T, H]."""
+        cfg, xp = self.model.config, self.model.be.xp
+        T, nh, d = q.shape
+        o = self.model.be.ops.attention(q, keys, values, mask, scale=cfg.attention_scale,
+                                        softcap=cfg.attn_logit_softcapping)  # [T, nh, d]
+        o = o.reshape(T, nh * d)
+        if gate is not None:
+            o = o * (1.0 / (1.0 + xp.exp(-gate)))  # sigmoid output gate
+        return o @ self.w["self_attn.o_proj.weight"].T
+
+    def _attention_pooled(self, u, positions, pager):
+        """Attention over the KVFlash pool (spec/kvflash_gate.md §1.6, the strict rule).
+
+        The batch's K/V are written into their slots first; then every query sees the slots
+        whose position p satisfies ``p >= 0 and (p < base_pos or p <= q)`` (base_pos = the
+        batch start): the committed prefix plus causal within the batch. Slots are in any order
+        and rejected drafts left in slots at p >= base_pos stay hidden, so rollback needs nothing.
+        """
+        q, k, v, gate = self._qkv(u, positions)
+        pager.write(self.idx, positions, k, v)
+        keys, values, k_pos = pager.kv(self.idx)  # [P, nkv, d] x2, [P]
+        mask = committed_prefix_mask(positions, k_pos, base_pos=int(positions[0]))
+        return self._attend_out(q, keys, values, mask, gate)
+
+    def _attention(self, u, positions, kv: KVCache, parents=None):
+        """Self-attention of the batch over the cache + batch; returns [T, H].
+
+        Chain batches use the causal (or sliding) mask over positions; tree batches the
+        ancestor-only tree mask, with the nodes' K/V appended to the cache in node order until
+        ``commit_path`` keeps the accepted branch.
+        """
+        cfg = self.model.config
+        q, k, v, gate = self._qkv(u, positions)
         base = kv.length
         kv.append(k, v)
         window = cfg.sliding_window if self.kind == "sliding_attention" else None
@@ -386,12 +478,7 @@ class _DecoderLayer:
             mask = causal_mask(positions, np.arange(kv.length), window=window)
         else:
             mask = tree_mask(parents, base, window=window)
-        o = ops.attention(q, kv.k, kv.v, mask, scale=cfg.attention_scale,
-                          softcap=cfg.attn_logit_softcapping)  # [T, nh, d]
-        o = o.reshape(T, nh * d)
-        if gate is not None:
-            o = o * (1.0 / (1.0 + xp.exp(-gate)))  # sigmoid output gate
-        return o @ w["self_attn.o_proj.weight"].T
+        return self._attend_out(q, kv.k, kv.v, mask, gate)
 
     def _mlp(self, u):
         cfg, be, w = self.model.config, self.model.be, self.w
@@ -420,6 +507,22 @@ def gdn_config(cfg: TargetConfig) -> GDNConfig:
                      num_v_heads=g.num_value_heads, head_k_dim=g.key_head_dim,
                      head_v_dim=g.value_head_dim, conv_kernel=g.conv_kernel_dim,
                      rms_norm_eps=cfg.rms_norm_eps, layout=GDN_LAYOUTS[g.projection_layout])
+
+
+def _match_weight_prefix(cfg: TargetConfig, weights) -> TargetConfig:
+    """Pick the decoder-tensor prefix the checkpoint actually uses among the layouts seen for
+    this wrapper (multimodal checkpoints differ: ``model.language_model.`` vs
+    ``language_model.model.``); the config's own guess when none matches (errors name it)."""
+    for prefix in (cfg.weight_prefix, *cfg.weight_prefix_candidates):
+        if f"{prefix}embed_tokens.weight" in weights:
+            if prefix != cfg.weight_prefix:
+                cfg = cfg.with_weight_prefix(prefix)
+            break
+    if not cfg.tie_word_embeddings and cfg.lm_head_name not in weights:
+        for name in ("lm_head.weight", "language_model.lm_head.weight"):
+            if name in weights:
+                return replace(cfg, lm_head_name=name)
+    return cfg
 
 
 def _check_supported(cfg: TargetConfig) -> None:

@@ -23,10 +23,13 @@ Q4_K_BYTES = 144
 Q6_K_BYTES = 210
 
 
-def _as_blocks(raw, shape, block: int, type_size: int, fmt: str) -> tuple[np.ndarray, tuple]:
-    """raw uint8 [...] -> ([nblocks, type_size] uint8, output shape), checking the sizes agree."""
+def check_quant_input(raw, shape, block: int, type_size: int, fmt: str) -> tuple[int, ...]:
+    """Check raw bytes against the output shape (both backends); return the shape as a tuple.
+
+    ``raw`` must be uint8 with exactly ``n / block`` blocks of ``type_size`` bytes for the
+    ``n = prod(shape)`` weights, and n a multiple of the block.
+    """
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-    raw = np.asarray(raw)
     if raw.dtype != np.uint8:
         raise TypeError(f"dequantize_{fmt}: raw must be uint8 bytes, got dtype {raw.dtype}")
     n = int(np.prod(shape, dtype=np.int64))
@@ -36,6 +39,13 @@ def _as_blocks(raw, shape, block: int, type_size: int, fmt: str) -> tuple[np.nda
             f"{n // block} blocks of {type_size} bytes = {n // block * type_size} bytes with "
             f"{n} a multiple of {block}; got {raw.size} bytes"
         )
+    return shape
+
+
+def _as_blocks(raw, shape, block: int, type_size: int, fmt: str) -> tuple[np.ndarray, tuple]:
+    """raw uint8 [...] -> ([nblocks, type_size] uint8, output shape), checking the sizes agree."""
+    raw = np.asarray(raw)
+    shape = check_quant_input(raw, shape, block, type_size, fmt)
     return np.ascontiguousarray(raw).reshape(-1, type_size), shape
 
 

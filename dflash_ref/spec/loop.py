@@ -129,7 +129,10 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         block_size: drafter block size B (default: the drafter's); 1 means plain decoding.
         verify: "chain" or "tree" (DDTree, greedy only).
         gate: an :class:`EntropyGate` or :class:`CommitEmaGate`, or None (always speculate).
-        pager: a KVFlash pager for the target's attention KV (None: the plain KV cache).
+        pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager` holding the target's
+            full-attention KV in a bounded pool (None: the plain KV cache). With a pool at least
+            as large as the context the tokens equal the unpooled run; a smaller pool evicts
+            cold chunks (LRU, or the pager's score hook) and attention sees the resident ones.
         seed: int or ``np.random.Generator`` for sampling (required when temperature > 0).
         stop_token_ids: generation stops just after the first of these.
         cost_model: modelled costs fed to the gate instead of wall times, and summed into
@@ -160,15 +163,15 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
     if drafter is not None and drafter.target is not target:
         raise ConfigError("the drafter is bound to another TargetModel; load it with "
                           "DFlashDrafter.from_pretrained(path, target)")
-    if pager is not None:
-        raise ConfigError("KVFlash pager integration is not implemented yet (issue: KVFlash); "
-                          "pass pager=None")
+    if pager is not None and verify == "tree":
+        raise ConfigError("tree verify over a KVFlash pool is not implemented; use "
+                          "verify='chain' with a pager")
     stops = set(int(t) for t in (stop_token_ids or ()))
 
     clock = _Clock(be, cost_model)
     result = GenerationResult(tokens=[])
     result.per_position_accepted = np.zeros(max(B - 1, 0), dtype=np.int64)
-    state = target.new_state()
+    state = target.new_state(pager=pager)  # the pager is attached and reset per request
     if drafter is not None and B > 1 and state.features is None:
         raise ConfigError("the target captures no features; bind the drafter first "
                           "(DFlashDrafter.from_pretrained(path, target) sets target_layer_ids)")

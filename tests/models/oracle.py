@@ -132,3 +132,86 @@ def drafter_forward(dcfg: dict, D: dict, E: np.ndarray, head: np.ndarray, feats,
         h = h + (g / (1 + np.exp(-g)) * up) @ D[L + "mlp.down_proj.weight"].T
     logits = _rms(h, D["norm.weight"], eps, 0.0) @ head.astype(np.float64).T
     return logits if not softcap else softcap * np.tanh(logits / softcap)
+
+
+def qwen35_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
+    """Independent float64 forward of a Qwen3.5 text hybrid (separate qkv/z/b/a GDN layout).
+
+    Straight from the equations (spec/gdn.md §1.2, §1.3, §1.5, §3; HF Qwen3.5 attention): (1+w)
+    norms except the GDN gated norm; full-attention layers with q_proj = per head [q | gate],
+    q/k norms, partial rotary on the first rotary_dim channels, sigmoid output gate; GDN layers
+    with a causal depthwise conv (kernel K) + SiLU on [q | k | v], L2-normalised q and k (eps
+    inside the sqrt), grouped value heads (value head h uses key head h // r), g = -exp(A_log)
+    softplus(a + dt_bias), beta = sigmoid(b), the per-token delta rule, gated RMSNorm with z.
+    Returns (hidden_states list, logits) as :func:`dense_forward`.
+    """
+    W = {k: v.astype(np.float64) for k, v in tensors.items()}
+    c = config
+    eps = c["rms_norm_eps"]
+    nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    rp = c["rope_parameters"]
+    rd = int(d * rp["partial_rotary_factor"])
+    Hk, Hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv, K = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+    r = Hv // Hk
+    ids = np.asarray(ids)
+    T = len(ids)
+    pos = np.arange(T)
+    x = W["model.embed_tokens.weight"][ids]
+    hs = [x]
+    for i, kind in enumerate(c["layer_types"]):
+        L = f"model.layers.{i}."
+        u = _rms(x, W[L + "input_layernorm.weight"], eps, 1.0)
+        if kind == "full_attention":
+            qg = (u @ W[L + "self_attn.q_proj.weight"].T).reshape(T, nh, 2 * d)
+            q, gate = qg[..., :d], qg[..., d:]
+            k = (u @ W[L + "self_attn.k_proj.weight"].T).reshape(T, nkv, d)
+            v = (u @ W[L + "self_attn.v_proj.weight"].T).reshape(T, nkv, d)
+            q = _rms(q, W[L + "self_attn.q_norm.weight"], eps, 1.0)
+            k = _rms(k, W[L + "self_attn.k_norm.weight"], eps, 1.0)
+            q = np.concatenate([_rope(q[..., :rd], pos, rp["rope_theta"]), q[..., rd:]], -1)
+            k = np.concatenate([_rope(k[..., :rd], pos, rp["rope_theta"]), k[..., rd:]], -1)
+            o = np.zeros((T, nh, d))
+            for hh in range(nh):
+                s = q[:, hh] @ k[:, hh // (nh // nkv)].T * d**-0.5  # [T, T]
+                s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+                p = np.exp(s - s.max(1, keepdims=True))
+                o[:, hh] = (p / p.sum(1, keepdims=True)) @ v[:, hh // (nh // nkv)]
+            o = o * (1 / (1 + np.exp(-gate)))
+            a = o.reshape(T, nh * d) @ W[L + "self_attn.o_proj.weight"].T
+        else:
+            A = L + "linear_attn."
+            mixed = u @ W[A + "in_proj_qkv.weight"].T  # [T, 2 Hk dk + Hv dv]
+            z = (u @ W[A + "in_proj_z.weight"].T).reshape(T, Hv, dv)
+            b = u @ W[A + "in_proj_b.weight"].T
+            av = u @ W[A + "in_proj_a.weight"].T
+            cw = W[A + "conv1d.weight"][:, 0, :]  # [C, K]
+            padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
+            conv = np.stack([(padded[t:t + K] * cw.T).sum(0) for t in range(T)])
+            conv = conv / (1 + np.exp(-conv))
+            q = conv[:, :Hk * dk].reshape(T, Hk, dk)
+            k = conv[:, Hk * dk:2 * Hk * dk].reshape(T, Hk, dk)
+            v = conv[:, 2 * Hk * dk:].reshape(T, Hv, dv)
+            q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6)
+            k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+            g = -np.exp(W[A + "A_log"]) * np.log1p(np.exp(av + W[A + "dt_bias"]))
+            beta = 1 / (1 + np.exp(-b))
+            S = np.zeros((Hv, dk, dv))
+            o = np.zeros((T, Hv, dv))
+            for t in range(T):
+                for h in range(Hv):
+                    kh = h // r
+                    S[h] *= np.exp(g[t, h])
+                    delta = beta[t, h] * (v[t, h] - S[h].T @ k[t, kh])
+                    S[h] += np.outer(k[t, kh], delta)
+                    o[t, h] = dk**-0.5 * S[h].T @ q[t, kh]
+            o = o / np.sqrt((o * o).mean(-1, keepdims=True) + eps) * W[A + "norm.weight"]
+            o = o * (z / (1 + np.exp(-z)))
+            a = o.reshape(T, Hv * dv) @ W[A + "out_proj.weight"].T
+        x = x + a
+        u = _rms(x, W[L + "post_attention_layernorm.weight"], eps, 1.0)
+        gt, up = u @ W[L + "mlp.gate_proj.weight"].T, u @ W[L + "mlp.up_proj.weight"].T
+        x = x + (gt / (1 + np.exp(-gt)) * up) @ W[L + "mlp.down_proj.weight"].T
+        hs.append(x)
+    logits = _rms(x, W["model.norm.weight"], eps, 1.0) @ W["lm_head.weight"].T
+    return hs, logits

@@ -15,7 +15,7 @@ from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.models.target import TargetModel
 from dflash_ref.testing import Tolerance, assert_close
 from dflash_ref.tiny import TINY_FAMILIES, write_tiny_target
-from tests.models.oracle import dense_forward
+from tests.models.oracle import dense_forward, qwen35_forward
 
 # float32 model vs float64 oracle through 4 layers of matmuls over width <= 128: relative error
 # per layer ~ sqrt(128) * 6e-8, amplified by norms; logits are O(10).
@@ -58,11 +58,12 @@ def test_every_family_loads_through_from_pretrained(ckpt, family):
     assert np.all(np.isfinite(out.logits))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_forward_matches_the_independent_float64_oracle(ckpt, family):
     config = json.loads((ckpt[family] / "config.json").read_text())
     tensors = load_file(ckpt[family] / "model.safetensors")
-    hs, logits = dense_forward(config, tensors, PROMPT)
+    oracle = qwen35_forward if family == "qwen3_5" else dense_forward
+    hs, logits = oracle(config, tensors, PROMPT)
     model = TargetModel.from_pretrained(ckpt[family], target_layer_ids=[2, 0, 1])
     _, got_logits, feats = _run(model, PROMPT)
     assert_close(got_logits, logits, VS_ORACLE, op="TargetModel.forward", tensor="logits",
@@ -278,3 +279,55 @@ def test_tree_pass_must_be_committed_before_anything_else(ckpt):
         state.commit_path([1, 2])
     with pytest.raises(ValueError, match="topologically"):
         model.forward_tree([1, 2], [-1, 1], model.new_state())
+
+
+# ---------------------------------------------------------------- real layouts: nesting, shards
+
+
+@pytest.mark.parametrize("family,arch,model_type,prefixes", [
+    ("qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5", ["model.language_model."]),
+    ("gemma3", "Gemma3ForConditionalGeneration", "gemma3",
+     ["language_model.model.", "model.language_model."]),
+])
+def test_multimodal_wrapper_nests_the_text_config_and_prefixes_weights(ckpt, tmp_path, family,
+                                                                       arch, model_type, prefixes):
+    # The multimodal checkpoints keep the text model's config under text_config and its tensors
+    # under a prefix; each published prefix must load and give the text-only model's logits.
+    text_cfg = json.loads((ckpt[family] / "config.json").read_text())
+    tensors = load_file(ckpt[family] / "model.safetensors")
+    text_model = TargetModel.from_pretrained(ckpt[family])
+    ref = text_model.forward(PROMPT[:6], text_model.new_state()).logits
+    for prefix in prefixes:
+        path = tmp_path / prefix.strip(".").replace(".", "_")
+        path.mkdir()
+        wrapped = {"architectures": [arch], "model_type": model_type, "text_config": text_cfg,
+                   "vision_config": {"depth": 1}}
+        if "tie_word_embeddings" in text_cfg:
+            wrapped["tie_word_embeddings"] = text_cfg["tie_word_embeddings"]
+        (path / "config.json").write_text(json.dumps(wrapped))
+        head = "lm_head.weight" if prefix.startswith("model.") else "language_model.lm_head.weight"
+        renamed = {(head if k == "lm_head.weight" else prefix + k[len("model."):]): v
+                   for k, v in tensors.items()}
+        save_file(renamed, str(path / "model.safetensors"))
+        model = TargetModel.from_pretrained(path)
+        assert model.config.weight_prefix == prefix
+        got = model.forward(PROMPT[:6], model.new_state()).logits
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_sharded_bf16_checkpoint_loads_like_the_float32_one(tmp_path):
+    # bf16 storage rounds every weight; the loader reads the raw bf16 bits into float32, so the
+    # sharded bf16 model equals a float32 model built from the rounded weights exactly.
+    from dflash_ref.io.quant import bf16_bits_to_float32, float32_to_bf16_bits
+
+    f32 = write_tiny_target(tmp_path / "f32", "qwen3", seed=9)
+    bf16 = write_tiny_target(tmp_path / "bf16", "qwen3", seed=9, dtype="bfloat16",
+                             shard_size=60_000)
+    assert (bf16 / "model.safetensors.index.json").exists()
+    tensors = {k: bf16_bits_to_float32(float32_to_bf16_bits(v))
+               for k, v in load_file(f32 / "model.safetensors").items()}
+    save_file(tensors, str(f32 / "model.safetensors"))
+    a = TargetModel.from_pretrained(f32)
+    b = TargetModel.from_pretrained(bf16)
+    np.testing.assert_array_equal(a.forward(PROMPT, a.new_state()).logits,
+                                  b.forward(PROMPT, b.new_state()).logits)

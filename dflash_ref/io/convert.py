@@ -1,0 +1,478 @@
+"""DFlash drafter: z-lab checkpoint <-> GGUF in both public namings (spec/dflash.md §2,
+spec/kvflash_gate.md §7). The target-model side lives in :mod:`dflash_ref.io.convert_target`.
+
+Reading order:
+
+1. :func:`tensor_type`: the storage rule. Every 1-D tensor (norms) and every conv kernel is F32;
+   matrices take the requested type when their rows hold whole quantization blocks.
+2. :func:`drafter_config_from_checkpoint`: config.json checked against the tensor shapes, the
+   shapes winning (intermediate size from ``gate_proj``, layer count from the largest
+   ``layers.N``, head_dim from ``k_proj`` when config.json lacks it, capture count from ``fc``).
+   The RoPE base goes through :func:`~dflash_ref.config.resolve_rope_theta`: nested
+   ``rope_parameters.rope_theta``, then top-level ``rope_theta``, else the conversion fails.
+3. :func:`drafter_metadata`: the GGUF keys of each naming, side by side::
+
+       what                  llama.cpp (arch "dflash")        lucebox (arch "*-dflash-draft")
+       target layers         dflash.target_layers = ids + 1   {arch}.dflash.target_layer_ids = ids
+       capture count C       len(target_layers)               {arch}.dflash.n_target_layers
+       block size B          dflash.block_size                {arch}.dflash.block_size
+       mask token            tokenizer.ggml.mask_token_id     {arch}.dflash.mask_token_id
+       sizes, eps, rope      {arch}.embedding_length, block_count, feed_forward_length,
+                             attention.head_count(_kv), attention.key_length/value_length,
+                             attention.layer_norm_rms_epsilon, rope.freq_base (both namings)
+       sliding window        {arch}.attention.sliding_window + sliding_window_pattern (both)
+
+   **The +1 convention.** HF id i means "the output of decoder layer i". llama.cpp stores i + 1
+   and taps the *input* of that layer, the same tensor; lucebox stores i and taps the output.
+   Reading a file with the other convention shifts every feature by one layer and every shape
+   still fits (spec/dflash.md §7.5), so the loader checks the arch, never guesses.
+4. :func:`convert_drafter`: the whole conversion, with a progress bar on large checkpoints.
+5. :func:`read_gguf_drafter`: the way back, to a z-lab ``config.json`` dict and HF-named float32
+   weights; :meth:`DFlashDrafter.from_gguf <dflash_ref.models.drafter.DFlashDrafter.from_gguf>`
+   feeds them to the same constructor as ``from_pretrained``.
+
+Drafter norms are stored raw in both namings (the z-lab drafter multiplies by w, spec §2.1); the
+"+1" that llama.cpp bakes into Qwen3.5 / Gemma norms concerns target models only.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dflash_ref.config import (
+    FULL,
+    SLIDING,
+    DrafterConfig,
+    TargetConfig,
+    build_target_layer_ids,
+    resolve_rope_theta,
+)
+from dflash_ref.errors import ConfigError, FormatError
+from dflash_ref.io.convert_common import (
+    FILE_TYPE,
+    QTYPES,
+    ggml_type_name,
+    meta,
+    tensor_type,
+    write_converted,
+)
+from dflash_ref.io.convert_target import convert_target, read_gguf_target
+from dflash_ref.io.gguf_io import GGUFFile, open_gguf
+from dflash_ref.io.names import flavour_of_arch, gguf_to_hf, hf_to_gguf
+from dflash_ref.io.safetensors_io import open_checkpoint
+
+# User-facing naming -> the flavour of dflash_ref.io.names.
+NAMINGS = {"llama.cpp": "dflash", "dflash": "dflash", "lucebox": "lucebox"}
+LUCEBOX_ARCHS = {"qwen": "qwen35-dflash-draft", "gemma": "gemma4-dflash-draft"}
+
+_HF_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+# ---------------------------------------------------------------------------------- HF side
+
+
+def _shape_rule(fixed: dict, key: str, value: int, source: str) -> None:
+    """Set ``fixed[key] = value`` from the weights; warn when config.json said otherwise."""
+    old = fixed.get(key)
+    if old is not None and old != value:
+        warnings.warn(f"drafter config.json says {key}={old!r} but {source}; the weights win: "
+                      f"{key}={value}", stacklevel=3)
+    fixed[key] = value
+
+
+def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[int, ...]],
+                                   target: TargetConfig | None = None) -> DrafterConfig:
+    """The DrafterConfig of a z-lab checkpoint, with tensor shapes as ground truth.
+
+    spec/kvflash_gate.md §7: intermediate size = ``gate_proj`` rows; layer count = 1 + the
+    largest ``layers.N``; head_dim = ``k_proj`` rows / kv heads when config.json has none, and
+    ``kv_heads * head_dim`` must equal the ``k_proj`` rows; the capture count C = ``fc`` columns /
+    hidden (explicit ``target_layer_ids`` of another length are an error, because which layers
+    to tap cannot be derived from a weight). The RoPE base is never defaulted.
+
+    Args:
+        config: the parsed config.json.
+        shapes: tensor name -> PyTorch [out, in] shape.
+        target: when given, the drafter is also checked against this target.
+    """
+    where = "drafter config.json"
+    if not isinstance(config, Mapping):
+        raise FormatError("the drafter checkpoint has no config.json; the converter reads every "
+                          "size and the RoPE base from it (spec/kvflash_gate.md §7)")
+    resolve_rope_theta(config, where)  # fails with the reason before anything else is done
+    fixed = dict(config)
+    layers = sorted({int(m.group(1)) for n in shapes if (m := _HF_LAYER.match(n))})
+    if not layers:
+        raise FormatError(f"the checkpoint has no layers.N.* tensors; found {sorted(shapes)[:6]}; "
+                          f"is it a z-lab DFlash drafter?")
+    _shape_rule(fixed, "num_hidden_layers", layers[-1] + 1,
+                f"the largest layer tensor is layers.{layers[-1]}")
+    for name in ("layers.0.self_attn.k_proj.weight", "layers.0.mlp.gate_proj.weight", "fc.weight"):
+        if name not in shapes:
+            raise FormatError(f"the drafter checkpoint lacks {name}; a z-lab drafter has fc, "
+                              f"hidden_norm, norm and layers.N.* (spec/dflash.md §2.1)")
+    gate = shapes["layers.0.mlp.gate_proj.weight"]
+    _shape_rule(fixed, "intermediate_size", int(gate[0]),
+                f"layers.0.mlp.gate_proj.weight is {list(gate)}")
+    k_rows = int(shapes["layers.0.self_attn.k_proj.weight"][0])
+    n_kv = fixed.get("num_key_value_heads")
+    if not isinstance(n_kv, int) or n_kv < 1:
+        raise ConfigError(f"{where}: num_key_value_heads must be a positive integer, got {n_kv!r}")
+    if fixed.get("head_dim") is None:
+        fixed["head_dim"] = k_rows // n_kv
+    if n_kv * fixed["head_dim"] != k_rows:
+        raise ConfigError(f"{where}: num_key_value_heads {n_kv} x head_dim {fixed['head_dim']} = "
+                          f"{n_kv * fixed['head_dim']}, but layers.0.self_attn.k_proj.weight has "
+                          f"{k_rows} rows; the config does not describe these weights")
+    cfg = DrafterConfig.from_hf(fixed)
+    if cfg.layout != "zlab":
+        raise ConfigError(f"{where}: layout {cfg.layout!r} has no published GGUF naming; the "
+                          f"converter takes z-lab DFlashDraftModel checkpoints")
+    fc = shapes[cfg.fc_name]
+    if target is not None:
+        return cfg.validate_against(target, fc_shape=tuple(int(x) for x in fc))
+    return cfg._reconcile_fc(tuple(int(x) for x in fc), cfg.num_target_layers or 0)
+
+
+def drafter_shape_problems(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> list[str]:
+    """Every way the tensors differ from what ``cfg`` implies (empty when they agree)."""
+    from dflash_ref.models.drafter import drafter_expected_tensors
+
+    expected = drafter_expected_tensors(cfg)
+    problems = []
+    extra = sorted(set(shapes) - set(expected))
+    if extra:
+        problems.append(
+            f"tensors dflash-ref's drafter does not implement: {extra[:6]}"
+            f"{' ...' if len(extra) > 6 else ''} (biases, d2t reduced vocabularies, attention "
+            f"sinks, own embeddings); converting without them would give a GGUF that runs "
+            f"differently from the checkpoint")
+    for name, shape in expected.items():
+        if name not in shapes:
+            problems.append(f"missing tensor {name}")
+        elif tuple(shapes[name]) != shape:
+            problems.append(f"tensor {name} has shape {list(shapes[name])}, expected "
+                            f"{list(shape)} from config.json and the other tensors")
+    return problems
+
+
+def _check_tensor_names(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> None:
+    problems = drafter_shape_problems(shapes, cfg)
+    if problems:
+        raise FormatError(f"the drafter checkpoint does not match its config: {problems[0]}"
+                          + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
+
+def _load_target_config(target) -> TargetConfig | None:
+    if target is None or isinstance(target, TargetConfig):
+        return target
+    return TargetConfig.from_file(target)
+
+
+# ---------------------------------------------------------------------------------- metadata
+
+
+def lucebox_arch(target: TargetConfig | None) -> str:
+    """lucebox's arch string: ``gemma4-dflash-draft`` for Gemma targets, else ``qwen35-...``."""
+    if target is not None and target.family.startswith("gemma"):
+        return LUCEBOX_ARCHS["gemma"]
+    return LUCEBOX_ARCHS["qwen"]
+
+
+def drafter_metadata(cfg: DrafterConfig, naming: str, arch: str, ggml_type: str,
+                     target: TargetConfig | None = None) -> dict[str, Any]:
+    """Every GGUF key of a drafter in ``naming`` ("llama.cpp" or "lucebox"); see module doc.
+
+    Keys carry the arch prefix. Layer-id arrays are INT32 (write_gguf types int lists so),
+    counts UINT32, eps / rope base / softcap FLOAT32, the sliding-window pattern a BOOL array.
+    """
+    flavour = NAMINGS[naming]
+    a = arch + "."
+    ids = list(cfg.target_layer_ids)
+    md: dict[str, Any] = {
+        "general.name": f"DFlash-Draft-{cfg.hidden_size}h-{cfg.num_hidden_layers}L-{ggml_type}",
+        "general.file_type": FILE_TYPE[ggml_type],
+        a + "embedding_length": cfg.hidden_size,
+        a + "block_count": cfg.num_hidden_layers,
+        a + "feed_forward_length": cfg.intermediate_size,
+        a + "attention.head_count": cfg.num_attention_heads,
+        a + "attention.head_count_kv": cfg.num_key_value_heads,
+        a + "attention.key_length": cfg.head_dim,  # n_head * head_dim != n_embd in general
+        a + "attention.value_length": cfg.head_dim,
+        a + "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+    }
+    if cfg.max_position_embeddings is not None:
+        md[a + "context_length"] = cfg.max_position_embeddings
+    vocab = cfg.vocab_size or (target.vocab_size if target is not None else None)
+    if vocab is not None:
+        md[a + "vocab_size"] = vocab
+    if flavour == "dflash":  # upstream llama.cpp: input taps, ids + 1 (spec/dflash.md §2.2)
+        md[a + "target_layers"] = [i + 1 for i in ids]
+        md[a + "block_size"] = cfg.block_size
+        md["tokenizer.ggml.mask_token_id"] = cfg.mask_token_id
+        md[a + "target_hidden_size"] = cfg.hidden_size
+    else:  # lucebox: output taps, raw ids (spec/dflash.md §2.3, spec/kvflash_gate.md §7)
+        md[a + "dflash.n_target_layers"] = len(ids)
+        md[a + "dflash.block_size"] = cfg.block_size
+        md[a + "dflash.mask_token_id"] = cfg.mask_token_id
+        md[a + "dflash.target_layer_ids"] = ids
+    # RoPE: one base per layer type; sliding layers get freq_base_swa if theirs differs.
+    full = cfg.rope_by_type.get(FULL) or next(iter(cfg.rope_by_type.values()))
+    md[a + "rope.freq_base"] = full.theta
+    if SLIDING in cfg.rope_by_type and cfg.rope_by_type[SLIDING].theta != full.theta:
+        md[a + "rope.freq_base_swa"] = cfg.rope_by_type[SLIDING].theta
+    if full.rope_type == "linear":
+        md[a + "rope.scaling.type"] = "linear"
+        md[a + "rope.scaling.factor"] = full.factor
+    if SLIDING in cfg.layer_types:
+        md[a + "attention.sliding_window"] = cfg.sliding_window
+        md[a + "attention.sliding_window_pattern"] = [t == SLIDING for t in cfg.layer_types]
+    if cfg.causal_override is not None:
+        md[a + "attention.causal"] = cfg.causal_override
+    # What the target contributes: the drafter runs through the target's embedding and lm_head.
+    scale = cfg.input_embedding_scale
+    if scale is None and target is not None and target.embedding_scale is not None:
+        scale = target.embedding_scale
+    if scale is not None:
+        md[a + "embedding_scale"] = scale
+    if target is not None and target.final_logit_softcapping:
+        md[a + "final_logit_softcapping"] = target.final_logit_softcapping
+    return md
+
+
+# ---------------------------------------------------------------------------------- conversion
+
+
+def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama.cpp",
+                    target=None, *, arch: str | None = None, fallback: str | None = None,
+                    progress: bool | None = None) -> Path:
+    """Convert a z-lab DFlash drafter (``config.json`` + safetensors) to GGUF.
+
+    Args:
+        src_dir: the drafter directory.
+        out_path: the .gguf file to write.
+        qtype: matrix storage, one of ``QTYPES`` (norms are F32 whatever this says).
+        naming: "llama.cpp" (arch ``dflash``, target ids + 1) or "lucebox"
+            (arch ``*-dflash-draft``, raw ids).
+        target: the target's directory, config.json or TargetConfig (optional). It checks the
+            pairing and supplies what the target decides: the embedding scale and final logit
+            softcap (Gemma), the vocabulary size, and lucebox's arch string.
+        arch: override the lucebox arch string (llama.cpp's is always ``dflash``).
+        fallback: the type for matrices whose rows do not hold whole ``qtype`` blocks.
+        progress: a tqdm bar; None shows one from 50M weights on.
+    Returns:
+        the written path.
+    """
+    if naming not in NAMINGS:
+        raise ConfigError(f"unknown naming {naming!r}; choose 'llama.cpp' or 'lucebox'")
+    flavour = NAMINGS[naming]
+    ggml_type = ggml_type_name(qtype)
+    target_cfg = _load_target_config(target)
+    ckpt = open_checkpoint(src_dir)
+    shapes = {n: ckpt.info(n).shape for n in ckpt}
+    cfg = drafter_config_from_checkpoint(ckpt.config, shapes, target_cfg)
+    _check_tensor_names(shapes, cfg)
+    if flavour == "dflash":
+        if arch not in (None, "dflash"):
+            raise ConfigError(f"the llama.cpp naming uses arch 'dflash', not {arch!r}")
+        arch = "dflash"
+    else:
+        arch = arch or lucebox_arch(target_cfg)
+        if flavour_of_arch(arch) != "lucebox":
+            raise ConfigError(f"lucebox arch strings end in '-dflash-draft', got {arch!r}")
+    # lucebox's write order: the encoder (fc, hidden_norm), the output norm, then blk.i in order.
+    order = [cfg.fc_name, cfg.hidden_norm_name, "norm.weight"]
+    order += sorted((n for n in shapes if n not in order),
+                    key=lambda n: (int(_HF_LAYER.match(n).group(1)), n))
+    loaders, types = {}, {}
+    for hf_name in order:
+        g_name = hf_to_gguf(hf_name, flavour)
+        loaders[g_name] = lambda n=hf_name: ckpt.load(n)
+        types[g_name] = tensor_type(g_name, shapes[hf_name], ggml_type, fallback)
+    metadata = drafter_metadata(cfg, naming, arch, ggml_type, target_cfg)
+    n_weights = sum(int(np.prod(s)) for s in shapes.values())
+    return write_converted(out_path, arch, loaders, types, metadata, n_weights, progress)
+
+
+# ---------------------------------------------------------------------------------- GGUF -> HF
+
+
+def _capture_ids(g: GGUFFile, flavour: str, c_w: int, target: TargetConfig | None) -> list[int]:
+    """HF target_layer_ids of a drafter GGUF, reconciled with the fc width (C_w captures)."""
+    name = g.path.name
+    if flavour == "dflash":
+        stored = meta(g, "target_layers", "ints")
+        if min(stored) < 1:
+            raise FormatError(
+                f"{name}: dflash.target_layers {stored} holds a value below 1, but the llama.cpp "
+                f"naming stores HF ids + 1 (the input of layer i + 1 = the output of HF layer i); "
+                f"this file was probably written with raw ids, which llama.cpp would read one "
+                f"layer early. Re-convert it")
+        ids = [i - 1 for i in stored]  # the +1 convention, undone
+        if len(ids) != c_w:
+            raise FormatError(f"{name}: dflash.target_layers lists {len(ids)} layers but fc "
+                              f"implies {c_w} captures; the file is inconsistent")
+        return ids
+    count = meta(g, "dflash.n_target_layers", "int", None)
+    if count is not None and count != c_w:
+        warnings.warn(f"{name}: dflash.n_target_layers is {count} but fc implies {c_w} captured "
+                      f"layers; the weights win (C = {c_w})", stacklevel=3)
+    ids = meta(g, "dflash.target_layer_ids", "ints", None)
+    if ids is None:
+        if target is None:
+            raise FormatError(f"{name}: no dflash.target_layer_ids; pass the target so the "
+                              f"default ids for {c_w} captures can be computed")
+        ids = build_target_layer_ids(target.num_hidden_layers, c_w)
+        warnings.warn(f"{name}: no dflash.target_layer_ids; using the default formula for a "
+                      f"{target.num_hidden_layers}-layer target and {c_w} captures: {ids}",
+                      stacklevel=3)
+    if len(ids) != c_w:
+        raise FormatError(f"{name}: dflash.target_layer_ids lists {len(ids)} layers {ids} but fc "
+                          f"implies {c_w} captures; which layers to tap cannot be derived from "
+                          f"the weight")
+    return list(ids)
+
+
+def drafter_config_dict_from_gguf(g: GGUFFile, target: TargetConfig | None = None) -> dict:
+    """A z-lab ``config.json`` dict describing a drafter GGUF of either naming.
+
+    Metadata gives the sizes; the fc weight gives the capture count (a disagreeing count key is
+    a warning, a width that is not a multiple of hidden is an error). ``target``, when given,
+    supplies default ids for a lucebox file without them, and is checked against the file's
+    softcap and embedding scale.
+    """
+    flavour = flavour_of_arch(g.arch)
+    name = g.path.name
+    if flavour is None:
+        raise FormatError(f"{name}: arch {g.arch!r} is not a DFlash drafter; expected 'dflash' "
+                          f"(llama.cpp) or '*-dflash-draft' (lucebox)")
+    fc_name = hf_to_gguf("fc.weight", flavour)
+    if fc_name not in g:
+        raise FormatError(f"{name}: no {fc_name} tensor; found {g.tensor_names[:6]}")
+    H = meta(g, "embedding_length", "int")
+    fc_rows, fc_cols = g.tensor_info(fc_name).numpy_shape
+    if fc_rows != H or fc_cols % H:
+        raise FormatError(f"{name}: {fc_name} has NumPy shape [{fc_rows}, {fc_cols}] (ggml "
+                          f"{{{fc_cols}, {fc_rows}}}); it must be [H, C*H] with H = "
+                          f"embedding_length = {H}, and {fc_cols} is not C*{H}")
+    ids = _capture_ids(g, flavour, fc_cols // H, target)
+    n_layers = meta(g, "block_count", "int")
+    block = "block_size" if flavour == "dflash" else "dflash.block_size"
+    mask = "tokenizer.ggml.mask_token_id" if flavour == "dflash" else "dflash.mask_token_id"
+    config: dict[str, Any] = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": H, "num_hidden_layers": n_layers,
+        "num_attention_heads": meta(g, "attention.head_count", "int"),
+        "num_key_value_heads": meta(g, "attention.head_count_kv", "int"),
+        "head_dim": meta(g, "attention.key_length", "int"),
+        "intermediate_size": meta(g, "feed_forward_length", "int"),
+        "hidden_act": "silu",
+        "rms_norm_eps": meta(g, "attention.layer_norm_rms_epsilon", "float"),
+        "rope_theta": meta(g, "rope.freq_base", "float"),  # missing: an error, never a default
+        "max_position_embeddings": meta(g, "context_length", "int", None),
+        "vocab_size": meta(g, "vocab_size", "int", None),
+        "block_size": meta(g, block, "int"),
+        "dflash_config": {"mask_token_id": meta(g, mask, "int"),
+                          "target_layer_ids": ids},
+    }
+    value_length = meta(g, "attention.value_length", "int", config["head_dim"])
+    if value_length != config["head_dim"]:
+        raise FormatError(f"{name}: attention.value_length {value_length} != key_length "
+                          f"{config['head_dim']}; DFlash drafters use one head_dim")
+    pattern = meta(g, "attention.sliding_window_pattern", "bools", None)
+    if pattern is not None:
+        if len(pattern) != n_layers:
+            raise FormatError(f"{name}: attention.sliding_window_pattern has {len(pattern)} "
+                              f"entries for {n_layers} layers")
+        config["layer_types"] = [SLIDING if p else FULL for p in pattern]
+        window = meta(g, "attention.sliding_window", "int", None)
+        if any(pattern) and not window:
+            raise FormatError(f"{name}: attention.sliding_window_pattern marks sliding layers "
+                              f"but attention.sliding_window is missing or 0")
+        config["sliding_window"] = window or None
+    swa_theta = meta(g, "rope.freq_base_swa", "float", None)
+    if swa_theta is not None:
+        config["rope_parameters"] = {FULL: {"rope_theta": config["rope_theta"]},
+                                     SLIDING: {"rope_theta": swa_theta}}
+    if meta(g, "rope.scaling.type", "str", "none") == "linear":
+        config["rope_scaling"] = {"rope_type": "linear",
+                                  "factor": meta(g, "rope.scaling.factor", "float")}
+    causal = meta(g, "attention.causal", "bool", None)
+    if causal is not None:
+        config["dflash_config"]["causal"] = causal
+    scale = meta(g, "embedding_scale", "float", None)
+    if scale is not None:
+        config["dflash_config"]["input_embedding_scale"] = scale
+    _check_target_extras(g, target, scale)
+    return config
+
+
+def _check_target_extras(g: GGUFFile, target: TargetConfig | None, scale: float | None) -> None:
+    if target is None:
+        return
+    cap = meta(g, "final_logit_softcapping", "float", None)
+    if cap is not None and cap != target.final_logit_softcapping:
+        warnings.warn(f"{g.path.name}: final_logit_softcapping {cap:g} differs from the target's "
+                      f"{target.final_logit_softcapping}; the drafter uses the target's lm_head, "
+                      f"so the target's value applies", stacklevel=4)
+    if scale is not None and target.embedding_scale is not None and not np.isclose(
+            scale, target.embedding_scale, rtol=1e-6):
+        warnings.warn(f"{g.path.name}: embedding_scale {scale:g} differs from the target's "
+                      f"{target.embedding_scale:g}; the file's value is used for the block "
+                      f"embeddings", stacklevel=4)
+
+
+def read_gguf_drafter(path, target: TargetConfig | None = None) -> tuple[dict, dict]:
+    """(z-lab config.json dict, HF-named float32 weights) of a drafter GGUF of either naming.
+
+    Tensors are mapped back to HF names (:func:`dflash_ref.io.names.gguf_to_hf`) and
+    dequantized. ``token_embd`` / ``output`` (the target's, which llama.cpp files may carry) are
+    skipped; tensors the drafter does not implement are a FormatError.
+    """
+    from dflash_ref.models.drafter import drafter_expected_tensors
+
+    g = open_gguf(path)
+    config = drafter_config_dict_from_gguf(g, target)
+    flavour = flavour_of_arch(g.arch)
+    names = {gguf_to_hf(n, flavour): n for n in g.tensor_names
+             if n not in ("token_embd.weight", "output.weight")}  # the target's, if carried
+    expected = drafter_expected_tensors(DrafterConfig.from_hf(config))
+    extra = sorted(names[h] for h in set(names) - set(expected))
+    if extra:
+        raise FormatError(f"{g.path.name}: tensors {extra[:6]} are not part of the DFlash drafter "
+                          f"dflash-ref implements (fc.scale, attn_sinks, d2t, biases), or lie "
+                          f"beyond block_count {config['num_hidden_layers']}")
+    missing = [hf_to_gguf(h, flavour) for h in expected if h not in names]
+    if missing:
+        raise FormatError(f"{g.path.name} lacks tensor(s) {missing[:4]} of the {flavour} naming; "
+                          f"is the file complete? it has {len(g.tensor_names)} tensors")
+    weights = {hf: g.load(names[hf], shape=shape) for hf, shape in expected.items()}
+    return config, weights
+
+
+def drafter_config_from_gguf(path, target: TargetConfig | None = None,
+                             swa_convention: str | None = None) -> DrafterConfig:
+    """The DrafterConfig of a drafter GGUF (for ``dflash-ref inspect``; no weights read)."""
+    g = open_gguf(path)
+    return DrafterConfig.from_hf(drafter_config_dict_from_gguf(g, target),
+                                 swa_convention=swa_convention)
+
+
+__all__ = [
+    "QTYPES",
+    "convert_drafter",
+    "convert_target",
+    "drafter_config_dict_from_gguf",
+    "drafter_config_from_checkpoint",
+    "drafter_config_from_gguf",
+    "drafter_metadata",
+    "read_gguf_drafter",
+    "read_gguf_target",
+    "tensor_type",
+]

@@ -1,0 +1,127 @@
+"""CuPy twins of :mod:`dflash_ref.ops.pager` (kernels in cuda/pager.cu).
+
+The copies move 32-bit words, so they are bit-exact for any dtype whose rows are a whole number of
+words (float32; float16 / bfloat16 with an even row width). The argument checks of the reference
+(slots in range, distinct slots for writes, distinct blocks) are repeated here on the device: an
+out-of-range slot would otherwise read or corrupt unrelated memory instead of raising.
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from kernels_cupy._launch import i32, launch_elementwise
+
+
+def _check_pool(pool, op: str) -> cp.ndarray:
+    if not isinstance(pool, cp.ndarray):  # keep the caller's array itself: scatter writes into it
+        pool = cp.asarray(pool)
+    if pool.ndim != 3:
+        raise ValueError(
+            f"{op}: pool has shape {pool.shape}; expected [S, P, W] (segments, slots, row width). "
+            f"Reshape a [P, H, D] layer as pool[None].reshape(1, P, H * D)"
+        )
+    if pool.shape[2] * pool.itemsize % 4:
+        raise TypeError(
+            f"{op}: a pool row is {pool.shape[2]} x {pool.dtype} = "
+            f"{pool.shape[2] * pool.itemsize} bytes; the CuPy copies move 32-bit words, so a row "
+            f"must be a multiple of 4 bytes (use an even head_dim for 16-bit dtypes)"
+        )
+    return pool
+
+
+def _words(a: cp.ndarray) -> cp.ndarray:
+    """A C-contiguous [S, X, W] array viewed as uint32 words [S, X, W * itemsize / 4] (no copy)."""
+    return a.view(cp.uint32)
+
+
+def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> cp.ndarray:
+    """``slots`` as a contiguous int32 device array, checked like the reference does."""
+    slots = cp.asarray(slots)
+    if slots.ndim != 1 or not (slots.size == 0 or cp.issubdtype(slots.dtype, cp.integer)):
+        raise ValueError(f"{op}: slots must be a 1-D integer array, "
+                         f"got {slots.dtype} {slots.shape}")
+    if slots.size == 0:
+        return cp.zeros(0, dtype=cp.int32)
+    uniq = cp.unique(slots)  # sorted
+    lo, hi, n_uniq = (int(v) for v in cp.asnumpy(cp.stack([uniq[0], uniq[-1],
+                                                           cp.asarray(uniq.size, uniq.dtype)])))
+    if lo < 0 or hi >= n_slots:
+        raise ValueError(
+            f"{op}: slots must lie in [0, {n_slots}), got min {lo} max {hi}; "
+            f"a -1 slot means the position was never allocated (call slot_for / alloc_span)"
+        )
+    if distinct and n_uniq != slots.size:
+        raise ValueError(
+            f"{op}: slots must be distinct (two rows written to one slot would race on the GPU); "
+            f"got {slots.size} slots, {n_uniq} distinct"
+        )
+    return cp.ascontiguousarray(slots.astype(cp.int32, copy=False))
+
+
+def gather_rows(pool, slots, out=None) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.pager.gather_rows`: pool [S, P, W], slots [n] -> [S, n, W]."""
+    pool = cp.ascontiguousarray(_check_pool(pool, "gather_rows"))
+    S, P, W = pool.shape
+    slots = _check_slots(slots, P, "gather_rows", distinct=False)
+    n = slots.size
+    if out is None:
+        rows = cp.empty((S, n, W), dtype=pool.dtype)
+    else:
+        if (not isinstance(out, cp.ndarray) or out.shape != (S, n, W) or out.dtype != pool.dtype
+                or not out.flags.c_contiguous):
+            raise ValueError(f"gather_rows: out must be a C-contiguous {(S, n, W)} {pool.dtype} "
+                             f"CuPy array, got {type(out).__name__} {getattr(out, 'shape', '')}")
+        rows = out
+    src, dst = _words(pool), _words(rows)
+    Ww = src.shape[2]
+    launch_elementwise("pager", "gather_rows_u32", S * n * Ww,
+                       (src, slots, dst, i32(S), i32(P), i32(n), i32(Ww)))
+    return rows
+
+
+def scatter_rows(pool, slots, rows):
+    """Twin of :func:`dflash_ref.ops.pager.scatter_rows`: writes ``pool`` in place, returns it."""
+    pool = _check_pool(pool, "scatter_rows")
+    if not pool.flags.c_contiguous:
+        raise ValueError("scatter_rows: pool must be C-contiguous (it is updated in place; a "
+                         "strided view would be written through a copy on the GPU)")
+    S, P, W = pool.shape
+    slots = _check_slots(slots, P, "scatter_rows", distinct=True)
+    n = slots.size
+    rows = cp.asarray(rows)
+    if rows.shape != (S, n, W):
+        raise ValueError(f"scatter_rows: rows have shape {rows.shape}, expected [S, n, W] = "
+                         f"{(S, n, W)}")
+    rows = cp.ascontiguousarray(rows.astype(pool.dtype, copy=False))  # the reference's cast
+    dst, src = _words(pool), _words(rows)
+    Ww = dst.shape[2]
+    launch_elementwise("pager", "scatter_rows_u32", S * n * Ww,
+                       (dst, slots, src, i32(S), i32(P), i32(n), i32(Ww)))
+    return pool
+
+
+def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.pager.fill_slot_pos`: [n_chunks] -> [P] int32 positions."""
+    T, P = int(chunk_tokens), int(pool_tokens)
+    if T <= 0 or P <= 0 or P % T:
+        raise ValueError(f"fill_slot_pos: pool_tokens {P} must be a positive multiple of "
+                         f"chunk_tokens {T}")
+    n_blocks = P // T
+    cb = cp.asarray(chunk_block).reshape(-1)
+    blocks = cb[cb >= 0]
+    if blocks.size:
+        uniq = cp.unique(blocks)
+        if int(uniq[-1]) >= n_blocks or uniq.size != blocks.size:
+            raise ValueError(
+                f"fill_slot_pos: resident chunks must map to distinct blocks in [0, {n_blocks}); "
+                f"got blocks {cp.asnumpy(blocks).tolist()}"
+            )
+    if cb.size * T > np.iinfo(np.int32).max:
+        raise ValueError(f"fill_slot_pos: positions up to {cb.size * T} overflow int32")
+    cb = cp.ascontiguousarray(cb.astype(cp.int32))
+    out = cp.full(P, -1, dtype=cp.int32)
+    launch_elementwise("pager", "fill_slot_pos_i32", cb.size * T,
+                       (cb, out, i32(cb.size), i32(T)))
+    return out
