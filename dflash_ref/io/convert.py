@@ -60,6 +60,7 @@ from dflash_ref.io.convert_common import (
     ggml_type_name,
     meta,
     tensor_type,
+    transformer_keys,
     write_converted,
 )
 from dflash_ref.io.convert_target import convert_target, read_gguf_target
@@ -197,15 +198,7 @@ def drafter_metadata(cfg: DrafterConfig, naming: str, arch: str, ggml_type: str,
     ids = list(cfg.target_layer_ids)
     md: dict[str, Any] = {
         "general.name": f"DFlash-Draft-{cfg.hidden_size}h-{cfg.num_hidden_layers}L-{ggml_type}",
-        "general.file_type": FILE_TYPE[ggml_type],
-        a + "embedding_length": cfg.hidden_size,
-        a + "block_count": cfg.num_hidden_layers,
-        a + "feed_forward_length": cfg.intermediate_size,
-        a + "attention.head_count": cfg.num_attention_heads,
-        a + "attention.head_count_kv": cfg.num_key_value_heads,
-        a + "attention.key_length": cfg.head_dim,  # n_head * head_dim != n_embd in general
-        a + "attention.value_length": cfg.head_dim,
-        a + "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+        **transformer_keys(arch, cfg, FILE_TYPE[ggml_type]),
     }
     if cfg.max_position_embeddings is not None:
         md[a + "context_length"] = cfg.max_position_embeddings

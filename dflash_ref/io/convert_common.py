@@ -112,6 +112,26 @@ def write_converted(out_path, arch: str, loaders: dict[str, Callable[[], np.ndar
             bar.close()
 
 
+def transformer_keys(arch: str, cfg, file_type: int) -> dict[str, Any]:
+    """The llama.cpp block keys every converted transformer carries (arch-prefixed).
+
+    ``cfg`` is a TargetConfig or DrafterConfig; key/value lengths are written explicitly because
+    n_head * head_dim != n_embd in general.
+    """
+    a = arch + "."
+    return {
+        "general.file_type": file_type,
+        a + "embedding_length": cfg.hidden_size,
+        a + "block_count": cfg.num_hidden_layers,
+        a + "feed_forward_length": cfg.intermediate_size,
+        a + "attention.head_count": cfg.num_attention_heads,
+        a + "attention.head_count_kv": cfg.num_key_value_heads,
+        a + "attention.key_length": cfg.head_dim,
+        a + "attention.value_length": cfg.head_dim,
+        a + "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+    }
+
+
 def float_from_f32(v: float) -> float:
     """A FLOAT32 metadata value as the shortest decimal that rounds to it (1e-06, not
     9.99999997e-07), i.e. the value the writer was most likely given."""

@@ -51,6 +51,7 @@ from dflash_ref.io.convert_common import (
     ggml_type_name,
     meta,
     tensor_type,
+    transformer_keys,
     write_converted,
 )
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
@@ -211,15 +212,7 @@ def target_metadata(cfg: TargetConfig, arch: str, ggml_type: str) -> dict[str, A
         iter(cfg.rope_by_type.values()))
     md: dict[str, Any] = {
         "general.name": cfg.architecture or cfg.family,
-        "general.file_type": FILE_TYPE[ggml_type],
-        a + "embedding_length": cfg.hidden_size,
-        a + "block_count": cfg.num_hidden_layers,
-        a + "feed_forward_length": cfg.intermediate_size,
-        a + "attention.head_count": cfg.num_attention_heads,
-        a + "attention.head_count_kv": cfg.num_key_value_heads,
-        a + "attention.key_length": cfg.head_dim,
-        a + "attention.value_length": cfg.head_dim,
-        a + "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+        **transformer_keys(arch, cfg, FILE_TYPE[ggml_type]),
         a + "rope.freq_base": full.theta,
         a + "vocab_size": cfg.vocab_size,
     }
