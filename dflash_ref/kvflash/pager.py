@@ -31,7 +31,8 @@ Pieces, in the order the spec gives them:
 The pool (:class:`PooledKV`) holds the K and V rows of every pooled layer in one backend array
 ``[L, 2, P, H, D]``; GDN layers and sliding-window layers that never page are not pooled.
 
-Integration API (how a target model uses a pager; the wiring itself is pending)::
+Integration API (what ``TargetModel.new_state(pager=...)`` and ``generate(..., pager=...)`` do;
+docs/kvflash.md, "Integration with the target and generate")::
 
     pager = KVFlashPager(pool_tokens, backend=be, layers=full_attn_layer_ids,
                          n_kv_heads=H, head_dim=D)       # once; pager.reset() per request
@@ -44,8 +45,8 @@ Integration API (how a target model uses a pager; the wiring itself is pending):
             K, V, k_pos = pager.kv(layer)          # [P, H, D], [P, H, D], [P] int32
             mask = committed_prefix_mask(positions, k_pos, base_pos)  # ops/masks.py
             out = attention(q, K, V, mask)
-    # decode loop, after each generated token (scorers.py):
-    maybe_reselect(pager, generated, history_len, rescore=lambda: scorer.chunk_scores(...))
+    # decode loop, after each step (a no-op without pager.scorer; scorers.py):
+    pager.maybe_reselect(prompt_and_generated_ids, generated, n_new)
 
 Rules for the caller: a forward's span must stay resident while it is written and read, so a
 prompt larger than the pool is prefilled one chunk (T tokens) per forward (alloc_span refuses a

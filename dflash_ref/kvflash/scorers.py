@@ -11,14 +11,17 @@ re-selects. Three policies exist upstream (DFLASH_KVFLASH_POLICY):
   probability over heads and layers, averaged over the 8 queries, box-smoothed (13 tokens),
   z-normalised over the segment, and averaged per chunk. Upstream feeds it a Qwen3-0.6B drafter
   with pre-RoPE ("NoPE") Q and K; here it takes the tail queries and the keys as arrays, so the
-  target itself or any drafter can feed it.
+  target itself or any drafter can feed it. :class:`ModelTailScorer` is the pager's scorer: it
+  re-runs a model (the target, or a small LM) over the history ids and feeds the result in.
 - **Target QK** (:func:`qk_chunk_scores`, §2.4): cosine between the last decode query and each
   chunk's mean-pooled, L2-normalised keys; max over query heads, mean over layers.
 
 The cadence (§1.4): re-select every ``tau_eff = max(tau, history // 45)`` generated tokens
-(:func:`reselect_interval`, :func:`reselect_due`); the divisor 45 keeps rescoring near 15% of
-decode time. :func:`hook_from_scores` builds the hook from the last rescore (chunks newer than it
-score 1e30 and are kept); :func:`maybe_reselect` is the loop's glue.
+(:func:`reselect_interval`, :func:`reselect_due`, and :func:`reselect_due_in` for speculative
+steps that emit several tokens); the divisor 45 keeps rescoring near 15% of decode time.
+:func:`hook_from_scores` builds the hook from the last rescore (chunks newer than it score 1e30
+and are kept). ``KVFlashPager(..., scorer=, tau=).maybe_reselect`` is the glue ``generate``
+calls after every step; :func:`maybe_reselect` is the same step for a caller-made rescore.
 
 The scorer math runs in float64 after the attention probabilities (upstream z-normalises in
 double); the attention itself follows the compute-dtype rule (float32, float64 for float64 input).
