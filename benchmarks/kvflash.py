@@ -19,7 +19,8 @@ the reference point). Upstream (RTX 3090, synchronous era, Q8_0 KV of Qwen3.6-27
 **Decode.** A small random Qwen3 target (``DECODE_MODEL``: 4 layers, hidden 256, 8 query heads,
 2 kv heads, head_dim 64) is prefilled to each context length, then one-token decode steps are
 timed with the plain KV cache (attention over the whole context) and with a KVFlash pool of
-``--pool`` slots (attention over the pool; chunks evicted to the host as the context grows).
+``--pool`` slots (attention over the pool; chunks evicted to the host as the context grows),
+alternating the two step by step.
 Checked first, per backend: with a pool that covers the context the pooled logits equal the
 unpooled ones (teacher forced), and on CuPy every timed pooled step's logits equal NumPy's
 (cuBLAS vs NumPy BLAS); the pool's shape never changes. Only then are the timings printed:
@@ -145,23 +146,27 @@ def _prefill(target, state, ids, pooled: bool) -> None:
         target.forward(ids[a:a + step], state)
 
 
-def decode_run(target, ids, n_ctx: int, steps: int, pool: int | None):
-    """Prefill ids[:n_ctx], then decode ids[n_ctx:n_ctx+steps] one token at a time.
+def decode_pair(target, ids, n_ctx: int, steps: int, pool: int):
+    """Prefill ids[:n_ctx] into a plain state and a pooled one, then decode ids[n_ctx:n_ctx+steps]
+    one token at a time, alternating the two states step by step (so a noisy period on a shared
+    machine slows both alike).
 
-    Returns (per-step seconds [steps], logits of each step [steps, V] on the host, pager).
+    Returns (seconds [2, steps] plain / pooled, logits [2, steps, V] on the host, the pager).
     """
-    pager = None if pool is None else KVFlashPager(pool, T, SINK, TAIL)
-    state = target.new_state(pager=pager)
-    _prefill(target, state, ids[:n_ctx], pool is not None)
-    times, logits = [], []
+    pager = KVFlashPager(pool, T, SINK, TAIL)
+    states = [target.new_state(), target.new_state(pager=pager)]
+    for state in states:
+        _prefill(target, state, ids[:n_ctx], state.pager is not None)
+    times, logits = np.zeros((2, steps)), [[], []]
     for i in range(steps):
-        _sync(target.be)
-        t0 = time.perf_counter()
-        out = target.forward(ids[n_ctx + i: n_ctx + i + 1], state)
-        _sync(target.be)
-        times.append(time.perf_counter() - t0)
-        logits.append(target.be.to_numpy(out.logits[0]))
-    return np.array(times), np.stack(logits), pager
+        for j, state in enumerate(states):
+            _sync(target.be)
+            t0 = time.perf_counter()
+            out = target.forward(ids[n_ctx + i: n_ctx + i + 1], state)
+            _sync(target.be)
+            times[j, i] = time.perf_counter() - t0
+            logits[j].append(target.be.to_numpy(out.logits[0]))
+    return times, np.array(logits), pager
 
 
 def checked(actual, expected, tol: Tolerance, case: str) -> None:
@@ -175,8 +180,7 @@ def checked(actual, expected, tol: Tolerance, case: str) -> None:
 def check_pool_covering_context(target, ids, pool: int) -> None:
     """Pool >= context: the pooled decode logits equal the plain cache's (teacher forced)."""
     n_ctx = pool - 2 * T  # prefill + 8 steps stay inside the pool
-    _, plain, _ = decode_run(target, ids, n_ctx, 8, None)
-    _, pooled, pager = decode_run(target, ids, n_ctx, 8, pool)
+    _, (plain, pooled), pager = decode_pair(target, ids, n_ctx, 8, pool)
     if pager.stats.page_outs:
         raise SystemExit("decode check: the covering pool paged out; no timings printed")
     checked(pooled, plain, POOLED, f"{target.be.name}, pool {pool} >= context")
@@ -192,8 +196,8 @@ def decode_bench(backend: str, args, model_dir: Path, reference: dict) -> list[s
     kv_row = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # bytes
     results = []
     for n_ctx in args.contexts:
-        t_plain, l_plain, _ = decode_run(target, ids, n_ctx, args.steps + 2, None)
-        t_pool, l_pool, pager = decode_run(target, ids, n_ctx, args.steps + 2, args.pool)
+        (t_plain, t_pool), (l_plain, l_pool), pager = decode_pair(target, ids, n_ctx,
+                                                                  args.steps + 2, args.pool)
         if pager.pool.data.shape[2] != args.pool or pager.resident_chunks().size > pager.n_blocks:
             raise SystemExit("decode check: the pool grew; no timings printed")
         if n_ctx + args.steps + 2 <= args.pool:
@@ -225,7 +229,7 @@ def main(argv=None) -> None:
     ap.add_argument("--contexts", default="512,1024,2048,4096,8192",
                     help="decode: context lengths (comma-separated)")
     ap.add_argument("--pool", type=int, default=512, help="decode: pool slots (multiple of 64)")
-    ap.add_argument("--steps", type=int, default=16, help="decode: timed steps (median reported)")
+    ap.add_argument("--steps", type=int, default=32, help="decode: timed steps (median reported)")
     args = ap.parse_args(argv)
     args.contexts = [int(c) for c in args.contexts.split(",")]
 
