@@ -31,7 +31,8 @@ Pieces, in the order the spec gives them:
 The pool (:class:`PooledKV`) holds the K and V rows of every pooled layer in one backend array
 ``[L, 2, P, H, D]``; GDN layers and sliding-window layers that never page are not pooled.
 
-Integration API (how a target model uses a pager; the wiring itself is pending)::
+Integration API (what ``TargetModel.new_state(pager=...)`` and ``generate(..., pager=...)`` do;
+docs/kvflash.md, "Integration with the target and generate")::
 
     pager = KVFlashPager(pool_tokens, backend=be, layers=full_attn_layer_ids,
                          n_kv_heads=H, head_dim=D)       # once; pager.reset() per request
@@ -44,8 +45,8 @@ Integration API (how a target model uses a pager; the wiring itself is pending):
             K, V, k_pos = pager.kv(layer)          # [P, H, D], [P, H, D], [P] int32
             mask = committed_prefix_mask(positions, k_pos, base_pos)  # ops/masks.py
             out = attention(q, K, V, mask)
-    # decode loop, after each generated token (scorers.py):
-    maybe_reselect(pager, generated, history_len, rescore=lambda: scorer.chunk_scores(...))
+    # decode loop, after each step (a no-op without pager.scorer; scorers.py):
+    pager.maybe_reselect(prompt_and_generated_ids, generated, n_new)
 
 Rules for the caller: a forward's span must stay resident while it is written and read, so a
 prompt larger than the pool is prefilled one chunk (T tokens) per forward (alloc_span refuses a
@@ -99,7 +100,9 @@ class PagerStats:
 
     ``page_outs`` / ``page_ins`` count chunk copies (device->host / host->device recalls),
     ``moved_bytes`` their bytes; ``evictions`` the page-outs made by slot_for to free a block;
-    ``reselects`` / ``reselect_events`` the reselect calls with a hook and their page events.
+    ``reselects`` / ``reselect_events`` the reselect calls with a hook and their page events;
+    ``rescores`` the scorer calls made by :meth:`KVFlashPager.maybe_reselect` (a rescore that
+    returns no scores is counted but triggers no reselect).
     """
 
     page_outs: int = 0
@@ -109,6 +112,7 @@ class PagerStats:
     host_bytes: int = 0
     reselects: int = 0
     reselect_events: int = 0
+    rescores: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -238,6 +242,11 @@ class KVFlashPager:
             layers the pager keeps the mapping only (no device pool; chunk_bytes is 0).
         score_hook: ``hook(chunks) -> scores`` (higher = keep) for eviction and reselect; None
             means LRU eviction and no reselect. May be replaced at any time.
+        scorer: a relevance scorer, ``scorer.chunk_scores(history_ids, chunk_tokens) -> [n]
+            scores or None`` (e.g. :class:`~dflash_ref.kvflash.scorers.ModelTailScorer`); the
+            decode loop calls :meth:`maybe_reselect` after each step, which rescores on the
+            cadence ``max(tau, history // 45)`` and re-pages the pool. None: LRU only.
+        tau: the cadence's minimum interval in generated tokens (DFLASH_KVFLASH_TAU, 64).
         enforce_min_pool: refuse pools below the minimum (True). False exists for tests that need
             to reach the allocation failure and its rollback, which a legal pool never hits.
     """
@@ -246,7 +255,7 @@ class KVFlashPager:
                  tail_window_chunks: int = 4, *, backend: Backend | str = "numpy",
                  layers: int | Sequence[int] = (), n_kv_heads: int = 0, head_dim: int = 0,
                  dtype="float32", score_hook: ScoreHook | None = None,
-                 enforce_min_pool: bool = True):
+                 scorer=None, tau: int = 64, enforce_min_pool: bool = True):
         if chunk_tokens <= 0 or sink_chunks < 0 or tail_window_chunks < 0:
             raise PagerError(
                 f"KVFlashPager: chunk_tokens must be > 0 and sink_chunks, tail_window_chunks >= 0; "
@@ -273,6 +282,10 @@ class KVFlashPager:
         self.sink_chunks, self.tail_window_chunks = sink_chunks, tail_window_chunks
         self.n_blocks = pool_tokens // chunk_tokens
         self.score_hook = score_hook
+        if tau < 1:
+            raise PagerError(f"KVFlashPager: tau must be >= 1 generated tokens, got {tau}")
+        self.scorer, self.tau = scorer, int(tau)
+        self._scorer_hook = None  # the hook maybe_reselect installed last (reset drops it)
         has_pool = bool(layers) if not isinstance(layers, int) else layers > 0
         self.pool = (PooledKV(self.be, pool_tokens, n_kv_heads, head_dim, layers, dtype)
                    if has_pool else None)
@@ -566,15 +579,50 @@ class KVFlashPager:
         self.stats.reselect_events += events
         return events
 
+    def maybe_reselect(self, history_ids, generated: int, n_new: int = 1) -> int:
+        """The decode loop's relevance step (spec §1.4): rescore and reselect when due.
+
+        ``generate`` calls this after every step. Due when the step passed a generated count g
+        with ``g % max(tau, history_at_g // 45) == 0`` (:func:`~dflash_ref.kvflash.scorers.
+        reselect_due_in`; after each token in plain decoding, as upstream). Then
+        ``scorer.chunk_scores(history_ids, T)`` scores every chunk of the history, the hook
+        becomes those scores (chunks newer than the rescore score 1e30 and are kept:
+        :func:`~dflash_ref.kvflash.scorers.hook_from_scores`) and :meth:`reselect` re-pages
+        the pool. A rescore returning None leaves the current hook (LRU if none yet).
+
+        Args:
+            history_ids: [S] prompt + generated ids so far (the text the scorer reads).
+            generated: tokens generated in this request so far.
+            n_new: how many of them the last step emitted (1 plain, 1..B speculative).
+        Returns:
+            the page events of the reselect (0 when not due or without a scorer).
+        """
+        from dflash_ref.kvflash.scorers import hook_from_scores, reselect_due_in
+
+        if self.scorer is None:
+            return 0
+        history = np.asarray(history_ids).reshape(-1)
+        if not reselect_due_in(generated, n_new, self.tau, history.size):
+            return 0
+        self.stats.rescores += 1
+        scores = self.scorer.chunk_scores(history, self.chunk_tokens)
+        if scores is None:
+            return 0
+        self.score_hook = self._scorer_hook = hook_from_scores(scores)
+        return self.reselect()
+
     def reset(self) -> None:
         """Per request: drop every mapping and host copy, default free list, cur_chunk = 0.
 
         host_bytes returns to 0; the other stats are kept; the epoch is bumped. The pool's
-        contents are not cleared (call :meth:`zero_free_blocks` for maskless consumers).
+        contents are not cleared (call :meth:`zero_free_blocks` for maskless consumers). A hook
+        installed by :meth:`maybe_reselect` is dropped (a hook given by the caller is kept).
         """
         self._clear()
         self.stats.host_bytes = 0
         self.epoch += 1
+        if self.score_hook is not None and self.score_hook is self._scorer_hook:
+            self.score_hook = None  # the last request's scores mean nothing for the next one
 
     def attach(self, backend: Backend | str, layers: Sequence[int], n_kv_heads: int,
                head_dim: int, dtype="float32") -> None:

@@ -11,14 +11,17 @@ re-selects. Three policies exist upstream (DFLASH_KVFLASH_POLICY):
   probability over heads and layers, averaged over the 8 queries, box-smoothed (13 tokens),
   z-normalised over the segment, and averaged per chunk. Upstream feeds it a Qwen3-0.6B drafter
   with pre-RoPE ("NoPE") Q and K; here it takes the tail queries and the keys as arrays, so the
-  target itself or any drafter can feed it.
+  target itself or any drafter can feed it. :class:`ModelTailScorer` is the pager's scorer: it
+  re-runs a model (the target, or a small LM) over the history ids and feeds the result in.
 - **Target QK** (:func:`qk_chunk_scores`, §2.4): cosine between the last decode query and each
   chunk's mean-pooled, L2-normalised keys; max over query heads, mean over layers.
 
 The cadence (§1.4): re-select every ``tau_eff = max(tau, history // 45)`` generated tokens
-(:func:`reselect_interval`, :func:`reselect_due`); the divisor 45 keeps rescoring near 15% of
-decode time. :func:`hook_from_scores` builds the hook from the last rescore (chunks newer than it
-score 1e30 and are kept); :func:`maybe_reselect` is the loop's glue.
+(:func:`reselect_interval`, :func:`reselect_due`, and :func:`reselect_due_in` for speculative
+steps that emit several tokens); the divisor 45 keeps rescoring near 15% of decode time.
+:func:`hook_from_scores` builds the hook from the last rescore (chunks newer than it score 1e30
+and are kept). ``KVFlashPager(..., scorer=, tau=).maybe_reselect`` is the glue ``generate``
+calls after every step; :func:`maybe_reselect` is the same step for a caller-made rescore.
 
 The scorer math runs in float64 after the attention probabilities (upstream z-normalises in
 double); the attention itself follows the compute-dtype rule (float32, float64 for float64 input).
@@ -197,6 +200,71 @@ def resilient_token_scores(ids: Sequence[int], token_scorer: Callable, *,
     return np.concatenate([left[:mid], right[: S - mid]])
 
 
+class ModelTailScorer:
+    """Tail-attention chunk relevance from a model run over the history ids (spec §2.2).
+
+    The pager's ``scorer``: ``chunk_scores(history_ids, T)`` re-runs ``model`` (a
+    :class:`~dflash_ref.models.target.TargetModel`: the target itself, or a small LM that shares
+    the tokenizer, as upstream's Qwen3-0.6B "drafter" scorer) over the whole history through
+    :meth:`~dflash_ref.models.target.TargetModel.attention_qk`, takes the queries of the last
+    ``lookahead`` positions and the keys of every position (pre-RoPE by default), and scores
+    them with :class:`TailAttentionScorer`. Because the keys are recomputed from the token ids,
+    chunks the pager has paged out are scored like resident ones.
+
+    Cost per rescore: one forward of ``model`` over S history tokens (the public scorer's
+    "full re-prefill": 245 ms at 2-2.8K tokens for the 0.6B model, spec §2.3) plus the
+    [8, S] tail attention; the cadence ``max(tau, S // 45)`` amortises it to about 45
+    scorer-token forwards per generated token at long context. With the target itself as
+    ``model`` that is ~45x a decode step (exact, for tests and small models); a model ~45x
+    smaller than the target keeps it near 15% of decode time, which is upstream's design.
+
+    Args:
+        model: the scoring model (``attention_qk(ids, n_tail, rope, layers)``).
+        rope: score post-RoPE q and k instead of upstream's NoPE default.
+        layers: the model's attention layers to score (default: its full-attention layers).
+        lookahead, pool_kernel: tail queries (8) and smoothing width (13).
+        vocab_clamp: fold ids >= clamp into the scorer's vocabulary (:func:`fold_vocab`;
+            upstream 100000 for a Qwen3-0.6B scorer of a 248K-vocabulary target); None = no fold.
+        min_segment: bisection threshold when a forward runs out of memory
+            (:func:`resilient_token_scores`).
+    """
+
+    def __init__(self, model, *, rope: bool = False, layers=None, lookahead: int = LOOKAHEAD,
+                 pool_kernel: int = POOL_KERNEL, vocab_clamp: int | None = None,
+                 min_segment: int = MIN_SEGMENT):
+        self.model, self.rope, self.layers = model, rope, layers
+        self.vocab_clamp, self.min_segment = vocab_clamp, min_segment
+        self.tail = TailAttentionScorer(lookahead, pool_kernel)
+        self.calls = 0  # forwards of the scoring model (bisection halves count separately)
+
+    def token_scores(self, ids) -> np.ndarray | None:
+        """[S] smoothed z-scores of one segment, or None (too short, or out of memory)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size < self.tail.lookahead + 1:
+            return None
+        self.calls += 1
+        try:
+            q_tail, keys = self.model.attention_qk(ids, n_tail=self.tail.lookahead,
+                                                   rope=self.rope, layers=self.layers)
+        except MemoryError:  # cupy's OutOfMemoryError is a MemoryError
+            return None
+        return self.tail.token_scores(q_tail, keys)
+
+    def chunk_scores(self, history_ids, chunk_tokens: int = 64) -> np.ndarray | None:
+        """[ceil(S / T)] chunk scores of the history (higher = keep), or None to skip."""
+        ids = np.asarray(history_ids, dtype=np.int64).reshape(-1)
+        if self.vocab_clamp is not None:
+            ids = fold_vocab(ids, self.vocab_clamp)
+        vocab = self.model.config.vocab_size
+        if ids.size and ids.max() >= vocab:
+            raise ValueError(f"ModelTailScorer: history id {int(ids.max())} is outside the "
+                             f"scoring model's vocabulary of {vocab}; set vocab_clamp to fold "
+                             f"large ids (upstream: 100000)")
+        z = resilient_token_scores(ids.tolist(), self.token_scores,
+                                   lookahead=self.tail.lookahead, min_segment=self.min_segment)
+        return None if z is None else chunk_means(z, chunk_tokens)
+
+
 # ---------------------------------------------------------------------- target-QK scorer
 
 
@@ -251,6 +319,10 @@ class LRUScorer:
     def hook(self):
         return None
 
+    def chunk_scores(self, history_ids, chunk_tokens: int = 64) -> None:
+        """Never a score: as a pager's ``scorer`` every rescore is skipped (pure LRU)."""
+        return None
+
 
 def hook_from_scores(scores) -> Callable[[np.ndarray], np.ndarray]:
     """The pager hook of the last rescore: ``scores[c]`` if ``c < len(scores)``, else 1e30.
@@ -287,6 +359,19 @@ def reselect_due(generated: int, tau: int, history_len: int) -> bool:
     ``generated`` counts the tokens of this decode call, checked after each token.
     """
     return generated >= 1 and generated % reselect_interval(tau, history_len) == 0
+
+
+def reselect_due_in(generated: int, n_new: int, tau: int, history_len: int) -> bool:
+    """True when a decode step that emitted ``n_new`` tokens passed a due count.
+
+    The step took the generated count from ``generated - n_new`` to ``generated`` (history
+    ``history_len`` at the end); it is due when some count g in that range has
+    ``reselect_due(g, tau, history at g)``. With n_new = 1 (plain decoding) this is the public
+    check after each token; a speculative step that emits several tokens fires once if it
+    passed a due count.
+    """
+    return any(reselect_due(g, tau, history_len - (generated - g))
+               for g in range(max(1, generated - n_new + 1), generated + 1))
 
 
 def maybe_reselect(pager, generated: int, history_len: int, rescore: Callable,

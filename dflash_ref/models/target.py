@@ -58,6 +58,36 @@ class _BatchRecord:
     tree_features: object = None  # features of every tree node (tree verify only)
 
 
+class QKProbe:
+    """Records the queries and keys attention layers compute, for relevance scoring.
+
+    Set ``state.qk_probe = QKProbe(layers, rope, n_tail)`` and run chain forwards: each listed
+    layer appends its keys [T, Hkv, D] and keeps the queries of the last ``n_tail`` positions
+    [n_tail, Hq, D], taken after the q/k norms and, with ``rope=False``, before RoPE (the public
+    scorer's default "NoPE" Q and K, spec/kvflash_gate.md §2.2). :meth:`TargetModel.attention_qk`
+    is the one user; the KVFlash tail-attention scorer consumes its output.
+    """
+
+    def __init__(self, layers, rope: bool, n_tail: int):
+        self.layers, self.rope, self.n_tail = tuple(layers), bool(rope), int(n_tail)
+        self._q = {i: None for i in self.layers}  # layer -> [<= n_tail, Hq, D]
+        self._k = {i: [] for i in self.layers}  # layer -> pieces [T, Hkv, D]
+
+    def record(self, layer: int, q, k, xp) -> None:
+        if layer not in self._k:
+            return
+        held = self._q[layer]
+        q = q if held is None else xp.concatenate([held, q], axis=0)
+        self._q[layer] = q[-self.n_tail:]  # only the tail queries are kept
+        self._k[layer].append(k)
+
+    def arrays(self, be: Backend) -> tuple[np.ndarray, np.ndarray]:
+        """``(q_tail [L, n_tail, Hq, D], keys [L, S, Hkv, D])`` as host float32 arrays."""
+        q = np.stack([be.to_numpy(self._q[i]) for i in self.layers])
+        k = np.stack([be.to_numpy(be.xp.concatenate(self._k[i], axis=0)) for i in self.layers])
+        return q, k
+
+
 class TargetState:
     """Per-sequence state: KV caches, GDN states, features, and the last batch's rewind record."""
 
@@ -96,6 +126,7 @@ class TargetState:
         )
         self._last: _BatchRecord | None = None
         self._pending: _BatchRecord | None = None  # an uncommitted tree verify
+        self.qk_probe: QKProbe | None = None  # records attention q/k when set (scoring)
         self._model = model
 
     def commit_path(self, path) -> None:
@@ -255,6 +286,47 @@ class TargetModel:
         """
         return TargetState(self, feature_capacity, feature_window, pager)
 
+    def attention_qk(self, ids, n_tail: int = 8, rope: bool = False, layers=None,
+                     piece_tokens: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        """Queries of the last ``n_tail`` positions and keys of every position of ``ids``.
+
+        What the KVFlash tail-attention scorer needs (spec/kvflash_gate.md §2.2): the model is
+        run over the whole history in a fresh, unpooled state (so chunks a pager has paged out
+        are scored too), ``piece_tokens`` at a time to bound the attention's memory, and a
+        :class:`QKProbe` records each layer's q and k after the q/k norms, before RoPE by
+        default (the public scorer's "NoPE" choice) or after it with ``rope=True``.
+        Cost: one forward over S = len(ids) tokens (O(S^2) attention) per call.
+
+        Args:
+            ids: [S] token ids, S >= n_tail.
+            n_tail: tail queries kept (8 upstream).
+            rope: record post-RoPE q and k (the scores the model's own attention computes).
+            layers: attention layer ids to record (default: the full-attention layers, i.e. the
+                layers a pager pools); they must share Hq, Hkv and D.
+        Returns:
+            ``(q_tail [L, n_tail, Hq, D], keys [L, S, Hkv, D])`` host float32 arrays.
+        """
+        cfg = self.config
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if layers is None:
+            layers = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
+        layers = [int(i) for i in layers]
+        bad = [i for i in layers if not 0 <= i < cfg.num_hidden_layers
+               or cfg.layer_types[i] == "linear_attention"]
+        if not layers or bad:
+            raise ConfigError(f"attention_qk: layers {layers or '[]'} must be a non-empty list of "
+                              f"attention layers (GDN layers have no q/k); bad: {bad}")
+        if len({(cfg.num_key_value_heads_for(i), cfg.head_dim_for(i)) for i in layers}) != 1:
+            raise ConfigError(f"attention_qk: layers {layers} differ in kv heads or head_dim; "
+                              f"score layers of one shape")
+        if not 1 <= n_tail <= ids.size:
+            raise ValueError(f"attention_qk: need 1 <= n_tail={n_tail} <= len(ids)={ids.size}")
+        state = self.new_state(feature_capacity=1, feature_window=1)  # features unused here
+        state.qk_probe = QKProbe(layers, rope, n_tail)
+        for a in range(0, ids.size, piece_tokens):
+            self.forward(ids[a:a + piece_tokens], state)
+        return state.qk_probe.arrays(self.be)
+
     # ------------------------------------------------------------------ pieces the drafter shares
 
     def embed(self, ids):
@@ -392,9 +464,10 @@ class _DecoderLayer:
             if keep_trace:
                 record.gdn[self.idx] = (before, trace)
         elif self.idx in state.pooled_layers:
-            y = self._attention_pooled(u, positions, state.pager)
+            y = self._attention_pooled(u, positions, state.pager, state.qk_probe)
         else:
-            y = self._attention(u, positions, state.kv[self.idx], parents)
+            probe = state.qk_probe if parents is None else None
+            y = self._attention(u, positions, state.kv[self.idx], parents, probe)
         if cfg.use_pre_post_ffn_norms:  # Gemma: norm the attention output before the residual
             y = self._norm(y, "post_attention_layernorm.weight")
             x = x + y
@@ -415,8 +488,11 @@ class _DecoderLayer:
         record.gdn[self.idx] = node_states
         return self.model.be.xp.concatenate(ys, axis=0)
 
-    def _qkv(self, u, positions):
-        """Projections, q/k norms and RoPE: q [T, nh, d], k, v [T, nkv, d], gate or None."""
+    def _qkv(self, u, positions, probe: QKProbe | None = None):
+        """Projections, q/k norms and RoPE: q [T, nh, d], k, v [T, nkv, d], gate or None.
+
+        A ``probe`` records q and k before RoPE (``probe.rope`` False) or after it (True).
+        """
         cfg, be = self.model.config, self.model.be
         xp, ops, w = be.xp, be.ops, self.w
         T, nh = u.shape[0], cfg.num_attention_heads
@@ -432,9 +508,13 @@ class _DecoderLayer:
         if cfg.qk_norm:  # per head over d, before RoPE
             q = ops.rms_norm(q, w["self_attn.q_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset)
             k = ops.rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps, cfg.norm_offset)
+        if probe is not None and not probe.rope:
+            probe.record(self.idx, q, k, xp)
         r = cfg.rope_for(self.idx)  # theta, rotary_dim and linear factor of this layer's type
         q = ops.rope(xp.ascontiguousarray(q), positions, r.theta, r.rotary_dim, r.factor)
         k = ops.rope(xp.ascontiguousarray(k), positions, r.theta, r.rotary_dim, r.factor)
+        if probe is not None and probe.rope:
+            probe.record(self.idx, q, k, xp)
         return q, k, v, gate
 
     def _attend_out(self, q, keys, values, mask, gate):
@@ -448,7 +528,7 @@ class _DecoderLayer:
             o = o * (1.0 / (1.0 + xp.exp(-gate)))  # sigmoid output gate
         return o @ self.w["self_attn.o_proj.weight"].T
 
-    def _attention_pooled(self, u, positions, pager):
+    def _attention_pooled(self, u, positions, pager, probe=None):
         """Attention over the KVFlash pool (spec/kvflash_gate.md §1.6, the strict rule).
 
         The batch's K/V are written into their slots first; then every query sees the slots
@@ -456,13 +536,13 @@ class _DecoderLayer:
         batch start): the committed prefix plus causal within the batch. Slots are in any order
         and rejected drafts left in slots at p >= base_pos stay hidden, so rollback needs nothing.
         """
-        q, k, v, gate = self._qkv(u, positions)
+        q, k, v, gate = self._qkv(u, positions, probe)
         pager.write(self.idx, positions, k, v)
         keys, values, k_pos = pager.kv(self.idx)  # [P, nkv, d] x2, [P]
         mask = committed_prefix_mask(positions, k_pos, base_pos=int(positions[0]))
         return self._attend_out(q, keys, values, mask, gate)
 
-    def _attention(self, u, positions, kv: KVCache, parents=None):
+    def _attention(self, u, positions, kv: KVCache, parents=None, probe=None):
         """Self-attention of the batch over the cache + batch; returns [T, H].
 
         Chain batches use the causal (or sliding) mask over positions; tree batches the
@@ -470,7 +550,7 @@ class _DecoderLayer:
         ``commit_path`` keeps the accepted branch.
         """
         cfg = self.model.config
-        q, k, v, gate = self._qkv(u, positions)
+        q, k, v, gate = self._qkv(u, positions, probe)
         base = kv.length
         kv.append(k, v)
         window = cfg.sliding_window if self.kind == "sliding_attention" else None

@@ -57,7 +57,8 @@ class GenerationResult:
         drafted: drafts offered per speculative step (B - 1 chain, tree nodes - 1 tree).
         per_position_accepted: [B-1] how often draft position j (1-based j = index + 1) was
             accepted.
-        timings: wall seconds per phase ("prefill", "draft", "verify", "plain", "total").
+        timings: wall seconds per phase ("prefill", "draft", "verify", "plain", "total", and
+            "reselect" with a KVFlash scorer).
         modelled_time: the cost model's time for the decode phase (None without a cost model).
         gate_decisions: the gate's decisions in order (empty without a gate).
         target_forward_passes: target forwards run, prefill included.
@@ -133,6 +134,9 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
             full-attention KV in a bounded pool (None: the plain KV cache). With a pool at least
             as large as the context the tokens equal the unpooled run; a smaller pool evicts
             cold chunks (LRU, or the pager's score hook) and attention sees the resident ones.
+            With a ``scorer`` on the pager, ``pager.maybe_reselect`` runs after every step:
+            every max(tau, history // 45) generated tokens the history is rescored and the
+            pool re-paged to the most relevant chunks (docs/kvflash.md).
         seed: int or ``np.random.Generator`` for sampling (required when temperature > 0).
         stop_token_ids: generation stops just after the first of these.
         cost_model: modelled costs fed to the gate instead of wall times, and summed into
@@ -197,6 +201,16 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         if on_tokens is not None:
             on_tokens(min(n, max(0, max_new_tokens - (len(emitted) - n))))
 
+    def kv_reselect(n: int) -> None:
+        # KVFlash relevance (spec/kvflash_gate.md §1.4): after each step, rescore and re-page
+        # the pool when the cadence max(tau, history // 45) is due.
+        if pager is not None and pager.scorer is not None and not done():
+            t0 = clock.start()
+            pager.maybe_reselect(np.concatenate([prompt, emitted]), len(emitted), n)
+            clock.stop("reselect", t0)
+
+    kv_reselect(1)  # the first generated token came from the prefill
+
     def plain_step():
         nonlocal anchor, s, last_logits
         t0 = clock.start()
@@ -210,6 +224,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         emitted.append(anchor)
         report(1)
         s += 1
+        kv_reselect(1)
         return wall
 
     spec = cache is not None
@@ -272,6 +287,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         report(len(committed))
         s += len(committed)
         anchor = committed[-1]
+        kv_reselect(len(committed))
         result.acceptance_lengths.append(res.a + 1)
         result.drafted.append(drafted)
         if verify == "chain":
