@@ -65,3 +65,15 @@ def test_kernel_names_used_through_variables_exist():
     names = set(re.findall(r'"(\w+_f32)"', "".join(p.read_text() for p in pkg.glob("*.py"))))
     declared = {n for fam in _build.families() for n in _build.kernel_names(fam)}
     assert names and names <= declared, f"undeclared kernels: {names - declared}"
+
+
+def test_every_cuda_file_ships_as_package_data():
+    # A non-editable install copies only the package-data globs; a missing header would break
+    # every kernel on a GPU machine while CI (editable install) stays green.
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python >= 3.11")
+    root = Path(_build.__file__).parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["kernels_cupy"]
+    shipped = {p for g in globs for p in (root / "kernels_cupy").glob(g)}
+    sources = {p for p in _build.CUDA_DIR.iterdir() if p.suffix in (".cu", ".cuh")}
+    assert sources <= shipped, f"not in package-data: {sorted(p.name for p in sources - shipped)}"
