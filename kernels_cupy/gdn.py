@@ -13,7 +13,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from dflash_ref.ops.gdn import _check_gdn_inputs, _check_log_decay
+from dflash_ref.ops.gdn import _check_gdn_inputs, _check_log_decay, check_conv_args
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32, i64, launch_elementwise
 
@@ -131,18 +131,10 @@ def _chunks(x, N: int, C: int):
 def causal_conv1d(x, weight, state=None):
     """Twin of :func:`dflash_ref.ops.gdn.causal_conv1d`: x [T, D], weight [D, W], state [D, W-1]."""
     x, w = f32(x, "causal_conv1d", "x"), f32(weight, "causal_conv1d", "weight")
-    if x.ndim != 2 or w.ndim != 2 or w.shape[0] != x.shape[1] or w.shape[1] < 1:
-        raise ValueError(
-            f"causal_conv1d: x must be [T, D] and weight [D, W]; got x {x.shape}, weight "
-            f"{w.shape} (squeeze a [D, 1, W] checkpoint weight to [D, W])"
-        )
-    T, D = x.shape
-    W = w.shape[1]
+    state = None if state is None else f32(state, "causal_conv1d", "state")
+    T, D, W = check_conv_args(x, w, state)
     if state is None:
         state = cp.zeros((D, W - 1), cp.float32)
-    state = f32(state, "causal_conv1d", "state")
-    if state.shape != (D, W - 1):
-        raise ValueError(f"causal_conv1d: state must be [D, W-1]=({D}, {W - 1}); got {state.shape}")
     y = cp.empty((T, D), cp.float32)
     new_state = cp.empty((D, W - 1), cp.float32)
     launch_elementwise("gdn", "causal_conv1d_f32", T * D, (x, w, state, y, i32(T), i32(D), i32(W)))

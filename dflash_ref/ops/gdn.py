@@ -435,6 +435,21 @@ def _forward_substitution_inverse(A):
 # ------------------------------------------------------------------ short convolution
 
 
+def check_conv_args(x, weight, state) -> tuple[int, int, int]:
+    """Shapes of :func:`causal_conv1d` (both backends): x [T, D], weight [D, W], state
+    [D, W - 1] or None. Returns (T, D, W); a mismatch is a ValueError saying the expected shape."""
+    if x.ndim != 2 or weight.ndim != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
+        raise ValueError(
+            f"causal_conv1d: x must be [T, D] and weight [D, W]; got x {x.shape}, weight "
+            f"{weight.shape} (squeeze a [D, 1, W] checkpoint weight to [D, W])"
+        )
+    T, D = x.shape
+    W = weight.shape[1]
+    if state is not None and state.shape != (D, W - 1):
+        raise ValueError(f"causal_conv1d: state must be [D, W-1]=({D}, {W - 1}); got {state.shape}")
+    return T, D, W
+
+
 def causal_conv1d(x, weight, state=None):
     """Causal depthwise conv1d followed by SiLU, with the rolled conv state (spec/gdn.md §3.2).
 
@@ -457,18 +472,8 @@ def causal_conv1d(x, weight, state=None):
     """
     dt = compute_dtype(x, weight, state)
     x, weight = as_compute(x, dt), as_compute(weight, dt)
-    if x.ndim != 2 or weight.ndim != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
-        raise ValueError(
-            f"causal_conv1d: x must be [T, D] and weight [D, W]; got x {x.shape}, weight "
-            f"{weight.shape} (squeeze a [D, 1, W] checkpoint weight to [D, W])"
-        )
-    T, D = x.shape
-    W = weight.shape[1]
-    if state is None:
-        state = np.zeros((D, W - 1), dt)
-    state = as_compute(state, dt)
-    if state.shape != (D, W - 1):
-        raise ValueError(f"causal_conv1d: state must be [D, W-1]=({D}, {W - 1}); got {state.shape}")
+    T, D, W = check_conv_args(x, weight, state)
+    state = np.zeros((D, W - 1), dt) if state is None else as_compute(state, dt)
     xx = np.concatenate([state.T, x], axis=0)  # [W - 1 + T, D]
     acc = np.zeros((T, D), dt)
     for j in range(W):
