@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from dflash_ref.testing import gpu_skip_reason
+from tests.benchmarks import BENCHMARKS, load_benchmark
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "attention.py"
+BENCH = BENCHMARKS / "attention.py"
 
 
 def test_without_a_gpu_it_exits_with_a_clear_message():
@@ -26,19 +25,13 @@ def test_without_a_gpu_it_exits_with_a_clear_message():
 
 @pytest.mark.gpu
 def test_quick_run_checks_then_times(capsys):
-    module = _load_bench()
+    module = load_benchmark("attention")
     assert module.main(["--quick", "--heads", "8", "--kv-heads", "2", "--head-dim", "64"]) == 0
     out = capsys.readouterr().out
     assert out.index("checked") < out.index("kernel ms")  # correctness before timings
     for case in ("decode", "decode-swa", "drafter", "verify", "prefill"):
         assert f"\n{case} " in out, case
 
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_dense_baseline_and_cases_are_right_on_cpu():
@@ -50,7 +43,7 @@ def test_dense_baseline_and_cases_are_right_on_cpu():
     from dflash_ref.ops.masks import materialize
     from dflash_ref.testing import assert_close
 
-    bench = _load_bench()
+    bench = load_benchmark("attention")
     rng = np.random.default_rng(1)
     cases = bench.build_cases([40], max_prefill=40)
     assert [c[0] for c in cases] == ["decode", "decode-swa", "drafter", "verify", "prefill"]

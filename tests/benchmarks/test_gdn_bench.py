@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from dflash_ref.testing import gpu_skip_reason
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "gdn.py"
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_gdn", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks import load_benchmark
 
 
 def test_cpu_table_is_checked_then_timed(capsys):
-    bench = _load_bench()
+    bench = load_benchmark("gdn")
     assert bench.main(["--T", "70", "4096", "--dim", "8", "--heads", "1", "--v-heads", "2",
                        "--repeats", "1", "--cpu-only"]) == 0
     out = capsys.readouterr().out
@@ -29,7 +18,7 @@ def test_cpu_table_is_checked_then_timed(capsys):
 
 
 def test_mismatch_prints_no_timings(capsys, monkeypatch):
-    bench = _load_bench()
+    bench = load_benchmark("gdn")
     def off_by_one(*args):
         return tuple(x + 1 for x in bench.gdn_recurrent(*args))
 
@@ -42,14 +31,14 @@ def test_mismatch_prints_no_timings(capsys, monkeypatch):
 def test_gpu_section_skips_with_a_reason(capsys):
     if gpu_skip_reason() is None:
         pytest.skip("a GPU is usable here: the CuPy section runs instead")
-    bench = _load_bench()
+    bench = load_benchmark("gdn")
     assert bench.main(["--T", "16", "--dim", "4", "--repeats", "1"]) == 0
     assert "CuPy section skipped: no usable CUDA GPU" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
 def test_gpu_section_runs(capsys):
-    bench = _load_bench()
+    bench = load_benchmark("gdn")
     assert bench.main(["--T", "100", "300", "--dim", "64", "--repeats", "1", "--iters", "3"]) == 0
     out = capsys.readouterr().out
     assert out.index("checked: CuPy") < out.index("CuPy float32 on")

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kvflash.py"
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_kvflash", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks import load_benchmark
 
 
 def test_quick_cpu_run_checks_then_times(capsys):
-    bench = _load_bench()
+    bench = load_benchmark("kvflash")
     bench.main(["--backend", "numpy", "--layers", "1", "--heads", "1", "--head-dim", "32",
                 "--dtype", "float32", "--chunks", "2", "--repeat", "1",
                 "--contexts", "512", "--pool", "448", "--steps", "2"])
@@ -32,6 +22,6 @@ def test_quick_cpu_run_checks_then_times(capsys):
 
 
 def test_a_mismatch_stops_before_any_timing():
-    bench = _load_bench()
+    bench = load_benchmark("kvflash")
     with pytest.raises(SystemExit, match="no timings printed"):
         bench.checked(np.zeros(3), np.ones(3), bench.POOLED, "forced mismatch")
