@@ -115,23 +115,35 @@ class FeatureBuffer:
                 f"{self.end}; features must arrive in position order with no gap or overlap "
                 f"(rollback with truncate() first, or restore the missing rows)"
             )
-        held = self._rows[: len(self)]
-        merged = self.be.xp.concatenate([held, rows.astype(self._rows.dtype)], axis=0)
-        if self.capacity is not None and merged.shape[0] > self.capacity:
+        rows = rows.astype(self._rows.dtype)
+        held = len(self)
+        n = held + T
+        if self.capacity is not None and n > self.capacity:
             if self.window is None:
                 raise ConfigError(
-                    f"FeatureBuffer would hold {merged.shape[0]} rows but its capacity is "
+                    f"FeatureBuffer would hold {n} rows but its capacity is "
                     f"{self.capacity}; raise the capacity (it must cover the whole context) or "
                     f"configure a drafter context window to evict the oldest rows explicitly"
                 )
-            drop = merged.shape[0] - self.capacity
-            merged = merged[drop:]
+            drop = n - self.capacity  # the oldest rows go: held ones first, then incoming ones
+            drop_held = min(drop, held)
+            self._rows[: held - drop_held] = self._rows[drop_held:held].copy()
+            held -= drop_held
+            rows = rows[drop - drop_held:]
             self.start += drop
-        self._rows = merged
+        if held + rows.shape[0] > self._rows.shape[0]:  # grow by doubling, as KVCache does
+            grown = self.be.xp.zeros((max(held + rows.shape[0], 2 * self._rows.shape[0], 16),
+                                      self.width), dtype=self._rows.dtype)
+            grown[:held] = self._rows[:held]
+            self._rows = grown
+        self._rows[held: held + rows.shape[0]] = rows
         self.end = start_pos + T
 
     def rows(self, start: int | None = None, end: int | None = None):
-        """Rows for positions [start, end) (default: everything held) as [end-start, width]."""
+        """Rows for positions [start, end) (default: everything held) as [end-start, width].
+
+        A view of the storage, valid until the next append or truncate (as ``KVCache.k``).
+        """
         start = self.start if start is None else start
         end = self.end if end is None else end
         if start < self.start or end > self.end or start > end:
@@ -153,5 +165,4 @@ class FeatureBuffer:
             raise ValueError(
                 f"FeatureBuffer.truncate({n_keep}): positions before {self.start} were evicted"
             )
-        self._rows = self._rows[: n_keep - self.start]
-        self.end = n_keep
+        self.end = n_keep  # rows past it are overwritten by the next append

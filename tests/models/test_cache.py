@@ -78,3 +78,16 @@ def test_kv_cache_append_truncate_and_shape_errors():
         c.append(np.zeros((1, 3, 4), np.float32), np.zeros((1, 3, 4), np.float32))
     with pytest.raises(ValueError, match="holds 25"):
         c.truncate(30)
+
+
+def test_feature_buffer_window_eviction_within_one_append_and_after_truncate():
+    # An append longer than the capacity keeps only its own newest rows; a truncate followed
+    # by an append overwrites the dropped rows (storage is reused, not reallocated).
+    buf = FeatureBuffer(be, 3, capacity=5, window=4)
+    buf.append(0, rows(0, 3))
+    buf.append(3, rows(3, 9))  # 12 rows through a capacity of 5: positions 7..11 remain
+    assert (buf.start, buf.end) == (7, 12)
+    np.testing.assert_array_equal(buf.rows()[:, 0], np.arange(7, 12))
+    buf.truncate(9)
+    buf.append(9, rows(9, 4))  # 7..12 is 6 rows > 5: position 7 goes
+    np.testing.assert_array_equal(buf.rows()[:, 0], np.arange(8, 13))
