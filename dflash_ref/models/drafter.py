@@ -42,6 +42,7 @@ from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import load_checkpoint
+from dflash_ref.models.cache import KVCache
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
 
@@ -259,32 +260,32 @@ class DFlashDrafter:
     # ------------------------------------------------------------------ cached form
 
     def new_cache(self, window: int | None = None) -> DraftCache:
-        """An empty draft cache; ``window`` keeps only the last W context positions."""
+        """An empty draft cache; with ``window`` it drafts over the last W context positions."""
         return DraftCache(self, window)
 
 
 class DraftCache:
-    """Per-layer context K/V of the committed positions (§4.8), optionally the last W only.
+    """Per-layer context K/V of the committed positions 0..length-1 (§4.8).
 
-    ``extend(features, positions)`` appends new committed context (post-norm, post-RoPE keys);
-    ``forward_block(anchor_token, anchor_position)`` drafts over the cached context; noise K/V
-    are never stored (the authors append then ``crop(s)``, which nets to the same thing).
+    ``extend(features, positions)`` appends new committed context (post-norm, post-RoPE keys)
+    to one :class:`~dflash_ref.models.cache.KVCache` per layer; ``forward_block(anchor_token,
+    anchor_position)`` drafts over the cached context, or over its last ``window`` positions
+    when a drafter context window is set; noise K/V are never stored (the authors append then
+    ``crop(s)``, which nets to the same thing).
     """
 
     def __init__(self, drafter: DFlashDrafter, window: int | None = None):
         if window is not None and window < 1:
             raise ConfigError(f"drafter context window must be >= 1, got {window}")
         self.drafter, self.window = drafter, window
-        xp, cfg = drafter.be.xp, drafter.config
-        shape = (0, cfg.num_key_value_heads, cfg.head_dim)
-        self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.num_hidden_layers)]
-        self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.num_hidden_layers)]
-        self.positions = np.zeros(0, dtype=np.int64)
+        cfg = drafter.config
+        self.kv = [KVCache(drafter.be, cfg.num_key_value_heads, cfg.head_dim)
+                   for _ in range(cfg.num_hidden_layers)]
 
     @property
     def length(self) -> int:
         """One past the last cached position (the authors' ``cache_len``)."""
-        return int(self.positions[-1]) + 1 if self.positions.size else 0
+        return self.kv[0].length
 
     def extend(self, features, positions) -> None:
         """Append context for ``positions`` (must continue the cache) from features [n, C*H]."""
@@ -298,31 +299,23 @@ class DraftCache:
                 f"cache, which ends at {self.length}"
             )
         c = d.encode(xp.asarray(features, dtype=xp.float32))
-        for i in range(d.config.num_hidden_layers):
-            k, v = d.context_kv(i, c, positions)
-            self.k[i] = xp.concatenate([self.k[i], k], axis=0)
-            self.v[i] = xp.concatenate([self.v[i], v], axis=0)
-        self.positions = np.concatenate([self.positions, positions])
-        if self.window is not None and self.positions.size > self.window:
-            drop = self.positions.size - self.window
-            self.k = [k[drop:] for k in self.k]
-            self.v = [v[drop:] for v in self.v]
-            self.positions = self.positions[drop:]
+        for i, cache in enumerate(self.kv):
+            cache.append(*d.context_kv(i, c, positions))
 
     def crop(self, n_keep: int) -> None:
         """Drop cached positions >= n_keep (the authors crop to s after every draft)."""
-        keep = int(np.searchsorted(self.positions, n_keep))
-        self.k = [k[:keep] for k in self.k]
-        self.v = [v[:keep] for v in self.v]
-        self.positions = self.positions[:keep]
+        for cache in self.kv:
+            cache.truncate(min(n_keep, cache.length))
 
     def forward_block(self, anchor_token: int, anchor_position: int):
         """Draft logits [B, vocab] over the cached context (same result as the stateless form)."""
         d = self.drafter
+        lo = 0 if self.window is None else max(0, self.length - self.window)
+        ctx_pos = np.arange(lo, self.length)
         noise_pos = np.arange(anchor_position, anchor_position + d.block_size)
         h = d.embed_block(anchor_token)
-        for i in range(d.config.num_hidden_layers):
-            h = d.decoder_layer(i, h, self.k[i], self.v[i], self.positions, noise_pos)
+        for i, cache in enumerate(self.kv):
+            h = d.decoder_layer(i, h, cache.k[lo:], cache.v[lo:], ctx_pos, noise_pos)
         return d.head(h)
 
 
