@@ -77,6 +77,28 @@ def missing_tensor_message(name: str, available, where: str) -> str:
     return f"tensor {name!r} is not in {where} ({len(names)} tensors); {hint}"
 
 
+def check_tensor_shapes(weights: Mapping, expected: Mapping[str, tuple[int, ...]], where: str,
+                        hint: str = "") -> None:
+    """Every ``expected`` name is in ``weights`` with exactly its shape, else FormatError.
+
+    A missing tensor names the first few missing and ``hint`` (how to fix the pairing); a wrong
+    shape names the tensor, the shape found and the one the config implies.
+    """
+    missing = [n for n in expected if n not in weights]
+    if missing:
+        raise FormatError(
+            f"{where} lacks {len(missing)} tensor(s) its config needs, e.g. {missing[:3]}"
+            + (f"; {hint}" if hint else "")
+        )
+    for name, shape in expected.items():
+        got = tuple(weights[name].shape)
+        if got != tuple(shape):
+            raise FormatError(
+                f"{where}: tensor {name} has shape {list(got)}, expected {list(shape)} from "
+                f"config.json; the config and the weights disagree"
+            )
+
+
 class SafetensorsCheckpoint(Mapping):
     """A checkpoint opened lazily: ``ckpt[name]`` reads that one tensor as float32 [shape].
 

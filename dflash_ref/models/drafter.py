@@ -41,7 +41,7 @@ import numpy as np
 from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig
 from dflash_ref.errors import ConfigError, FormatError
-from dflash_ref.io.safetensors_io import load_checkpoint
+from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.cache import KVCache
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
@@ -130,17 +130,9 @@ class DFlashDrafter:
         return drafter_expected_tensors(self.config)
 
     def _check_weights(self, weights: dict) -> None:
-        for name, shape in drafter_expected_tensors(self.config).items():
-            if name not in weights:
-                raise FormatError(
-                    f"drafter checkpoint lacks tensor {name} ({self.config.layout} layout); is "
-                    f"it complete? found {len(weights)} tensors"
-                )
-            if tuple(weights[name].shape) != shape:
-                raise FormatError(
-                    f"drafter tensor {name} has shape {list(weights[name].shape)}, expected "
-                    f"{list(shape)} from config.json"
-                )
+        check_tensor_shapes(weights, drafter_expected_tensors(self.config),
+                            f"the drafter checkpoint ({self.config.layout} layout)",
+                            hint="is it complete and in this layout?")
 
     @property
     def block_size(self) -> int:

@@ -34,7 +34,7 @@ import numpy as np
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.config import TargetConfig
 from dflash_ref.errors import ConfigError, FormatError
-from dflash_ref.io.safetensors_io import load_checkpoint
+from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.cache import FeatureBuffer, KVCache
 from dflash_ref.models.gdn_layer import GDNConfig, GDNLayer
 from dflash_ref.ops.masks import causal_mask, committed_prefix_mask, tree_depths, tree_mask
@@ -261,21 +261,10 @@ class TargetModel:
         return expected_tensors(self.config)
 
     def _check_weights(self, weights: dict) -> None:
-        expected = expected_tensors(self.config)
-        missing = [n for n in expected if n not in weights]
-        if missing:
-            raise FormatError(
-                f"checkpoint lacks {len(missing)} tensor(s) the {self.config.family} config needs, "
-                f"e.g. {missing[:3]}; is weight_prefix {self.config.weight_prefix!r} right and the "
-                f"checkpoint complete?"
-            )
-        for name, shape in expected.items():
-            got = tuple(weights[name].shape)
-            if got != shape:
-                raise FormatError(
-                    f"tensor {name} has shape {list(got)}, expected {list(shape)} from "
-                    f"config.json; the config and the weights disagree"
-                )
+        check_tensor_shapes(
+            weights, expected_tensors(self.config), f"the {self.config.family} checkpoint",
+            hint=f"is weight_prefix {self.config.weight_prefix!r} right and the checkpoint "
+                 f"complete?")
 
     def new_state(self, feature_capacity: int | None = None,
                   feature_window: int | None = None, pager=None) -> TargetState:
