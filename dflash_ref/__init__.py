@@ -20,14 +20,21 @@ from dflash_ref.errors import (  # noqa: E402
     FormatError,
     PagerError,
 )
+from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
+from dflash_ref.models.target import TargetModel  # noqa: E402
+from dflash_ref.spec_decode.loop import GenerationResult, generate  # noqa: E402
 
 __all__ = [
     "Backend",
     "BackendUnavailable",
     "ConfigError",
+    "DFlashDrafter",
     "DFlashRefError",
     "FormatError",
+    "GenerationResult",
     "PagerError",
+    "TargetModel",
     "__version__",
+    "generate",
     "get_backend",
 ]

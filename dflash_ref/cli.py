@@ -66,7 +66,7 @@ def demo_dirs() -> tuple[Path, Path]:
 
 
 def _run_timed(target, drafter, prompt, args, label):
-    from dflash_ref.spec.loop import generate
+    from dflash_ref.spec_decode.loop import generate
 
     try:
         from tqdm.auto import tqdm
@@ -146,7 +146,7 @@ def _is_drafter_config(config: dict | None) -> bool:
 @_formats_command
 def cmd_convert(args: argparse.Namespace) -> int:
     """A drafter directory -> GGUF in either naming; a target directory -> llama.cpp GGUF."""
-    from dflash_ref.io.convert import convert_drafter, convert_target
+    from dflash_ref.io.convert_drafter import convert_drafter, convert_target
     from dflash_ref.io.gguf_io import open_gguf
     from dflash_ref.io.safetensors_io import open_checkpoint
 
@@ -169,8 +169,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def _print_gguf(path: Path, show_all: bool) -> list[str]:
     """Print a GGUF file's metadata, tensors and derived config; return its warnings."""
     from dflash_ref.config import DrafterConfig, TargetConfig
-    from dflash_ref.io.convert import drafter_config_dict_from_gguf
     from dflash_ref.io.convert_common import describe_metadata_value, float_from_f32
+    from dflash_ref.io.convert_drafter import drafter_config_dict_from_gguf
     from dflash_ref.io.convert_target import FAMILY_OF_ARCH, target_config_dict_from_gguf
     from dflash_ref.io.gguf_io import open_gguf
     from dflash_ref.io.names import flavour_of_arch
@@ -217,7 +217,7 @@ def _print_gguf(path: Path, show_all: bool) -> list[str]:
 def _print_checkpoint(path: Path, show_all: bool) -> list[str]:
     """Print a checkpoint directory's config.json, tensors and derived config; return warnings."""
     from dflash_ref.config import TargetConfig
-    from dflash_ref.io.convert import drafter_config_from_checkpoint, drafter_shape_problems
+    from dflash_ref.io.convert_drafter import drafter_config_from_checkpoint, drafter_shape_problems
     from dflash_ref.io.safetensors_io import open_checkpoint
     from dflash_ref.models.target import expected_tensors
 

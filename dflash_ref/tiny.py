@@ -233,7 +233,7 @@ def greedy_rollouts(target, n_prompts: int, length: int, seed: int,
                     avoid_token: int | None = None) -> list[tuple[int, np.ndarray]]:
     """Plain greedy continuations of :func:`random_prompts`: ``[(N, ids)]`` where ids [N +
     length] is the N-token prompt followed by ``length`` generated tokens."""
-    from dflash_ref.spec.loop import generate
+    from dflash_ref.spec_decode.loop import generate
 
     out = []
     for prompt in random_prompts(n_prompts, target.config.vocab_size, seed, avoid_token):

@@ -18,7 +18,7 @@ import numpy as np
 
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
-from dflash_ref.spec.loop import generate
+from dflash_ref.spec_decode.loop import generate
 from dflash_ref.tiny import random_prompts, write_demo_checkpoints
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "dflash_ref" / "data" / "demo"

@@ -8,13 +8,14 @@
   bounds. The dequantizers are ops: :mod:`dflash_ref.ops.dequant`.
 - :mod:`~dflash_ref.io.names`: DFlash drafter tensor names, HF <-> the two GGUF namings.
 - :mod:`~dflash_ref.io.compare`: per-tensor relative RMS / max-abs comparison of two weight sets.
-- :mod:`~dflash_ref.io.convert`: z-lab drafter -> GGUF in the llama.cpp and lucebox namings, and
+- :mod:`~dflash_ref.io.convert_drafter`: z-lab drafter -> GGUF in the llama.cpp and lucebox
+  namings, and
   back (``DFlashDrafter.from_gguf``); :mod:`~dflash_ref.io.convert_target`: Qwen3 / Qwen3.5 /
   Gemma 3 targets <-> llama.cpp GGUF (``TargetModel.from_gguf``).
 """
 
 from dflash_ref.io.compare import CompareRow, compare_weights, format_table
-from dflash_ref.io.convert import convert_drafter, convert_target
+from dflash_ref.io.convert_drafter import convert_drafter, convert_target
 from dflash_ref.io.gguf_io import GGUFFile, GGUFTensorInfo, open_gguf, write_gguf
 from dflash_ref.io.safetensors_io import (
     MissingTensorError,

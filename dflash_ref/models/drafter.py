@@ -104,11 +104,12 @@ class DFlashDrafter:
         """Load a drafter GGUF for ``target``, in either public naming (docs/formats.md).
 
         llama.cpp files (arch ``dflash``) store the captured layers as HF ids + 1; lucebox files
-        (arch ``*-dflash-draft``) store raw ids. :func:`~dflash_ref.io.convert.read_gguf_drafter`
+        (arch ``*-dflash-draft``) store raw ids.
+        :func:`~dflash_ref.io.convert_drafter.read_gguf_drafter`
         turns either into the z-lab config and HF-named weights, and this constructor checks them
         exactly as for :meth:`from_pretrained`.
         """
-        from dflash_ref.io.convert import read_gguf_drafter
+        from dflash_ref.io.convert_drafter import read_gguf_drafter
 
         config_dict, weights = read_gguf_drafter(path, target.config)
         config = DrafterConfig.from_hf(config_dict, swa_convention=swa_convention)

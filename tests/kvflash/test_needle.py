@@ -17,7 +17,7 @@ from dflash_ref.kvflash import KVFlashPager
 from dflash_ref.kvflash.needle import ANSWER, QUESTION, needle_context, write_needle_target
 from dflash_ref.kvflash.scorers import LRUScorer, ModelTailScorer
 from dflash_ref.models.target import TargetModel
-from dflash_ref.spec.loop import generate
+from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
 
 CHUNK = dict(chunk_tokens=8, sink_chunks=1, tail_window_chunks=1)

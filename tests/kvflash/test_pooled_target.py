@@ -10,10 +10,10 @@ from dflash_ref.errors import ConfigError, PagerError
 from dflash_ref.kvflash.pager import KVFlashPager
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
-from dflash_ref.spec.loop import generate
+from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
-from tests.spec.drafters import ScriptedDrafter
+from tests.spec_decode.drafters import ScriptedDrafter
 
 # Small chunks so a tiny context spans many of them: chunk 8, sink 1, tail 1 -> floor 32.
 CHUNK = dict(chunk_tokens=8, sink_chunks=1, tail_window_chunks=1)

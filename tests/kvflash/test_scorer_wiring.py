@@ -11,10 +11,10 @@ from dflash_ref.errors import ConfigError, PagerError
 from dflash_ref.kvflash import KVFlashPager
 from dflash_ref.kvflash.scorers import LRUScorer, ModelTailScorer
 from dflash_ref.models.target import TargetModel
-from dflash_ref.spec.loop import generate
+from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import assert_close
 from dflash_ref.tiny import write_tiny_target
-from tests.spec.drafters import ScriptedDrafter
+from tests.spec_decode.drafters import ScriptedDrafter
 
 CHUNK = dict(chunk_tokens=8, sink_chunks=1, tail_window_chunks=1)
 

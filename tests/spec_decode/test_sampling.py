@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from dflash_ref.backend import get_backend
-from dflash_ref.spec.stats import chi2_sf, chi_square_gof, gamma_q
-from dflash_ref.spec.verify import (
+from dflash_ref.spec_decode.stats import chi2_sf, chi_square_gof, gamma_q
+from dflash_ref.spec_decode.verify import (
     chain_rejection_core,
     chain_sampled_core,
     sample_from_probs,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError
-from dflash_ref.spec.gate import (
+from dflash_ref.spec_decode.gate import (
     CommitEmaGate,
     CostModel,
     EntropyGate,

@@ -45,7 +45,7 @@ import numpy as np
 
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.errors import ConfigError
-from dflash_ref.spec.verify import greedy_posterior
+from dflash_ref.spec_decode.verify import greedy_posterior
 
 LUCEBOX_BUDGET = 22
 """lucebox ``--ddtree-budget`` default (spec/kvflash_gate.md §5)."""
@@ -316,7 +316,7 @@ def chain_tree(block) -> DDTree:
     """The block ``[anchor, d_1, ..., d_(B-1)]`` as a tree: node i = block[i], parent i-1.
 
     Verifying it with :func:`verify_tree` gives exactly
-    :func:`~dflash_ref.spec.verify.verify_chain_greedy` on the block.
+    :func:`~dflash_ref.spec_decode.verify.verify_chain_greedy` on the block.
     """
     b = np.asarray(block, dtype=np.int64)
     n = b.shape[0]

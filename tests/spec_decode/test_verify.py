@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
-from dflash_ref.spec.verify import (
+from dflash_ref.spec_decode.verify import (
     accept_length,
     greedy_posterior,
     sample_tokens,
@@ -16,7 +16,7 @@ from dflash_ref.spec.verify import (
     verify_chain_rejection,
     verify_chain_sampled,
 )
-from tests.spec.targets import greedy_next, greedy_rollout, logits_for
+from tests.spec_decode.targets import greedy_next, greedy_rollout, logits_for
 
 NP = get_backend("numpy")
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
-from dflash_ref.spec.ddtree import (
+from dflash_ref.spec_decode.ddtree import (
     DDTreeOptions,
     ancestor_matrix,
     build_ddtree,
@@ -24,8 +24,8 @@ from dflash_ref.spec.ddtree import (
     topk_log_probs,
     verify_tree,
 )
-from dflash_ref.spec.verify import verify_chain_greedy
-from tests.spec.targets import greedy_next, greedy_rollout, logits_for
+from dflash_ref.spec_decode.verify import verify_chain_greedy
+from tests.spec_decode.targets import greedy_next, greedy_rollout, logits_for
 
 NP = get_backend("numpy")
 ROOT = 99

@@ -18,7 +18,7 @@ This follows the authors' ``dflash_generate`` (spec/dflash.md §5) step by step:
 
 Plain decoding is the same loop with ``drafter=None`` (or ``block_size=1``): the block is the
 anchor alone, a = 0 and tau = 1. Greedy speculative decoding therefore emits exactly the tokens
-plain greedy decoding emits (tests/spec/test_loop.py checks it token for token).
+plain greedy decoding emits (tests/spec_decode/test_loop.py checks it token for token).
 
 Tree verify (``verify="tree"``) replaces c-e with DDTree: a best-first tree over the draft
 log-probabilities, one target pass with an ancestor-only mask, follow the verified path, commit
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dflash_ref.errors import ConfigError
-from dflash_ref.spec.ddtree import DDTreeOptions, build_ddtree, verify_tree
-from dflash_ref.spec.gate import CommitEmaGate, CostModel, EntropyGate, p1_from_logits
-from dflash_ref.spec.stats import acceptance_rate as _acceptance_rate
-from dflash_ref.spec.verify import (
+from dflash_ref.spec_decode.ddtree import DDTreeOptions, build_ddtree, verify_tree
+from dflash_ref.spec_decode.gate import CommitEmaGate, CostModel, EntropyGate, p1_from_logits
+from dflash_ref.spec_decode.stats import acceptance_rate as _acceptance_rate
+from dflash_ref.spec_decode.verify import (
     GREEDY_BELOW_TEMPERATURE,
     sample_tokens,
     verify_chain_greedy,

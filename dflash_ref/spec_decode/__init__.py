@@ -1,16 +1,17 @@
 """Speculative decoding pieces the loop calls: verifiers, gates, statistics.
 
-- :mod:`~dflash_ref.spec.verify`: chain verify, greedy and sampled (spec/dflash.md §5).
-- :mod:`~dflash_ref.spec.ddtree`: DDTree build, ancestor visibility, tree verify
+- :mod:`~dflash_ref.spec_decode.verify`: chain verify, greedy and sampled (spec/dflash.md §5).
+- :mod:`~dflash_ref.spec_decode.ddtree`: DDTree build, ancestor visibility, tree verify
   (spec/kvflash_gate.md §5a, with the lucebox port's choices as options, §5).
-- :mod:`~dflash_ref.spec.gate`: the entropy gate and the commit-EMA gate, the cost model
+- :mod:`~dflash_ref.spec_decode.gate`: the entropy gate and the commit-EMA gate, the cost model
   (spec/kvflash_gate.md §4).
-- :mod:`~dflash_ref.spec.stats`: tau, acceptance rate, per-position acceptance, chi-square test.
+- :mod:`~dflash_ref.spec_decode.stats`: tau, acceptance rate, per-position acceptance,
+  chi-square test.
 
 All of them are pure functions or small objects on arrays; none runs a model.
 """
 
-from dflash_ref.spec.ddtree import (
+from dflash_ref.spec_decode.ddtree import (
     DDTree,
     DDTreeOptions,
     TreeVerifyResult,
@@ -22,7 +23,7 @@ from dflash_ref.spec.ddtree import (
     topk_log_probs,
     verify_tree,
 )
-from dflash_ref.spec.gate import (
+from dflash_ref.spec_decode.gate import (
     COMMIT_EMA_VERSIONS,
     CommitEmaGate,
     CostModel,
@@ -31,8 +32,13 @@ from dflash_ref.spec.gate import (
     p1_from_logits,
     simulate_gated_decode,
 )
-from dflash_ref.spec.stats import AcceptanceStats, acceptance_rate, tau_per_response, tau_pooled
-from dflash_ref.spec.verify import (
+from dflash_ref.spec_decode.stats import (
+    AcceptanceStats,
+    acceptance_rate,
+    tau_per_response,
+    tau_pooled,
+)
+from dflash_ref.spec_decode.verify import (
     ChainVerifyResult,
     accept_length,
     sample_tokens,

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from dflash_ref.errors import ConfigError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
-from dflash_ref.spec.gate import CommitEmaGate, CostModel, probe_steps_bound
-from dflash_ref.spec.loop import generate
-from dflash_ref.spec.stats import chi_square_gof
+from dflash_ref.spec_decode.gate import CommitEmaGate, CostModel, probe_steps_bound
+from dflash_ref.spec_decode.loop import generate
+from dflash_ref.spec_decode.stats import chi_square_gof
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
-from tests.spec.drafters import ScriptedDrafter
+from tests.spec_decode.drafters import ScriptedDrafter
 
 PROMPTS = [np.array([3, 17, 42, 99, 5]), np.array([200, 7]), np.array([11, 250, 64, 9, 1, 30])]
 FAMILIES = {"qwen3": {}, "qwen3_5": {}, "gemma3": {"tie_word_embeddings": False}}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ref.spec.stats import (
+from dflash_ref.spec_decode.stats import (
     AcceptanceStats,
     acceptance_histogram,
     acceptance_rate,

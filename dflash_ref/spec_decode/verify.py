@@ -23,7 +23,7 @@ greedily), so it is lossless: see :func:`chain_rejection_core` for the explicit 
 that the two give the same distribution.
 
 Everything returned is on the host (Python ints and NumPy arrays): the loop branches on it.
-Tree verification (DDTree) lives in :mod:`dflash_ref.spec.ddtree`.
+Tree verification (DDTree) lives in :mod:`dflash_ref.spec_decode.ddtree`.
 """
 
 from __future__ import annotations
