@@ -258,6 +258,29 @@ def qkvz_ba_to_separate(weights: Mapping[str, Any], cfg: GDNConfig) -> dict[str,
     return out
 
 
+def rewind_state(state_before: GDNState, trace: GDNTrace, n_keep: int, xp=np) -> GDNState:
+    """The state after the first ``n_keep`` tokens of a traced batch (docs/gdn.md, rollback).
+
+    Equals ``GDNLayer.forward(x[:n_keep], state_before)[1]``: the recurrent state is
+    ``trace.recurrent[n_keep - 1]``, and the conv state is the last W - 1 columns of
+    ``concat(state_before.conv, conv_inputs[:n_keep]^T)``, i.e. columns
+    ``[n_keep, n_keep + W - 1)`` of that concatenation. ``n_keep = 0`` returns a copy of
+    ``state_before``; ``n_keep = T`` the state the traced forward returned. Needs no weights,
+    so a state object can rewind without calling into the model.
+    """
+    T = trace.num_tokens
+    if not 0 <= n_keep <= T:
+        raise ValueError(f"GDNLayer.rewind: n_keep={n_keep} outside [0, {T}] for a traced "
+                         f"batch of {T} tokens")
+    if n_keep == 0:
+        return state_before.copy()
+    window = xp.concatenate([state_before.conv, trace.conv_inputs[:n_keep].T], axis=1)
+    return GDNState(
+        recurrent=trace.recurrent[n_keep - 1].copy(),  # [HV, dk, dv]
+        conv=xp.ascontiguousarray(window[:, n_keep:]),  # [conv_dim, W - 1]
+    )
+
+
 class GDNLayer:
     """One Qwen3-Next / Qwen3.5 GDN token mixer on a backend (see the module docstring).
 
@@ -371,26 +394,8 @@ class GDNLayer:
     # ------------------------------------------------------------------ rewind
 
     def rewind(self, state_before: GDNState, trace: GDNTrace, n_keep: int) -> GDNState:
-        """The state after the first ``n_keep`` tokens of a traced batch (spec/gdn.md §4.2).
-
-        Equals ``forward(x[:n_keep], state_before)[1]``: the recurrent state is
-        ``trace.recurrent[n_keep - 1]``, and the conv state is the last W - 1 columns of
-        ``concat(state_before.conv, conv_inputs[:n_keep]^T)``, i.e. columns
-        ``[n_keep, n_keep + W - 1)`` of that concatenation. ``n_keep = 0`` returns a copy of
-        ``state_before``; ``n_keep = T`` the state the traced forward returned.
-        """
-        T = trace.num_tokens
-        if not 0 <= n_keep <= T:
-            raise ValueError(f"GDNLayer.rewind: n_keep={n_keep} outside [0, {T}] for a traced "
-                             f"batch of {T} tokens")
-        if n_keep == 0:
-            return state_before.copy()
-        xp = self.be.xp
-        window = xp.concatenate([state_before.conv, trace.conv_inputs[:n_keep].T], axis=1)
-        return GDNState(
-            recurrent=trace.recurrent[n_keep - 1].copy(),  # [HV, dk, dv]
-            conv=xp.ascontiguousarray(window[:, n_keep:]),  # [conv_dim, W - 1]
-        )
+        """The state after the first ``n_keep`` tokens of a traced batch (:func:`rewind_state`)."""
+        return rewind_state(state_before, trace, n_keep, self.be.xp)
 
     def promote(self, state_before: GDNState, trace: GDNTrace, n_accepted: int) -> GDNState:
         """Rewind after verifying ``[x0, d1..dN]`` with ``n_accepted`` drafts accepted.

@@ -1,0 +1,108 @@
+"""Where an attention layer's keys and values live: one small interface, three stores.
+
+A decoder layer does not know whether its K/V sit in a plain cache, in the KVFlash pool, or in a
+tree verify's scratch rows. It hands the batch's new keys and values to a **KV store** and gets
+back everything its queries attend to, with the mask that says which key each query may see::
+
+    keys, values, mask = store.update(k, v)      # k, v: [T, Hkv, D] post-norm, post-RoPE
+    o = attention(q, keys, values, mask)          # keys, values: [S, Hkv, D]; mask: [T, S]
+
+The store is made per forward batch by :meth:`~dflash_ref.models.state.TargetState.begin_batch`,
+which knows the batch's positions (and tree shape); storage and the mask rule are the store's.
+
+=================  ==========================  ==============================================
+store              storage                     mask (a key at position p, a query at q)
+=================  ==========================  ==============================================
+:class:`CacheKV`    KVCache rows 0..S-1         causal ``p <= q``; sliding: also ``q - p < W``
+:class:`TreeKV`     KVCache + the tree's nodes  committed prefix, then ancestors only
+:class:`PooledKVStore`  the pager's slot pool   committed prefix, causal in the batch (strict)
+=================  ==========================  ==============================================
+
+The sliding inequality is HF's (the window includes the current token; docs/conventions.md).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from dflash_ref.models.cache import KVCache
+from dflash_ref.ops.masks import MaskSpec, causal_mask, committed_prefix_mask, tree_mask
+
+
+class KVStore(Protocol):
+    """What an attention layer needs from the place its K/V live (one forward batch)."""
+
+    def update(self, k, v) -> tuple[object, object, MaskSpec]:
+        """Store the batch's ``k``, ``v`` [T, Hkv, D]; return ``(keys, values, mask)``.
+
+        ``keys``/``values`` [S, Hkv, D] are every row the batch's T queries may read (committed
+        rows and the batch's own); ``mask`` [T, S] says which ones each query sees.
+        """
+        ...
+
+
+class CacheKV:
+    """A chain batch over a plain :class:`KVCache`: append, then causal (or sliding) mask.
+
+    Args:
+        cache: the layer's cache (rows in position order, positions 0..len-1).
+        positions: [T] absolute positions of the batch (len(cache) .. len(cache)+T-1).
+        window: the layer's sliding window W, or None for full attention.
+    """
+
+    def __init__(self, cache: KVCache, positions, window: int | None):
+        self.cache, self.positions, self.window = cache, positions, window
+
+    def update(self, k, v):
+        self.cache.append(k, v)
+        mask = causal_mask(self.positions, np.arange(self.cache.length), window=self.window)
+        return self.cache.k, self.cache.v, mask
+
+
+class TreeKV:
+    """A tree verify batch over a plain :class:`KVCache`.
+
+    The nodes' K/V are appended after the committed rows in node order; node i (at position
+    base + depth(i)) sees the committed prefix and its own ancestors
+    (:func:`~dflash_ref.ops.masks.tree_mask`). The rows stay until
+    :meth:`~dflash_ref.models.state.TargetState.commit_path` keeps the accepted branch.
+
+    Args:
+        cache: the layer's cache holding the committed prefix 0..base-1.
+        parents: [n] parent node of each node, -1 for the root.
+        window: the layer's sliding window, measured along the branch.
+    """
+
+    def __init__(self, cache: KVCache, parents, window: int | None):
+        self.cache, self.parents, self.window = cache, parents, window
+
+    def update(self, k, v):
+        base = self.cache.length
+        self.cache.append(k, v)
+        return self.cache.k, self.cache.v, tree_mask(self.parents, base, window=self.window)
+
+
+class PooledKVStore:
+    """A chain batch whose K/V live in the KVFlash pager's pool (docs/kvflash.md).
+
+    The batch's rows are written into the slots of their positions first; then every query sees
+    the slots whose position p satisfies ``p >= 0 and (p < base or p <= q)`` (base = the batch's
+    first position): the committed prefix plus causal within the batch. Slots are in any order,
+    and rejected drafts left in slots at p >= base stay hidden, so rollback needs nothing here.
+
+    Args:
+        pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager` attached to the model.
+        layer: the model layer id (the pager pools the full-attention layers).
+        positions: [T] absolute positions of the batch, contiguous from base.
+    """
+
+    def __init__(self, pager, layer: int, positions):
+        self.pager, self.layer, self.positions = pager, layer, positions
+
+    def update(self, k, v):
+        self.pager.write(self.layer, self.positions, k, v)
+        keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
+        mask = committed_prefix_mask(self.positions, k_pos, base_pos=int(self.positions[0]))
+        return keys, values, mask

@@ -1,0 +1,165 @@
+"""The target's decoder layer and its parts: norms, attention, the GDN mixer, the gated MLP.
+
+A decoder layer reads like picoGPT's block, for every supported family::
+
+    x = x + post_mix_norm(mixer(input_norm(x)))        # mixer: attention or Gated DeltaNet
+    x = x + post_mlp_norm(mlp(pre_mlp_norm(x)))
+
+Qwen3 / Qwen3.5 have no post norms (identity) and call their pre-MLP norm
+``post_attention_layernorm``; Gemma 3 norms both sides of each sub-block ("sandwich" norms:
+``post_attention_layernorm``, ``pre_feedforward_layernorm``, ``post_feedforward_layernorm``).
+Norm weights are stored raw; (1 + w) families pass ``offset=1.0`` (``config.norm_offset``).
+
+Where K/V live and which mask applies is the batch's KV store's business
+(:mod:`dflash_ref.models.kv_store`); where a GDN layer's state lives, its GDN store's
+(:mod:`dflash_ref.models.state`). A layer only computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_ref.models.gdn_layer import GDNConfig, GDNLayer
+
+GDN_LAYOUTS = {"qkvz_ba_grouped": "qwen3_next", "qkv_z_b_a": "qwen3_5"}
+
+
+def gdn_config(cfg) -> GDNConfig:
+    """The GDN layer sizes of a hybrid target (docs/gdn.md; gated norm eps = rms_norm_eps)."""
+    g = cfg.gdn
+    return GDNConfig(hidden_size=cfg.hidden_size, num_k_heads=g.num_key_heads,
+                     num_v_heads=g.num_value_heads, head_k_dim=g.key_head_dim,
+                     head_v_dim=g.value_head_dim, conv_kernel=g.conv_kernel_dim,
+                     rms_norm_eps=cfg.rms_norm_eps, layout=GDN_LAYOUTS[g.projection_layout])
+
+
+class RMSNorm:
+    """``rms_norm(x, w, eps, offset)`` over the last axis; ``weight=None`` is the identity."""
+
+    def __init__(self, be, weight, eps: float, offset: float):
+        self.be, self.weight, self.eps, self.offset = be, weight, eps, offset
+
+    def __call__(self, x):
+        if self.weight is None:
+            return x
+        return self.be.ops.rms_norm(x, self.weight, self.eps, self.offset)
+
+
+class Attention:
+    """Self-attention of one layer: projections, q/k norms, RoPE, attention, output gate, o_proj.
+
+    ``scale`` is the config's attention scale (Gemma: query_pre_attn_scalar ** -0.5), ``softcap``
+    its attention-logit softcap; RoPE uses this layer type's base, rotary dim and linear factor.
+    """
+
+    def __init__(self, cfg, be, idx: int, w: dict):
+        self.be, self.idx, self.w = be, idx, w
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv, self.d = cfg.num_key_value_heads_for(idx), cfg.head_dim_for(idx)
+        self.output_gate = cfg.attn_output_gate
+        self.scale, self.softcap = cfg.attention_scale, cfg.attn_logit_softcapping
+        self.rope_spec = cfg.rope_for(idx)  # theta, rotary_dim, linear factor of this layer
+        qk_norm = cfg.qk_norm
+        self.q_norm = RMSNorm(be, w.get("self_attn.q_norm.weight") if qk_norm else None,
+                              cfg.rms_norm_eps, cfg.norm_offset)
+        self.k_norm = RMSNorm(be, w.get("self_attn.k_norm.weight") if qk_norm else None,
+                              cfg.rms_norm_eps, cfg.norm_offset)
+
+    def rope(self, x, positions):
+        r = self.rope_spec
+        return self.be.ops.rope(self.be.xp.ascontiguousarray(x), positions, r.theta,
+                                r.rotary_dim, r.factor)
+
+    def qkv(self, u, positions, tap):
+        """q [T, nh, d], k and v [T, nkv, d] (post-norm, post-RoPE), output gate [T, nh*d]|None.
+
+        ``tap`` sees q and k after the q/k norms, before RoPE ("q", "k") and after it
+        ("q_rope", "k_rope"), and v ("v").
+        """
+        w, T, nh, nkv, d = self.w, u.shape[0], self.n_heads, self.n_kv, self.d
+        q = u @ w["self_attn.q_proj.weight"].T  # [T, nh*d] (x2 with an output gate)
+        gate = None
+        if self.output_gate:  # Qwen3.5 / Qwen3-Next: per head [q (d) | gate (d)]
+            q = q.reshape(T, nh, 2 * d)
+            q, gate = q[..., :d], q[..., d:].reshape(T, nh * d)
+        q = self.q_norm(q.reshape(T, nh, d))  # per head over d, before RoPE
+        k = self.k_norm((u @ w["self_attn.k_proj.weight"].T).reshape(T, nkv, d))
+        v = (u @ w["self_attn.v_proj.weight"].T).reshape(T, nkv, d)
+        tap(self.idx, "q", q)
+        tap(self.idx, "k", k)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        tap(self.idx, "q_rope", q)
+        tap(self.idx, "k_rope", k)
+        tap(self.idx, "v", v)
+        return q, k, v, gate
+
+    def __call__(self, u, batch):
+        """u [T, H] -> [T, H] over the layer's KV store in ``batch``."""
+        xp = self.be.xp
+        q, k, v, gate = self.qkv(u, batch.positions, batch.tap)
+        keys, values, mask = batch.kv[self.idx].update(k, v)  # everything the batch may read
+        o = self.be.ops.attention(q, keys, values, mask, scale=self.scale,
+                                  softcap=self.softcap)  # [T, nh, d]
+        o = o.reshape(o.shape[0], -1)  # [T, nh*d]
+        if gate is not None:
+            o = o * (1.0 / (1.0 + xp.exp(-gate)))  # sigmoid output gate
+        return o @ self.w["self_attn.o_proj.weight"].T
+
+
+class GDNMixer:
+    """A Gated DeltaNet token mixer; its state and rewind data live in the batch's GDN store."""
+
+    def __init__(self, cfg, be, idx: int, w: dict):
+        self.idx = idx
+        gdn_w = {k[len("linear_attn."):]: v for k, v in w.items() if k.startswith("linear_attn.")}
+        self.layer = GDNLayer(gdn_config(cfg), gdn_w, backend=be)
+
+    def __call__(self, u, batch):
+        return batch.gdn[self.idx].run(self.layer, u)
+
+
+class GatedMLP:
+    """``down(act(gate(u)) * up(u))``: SwiGLU (silu) or GeGLU with tanh-approximated GELU."""
+
+    def __init__(self, cfg, be, w: dict):
+        self.be, self.w, self.act = be, w, cfg.hidden_act
+
+    def __call__(self, u):
+        be, w = self.be, self.w
+        g = u @ w["mlp.gate_proj.weight"].T  # [T, F]
+        up = u @ w["mlp.up_proj.weight"].T
+        if self.act == "silu":
+            a = be.ops.swiglu(g, up)
+        else:  # gelu_pytorch_tanh (Gemma): 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up
+            xp = be.xp
+            c = xp.float32(np.sqrt(2.0 / np.pi))
+            a = 0.5 * g * (1.0 + xp.tanh(c * (g + xp.float32(0.044715) * g * g * g))) * up
+        return a @ w["mlp.down_proj.weight"].T  # [T, H]
+
+
+class DecoderLayer:
+    """One decoder layer (see the module docstring); ``w`` holds its tensors by HF name."""
+
+    def __init__(self, cfg, be, idx: int, w: dict):
+        self.idx, self.kind, self.w = idx, cfg.layer_types[idx], w
+
+        def norm(name):
+            return RMSNorm(be, w.get(name), cfg.rms_norm_eps, cfg.norm_offset)
+
+        self.input_norm = norm("input_layernorm.weight")
+        if cfg.use_pre_post_ffn_norms:  # Gemma: sandwich norms
+            self.post_mix_norm = norm("post_attention_layernorm.weight")
+            self.pre_mlp_norm = norm("pre_feedforward_layernorm.weight")
+            self.post_mlp_norm = norm("post_feedforward_layernorm.weight")
+        else:  # Qwen: "post_attention_layernorm" is the norm before the MLP
+            self.post_mix_norm = RMSNorm(be, None, 0.0, 0.0)
+            self.pre_mlp_norm = norm("post_attention_layernorm.weight")
+            self.post_mlp_norm = RMSNorm(be, None, 0.0, 0.0)
+        self.mixer = (GDNMixer(cfg, be, idx, w) if self.kind == "linear_attention"
+                      else Attention(cfg, be, idx, w))
+        self.mlp = GatedMLP(cfg, be, w)
+
+    def __call__(self, x, batch):
+        """x [T, H] -> [T, H]."""
+        x = x + self.post_mix_norm(self.mixer(self.input_norm(x), batch))
+        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))

@@ -1,0 +1,279 @@
+"""Per-sequence state of the target: KV stores, GDN states, captured features, commit and rollback.
+
+:class:`TargetState` is everything a continuation depends on: one
+:class:`~dflash_ref.models.cache.KVCache` per attention layer (or the KVFlash pager's pool for the
+full-attention layers), one :class:`~dflash_ref.models.gdn_layer.GDNState` per Gated DeltaNet
+layer, the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, the committed length, and
+what the last batch needs to be rolled back. The model talks to it through three calls::
+
+    batch = state.begin_batch(T, parents=None)   # positions, a KV store / GDN store per layer
+    ... every layer runs on batch.kv[i] or batch.gdn[i] ...
+    state.end_batch(batch, features)             # chain: committed; tree: pending
+
+and the loop through two: :meth:`TargetState.rollback` (chain verify: keep the accepted rows) and
+:meth:`TargetState.commit_path` (tree verify: keep the accepted branch). The state never calls
+into the model's layers: a GDN rewind needs only the layer's saved trace
+(:func:`~dflash_ref.models.gdn_layer.rewind_state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dflash_ref.errors import ConfigError
+from dflash_ref.models.cache import FeatureBuffer, KVCache
+from dflash_ref.models.gdn_layer import rewind_state
+from dflash_ref.models.kv_store import CacheKV, KVStore, PooledKVStore, TreeKV
+from dflash_ref.ops.masks import tree_depths
+
+TRACE_MAX_TOKENS = 64
+"""A batch of at most this many tokens keeps the GDN per-token trace (recurrent scan) so that
+rollback can rewind into it; longer batches (prefill) take the chunked scan and keep none."""
+
+
+def no_tap(layer: int, name: str, x) -> None:
+    """The default observer of intermediate tensors: ignores them (see ``TargetModel.forward``)."""
+
+
+@dataclass
+class _BatchRecord:
+    """What rollback / commit_path need from the last forward: its span and GDN rewind data."""
+
+    start: int
+    length: int
+    gdn: dict = field(default_factory=dict)  # layer -> (state before, trace) | node states
+    tree_features: object = None  # features of every tree node (tree verify only)
+
+
+class ChainGDN:
+    """A chain batch through one GDN layer: run from the committed state, keep the trace."""
+
+    def __init__(self, states: dict, layer: int, record: _BatchRecord, keep_trace: bool):
+        self.states, self.layer, self.record, self.keep_trace = states, layer, record, keep_trace
+
+    def run(self, mixer, u):
+        """``mixer`` (a GDNLayer) over u [T, hidden] from the committed state; returns y."""
+        before = self.states[self.layer] or mixer.initial_state()
+        y, after, trace = mixer.forward(u, before, return_trace=self.keep_trace)
+        self.states[self.layer] = after
+        if self.keep_trace:
+            self.record.gdn[self.layer] = (before, trace)
+        return y
+
+
+class TreeGDN:
+    """A tree batch through one GDN layer: node i runs one step from its parent's state.
+
+    The root starts from the committed state. Each node's state is recorded so that
+    :meth:`TargetState.commit_path` can keep the state after the accepted path's last node.
+    """
+
+    def __init__(self, states: dict, layer: int, record: _BatchRecord, parents, xp):
+        self.states, self.layer, self.record = states, layer, record
+        self.parents, self.xp = parents, xp
+
+    def run(self, mixer, u):
+        root = self.states[self.layer] or mixer.initial_state()
+        node_states, ys = [], []
+        for i, p in enumerate(self.parents):
+            y, st, _ = mixer.forward(u[i:i + 1], root if p < 0 else node_states[p])
+            node_states.append(st)
+            ys.append(y)
+        self.record.gdn[self.layer] = node_states
+        return self.xp.concatenate(ys, axis=0)  # [n, hidden]
+
+
+@dataclass
+class Batch:
+    """One forward's view of the state (made by :meth:`TargetState.begin_batch`).
+
+    Attributes:
+        start: the first position (the committed length before the batch).
+        positions: [T] absolute positions (start + depth for a tree).
+        parents: [n] tree parents, or None for a chain.
+        kv: attention layer id -> its :class:`~dflash_ref.models.kv_store.KVStore`.
+        gdn: GDN layer id -> its :class:`ChainGDN` / :class:`TreeGDN`.
+        tap: ``tap(layer, name, x)`` observer of intermediate tensors.
+    """
+
+    start: int
+    positions: np.ndarray
+    parents: np.ndarray | None
+    kv: dict[int, KVStore]
+    gdn: dict[int, object]
+    tap: Callable
+    record: _BatchRecord
+
+
+class TargetState:
+    """Per-sequence state (see the module docstring). Made by ``TargetModel.new_state``.
+
+    Args:
+        config: the target's :class:`~dflash_ref.config.TargetConfig`.
+        be: the Backend the model runs on.
+        capture_width: C * hidden, the width of a captured feature row (0: no capture).
+        feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
+        pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers then
+            keep K/V in its bounded pool (attached and reset here, once per sequence).
+    """
+
+    def __init__(self, config, be, capture_width: int = 0, feature_capacity: int | None = None,
+                 feature_window: int | None = None, pager=None):
+        self.config, self.be = config, be
+        self.length = 0
+        kinds = config.layer_types
+        self.pager = pager
+        pooled = [i for i, t in enumerate(kinds) if t == "full_attention"]
+        if pager is not None:
+            self._attach(pager, pooled)
+        self.pooled_layers = frozenset(pooled if pager is not None else ())
+        self.kv: dict[int, KVCache] = {
+            i: KVCache(be, config.num_key_value_heads_for(i), config.head_dim_for(i))
+            for i, t in enumerate(kinds) if t != "linear_attention" and i not in self.pooled_layers
+        }
+        self.gdn: dict[int, object] = {i: None for i, t in enumerate(kinds)
+                                       if t == "linear_attention"}
+        self.features = (FeatureBuffer(be, capture_width, capacity=feature_capacity,
+                                       window=feature_window) if capture_width else None)
+        self._last: _BatchRecord | None = None  # the last chain batch (rollback rewinds into it)
+        self._pending: _BatchRecord | None = None  # an uncommitted tree verify
+
+    def _attach(self, pager, pooled: list[int]) -> None:
+        """Attach the pager to this model's full-attention layers and reset it for a new request.
+
+        KVFlash pools full-attention layers only: sliding-window layers are bounded anyway and
+        GDN layers hold a fixed-size state.
+        """
+        cfg = self.config
+        if not pooled:
+            raise ConfigError("this target has no full-attention layer to page; run it "
+                              "without a pager")
+        dims = {(cfg.num_key_value_heads_for(i), cfg.head_dim_for(i)) for i in pooled}
+        if len(dims) != 1:
+            raise ConfigError(f"KVFlash pools one K/V shape; the full-attention layers "
+                              f"use {sorted(dims)}")
+        (nkv, d), = dims
+        pager.attach(self.be, pooled, nkv, d)
+        pager.reset()  # a reused pager must not carry the previous request's chunks
+
+    @property
+    def pending(self) -> bool:
+        """True while a tree verify waits for :meth:`commit_path`."""
+        return self._pending is not None
+
+    # ------------------------------------------------------------------ one forward batch
+
+    def begin_batch(self, T: int, parents=None, tap: Callable | None = None) -> Batch:
+        """Open a batch of T tokens at positions length.. (a chain) or a tree with ``parents``.
+
+        Allocates pager slots for a pooled chain batch before any layer writes.
+        """
+        if self._pending is not None:
+            raise ValueError("the state holds an uncommitted tree verify; call "
+                             "state.commit_path(path) first")
+        if self.pager is not None and parents is not None:
+            raise ConfigError("tree verify over a KVFlash pool is not implemented; use "
+                              "verify='chain' with a pager")
+        start = self.length
+        depths = np.arange(T) if parents is None else tree_depths(parents)
+        positions = (start + depths).astype(np.int64)  # [T]
+        if self.pager is not None:
+            self.pager.alloc_span(start, T)  # slot_for each new position, evicting if needed
+        record = _BatchRecord(start, T)
+        kv = {i: self._kv_store(i, positions, parents) for i in (*self.kv, *self.pooled_layers)}
+        keep_trace = T <= TRACE_MAX_TOKENS
+        gdn = {i: (ChainGDN(self.gdn, i, record, keep_trace) if parents is None
+                   else TreeGDN(self.gdn, i, record, parents, self.be.xp)) for i in self.gdn}
+        return Batch(start, positions, parents, kv, gdn, tap or no_tap, record)
+
+    def _kv_store(self, layer: int, positions, parents) -> KVStore:
+        if layer in self.pooled_layers:
+            return PooledKVStore(self.pager, layer, positions)
+        kind = self.config.layer_types[layer]
+        window = self.config.sliding_window if kind == "sliding_attention" else None
+        if parents is None:
+            return CacheKV(self.kv[layer], positions, window)
+        return TreeKV(self.kv[layer], parents, window)
+
+    def end_batch(self, batch: Batch, features) -> None:
+        """Close a batch: a chain is committed (features appended, length advanced); a tree is
+        left pending until :meth:`commit_path`."""
+        rec = batch.record
+        if batch.parents is not None:
+            rec.tree_features = features
+            self._pending = rec
+            return
+        if features is not None:
+            self.features.append(batch.start, features)
+        self.length = batch.start + rec.length
+        self._last = rec
+
+    # ------------------------------------------------------------------ commit and rollback
+
+    def commit_path(self, path) -> None:
+        """Keep the accepted branch of the pending tree verify.
+
+        ``path`` = node indices root first (node 0 is the root). Afterwards the state holds the
+        committed prefix plus the path's nodes at positions start, start+1, ...: KV rows of the
+        path, their features, and each GDN layer's state after the path's last node, exactly as
+        if the path's tokens had been run as a chain.
+        """
+        rec = self._pending
+        if rec is None:
+            raise ValueError("commit_path: no tree verify is pending (call forward_tree first)")
+        path = np.asarray(path, dtype=np.int64)
+        if path.size == 0 or path[0] != 0 or np.any(path >= rec.length):
+            raise ValueError(f"commit_path: path must start at the root 0 and index the "
+                             f"{rec.length} tree nodes, got {path.tolist()}")
+        start, xp = rec.start, self.be.xp
+        for cache in self.kv.values():
+            cache.keep_rows(start, start + path)  # the path's K/V, in path order
+        for i, node_states in rec.gdn.items():
+            self.gdn[i] = node_states[int(path[-1])]
+        if self.features is not None:
+            self.features.append(start, rec.tree_features[xp.asarray(path)])
+        self.length = start + path.size
+        self._pending = None
+        self._last = None  # a tree commit cannot be rewound further
+
+    def rollback(self, n_keep: int) -> None:
+        """Drop positions >= n_keep from every cache and rewind GDN states to match.
+
+        KV caches and features truncate (pooled layers need nothing: rows at positions >= the
+        next batch's start are hidden by its mask). A GDN state cannot be truncated: it is
+        rewound from the last batch's trace, so ``n_keep`` must lie within the last batch
+        ``[start, start + T]`` unless no GDN layer exists. Rolling back further is an error.
+        """
+        if self._pending is not None:
+            raise ValueError("rollback: a tree verify is pending; call commit_path(path)")
+        if not 0 <= n_keep <= self.length:
+            raise ValueError(f"rollback({n_keep}): the state holds {self.length} positions")
+        if n_keep == self.length:
+            return
+        if self.gdn:
+            self._rewind_gdn(n_keep)
+        for cache in self.kv.values():
+            cache.truncate(n_keep)
+        if self.features is not None:
+            self.features.truncate(n_keep)
+        self.length = n_keep
+
+    def _rewind_gdn(self, n_keep: int) -> None:
+        last = self._last
+        if last is None or not last.start <= n_keep <= last.start + last.length:
+            span = "none" if last is None else f"[{last.start}, {last.start + last.length}]"
+            raise ValueError(
+                f"rollback({n_keep}): GDN layers can only rewind within the last forward "
+                f"batch (positions {span}); re-run the prefix from a saved state instead"
+            )
+        if len(last.gdn) != len(self.gdn):
+            raise ValueError(
+                f"rollback({n_keep}): the last batch had {last.length} tokens, more than "
+                f"TRACE_MAX_TOKENS={TRACE_MAX_TOKENS}, so no GDN trace was kept; run long "
+                f"prefills before speculating, or in smaller batches"
+            )
+        for i, (before, trace) in last.gdn.items():
+            self.gdn[i] = rewind_state(before, trace, n_keep - last.start, self.be.xp)
