@@ -3,14 +3,15 @@
 - :mod:`~dflash_ref.spec_decode.verify`: chain verify, greedy and sampled (spec/dflash.md §5).
 - :mod:`~dflash_ref.spec_decode.ddtree`: DDTree build, ancestor visibility, tree verify
   (spec/kvflash_gate.md §5a, with the lucebox port's choices as options, §5).
-- :mod:`~dflash_ref.spec_decode.gate`: the entropy gate and the commit-EMA gate, the cost model
-  (spec/kvflash_gate.md §4).
+- :mod:`~dflash_ref.spec_decode.gate`: the entropy gate and the commit-EMA gate behind one
+  protocol; :mod:`~dflash_ref.spec_decode.cost`: the cost model and a modelled gated run.
 - :mod:`~dflash_ref.spec_decode.stats`: tau, acceptance rate, per-position acceptance,
   chi-square test.
 
 All of them are pure functions or small objects on arrays; none runs a model.
 """
 
+from dflash_ref.spec_decode.cost import CostModel, simulate_gated_decode
 from dflash_ref.spec_decode.ddtree import (
     DDTree,
     DDTreeOptions,
@@ -26,11 +27,11 @@ from dflash_ref.spec_decode.ddtree import (
 from dflash_ref.spec_decode.gate import (
     COMMIT_EMA_VERSIONS,
     CommitEmaGate,
-    CostModel,
     EntropyGate,
     GateDecision,
+    GateObservation,
+    StepObservation,
     p1_from_logits,
-    simulate_gated_decode,
 )
 from dflash_ref.spec_decode.stats import (
     AcceptanceStats,
@@ -57,6 +58,8 @@ __all__ = [
     "DDTreeOptions",
     "EntropyGate",
     "GateDecision",
+    "GateObservation",
+    "StepObservation",
     "TreeVerifyResult",
     "accept_length",
     "acceptance_rate",

@@ -14,24 +14,30 @@ Two gates, both pure objects fed with numbers so they are deterministic under te
   step cost), self-calibrating. Versions v1, v2 (default) and v3 differ in their initial EMA,
   timing fallback, hard floor and state lifetime (:data:`COMMIT_EMA_VERSIONS`).
 
-Both are disabled when verification samples (temperature > 0): the gates are a greedy-path
-feature in the source. A :class:`CostModel` replaces wall times with modelled ones so that a loop
-(or :func:`simulate_gated_decode`) can be run deterministically.
+A gate built with ``sampled=True`` never floors (the gates are a greedy-path feature in the
+source); a gate built without it judges a sampled run like a greedy one. A
+:class:`~dflash_ref.spec_decode.cost.CostModel` replaces wall times with modelled ones so that a
+loop (or :func:`~dflash_ref.spec_decode.cost.simulate_gated_decode`) runs deterministically.
 
-Protocol for the loop::
+The protocol both gates implement, and all the loop knows of a gate (it never checks a class)::
 
-    gate.begin_turn()
+    n_warmup = gate.start_turn(max_new_tokens, sampled)  # AR tokens to run before speculating
+    gate.end_warmup(walls)                    # their wall times (or modelled ones)
     while generating:
-        decision = gate.decide(...)          # loop top; p1 for the entropy gate
-        if decision.floor: AR-decode the rest of the turn; break
+        decision = gate.check(GateObservation(...))  # loop top, before any draft work
+        if decision.floor: AR-decode the rest of the turn
         ... draft, verify, commit ...
-        gate.record_step(...)                # after the commit; (commit_n, t_ar, step_wall)
+        gate.observe(StepObservation(...))    # after the commit
+
+Each gate takes from the observations what its rule needs: the entropy gate the target's p1 at
+the decision point, the commit-EMA gate the tokens a step committed and its time. Warm-up (the
+commit-EMA gate's t_ar measurement) is the gate's own business.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,6 +67,45 @@ class GateDecision:
     ema: float
     streak: int
     p1: float | None = None
+
+
+@dataclass(frozen=True)
+class GateObservation:
+    """What the loop knows at a decision point (the top of a step).
+
+    Attributes:
+        be: the Backend of ``logits_row``.
+        logits_row: [V] the target's logits row that produced the newest token: the prefill's
+            last row, a plain step's row, or the verify row of the bonus token (row a of a
+            chain verify, the path's last node of a tree verify).
+        n_generated: tokens emitted so far this turn.
+    """
+
+    be: object
+    logits_row: object
+    n_generated: int
+
+    @property
+    def p1(self) -> float:
+        """The target's top-1 probability at this point (host float64; syncs the device)."""
+        return p1_from_logits(self.be, self.logits_row)
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """What one committed speculative step reports to the gate.
+
+    Attributes:
+        commit_n: tokens the step committed, bonus included (chain: a + 1).
+        step_wall: the step's time in seconds, from just after the gate check to the end of the
+            commit (modelled with a cost model).
+        t_ar: one plain decode step's modelled time with a cost model; None: the gate uses
+            its own measurement.
+    """
+
+    commit_n: int
+    step_wall: float
+    t_ar: float | None = None
 
 
 def p1_from_logits(be: Backend | str, logits_row) -> float:
@@ -146,6 +191,24 @@ class EntropyGate:
     def record_step(self, *_args, **_kwargs) -> None:
         """Count a finished spec step (arguments accepted and ignored, for a uniform protocol)."""
         self.n_draft_steps += 1
+
+    # -- the loop's protocol (module docstring) ----------------------------------------------
+
+    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
+        """Begin a turn; the entropy gate needs no AR warm-up (returns 0)."""
+        self.begin_turn()
+        return 0
+
+    def end_warmup(self, walls: Sequence[float]) -> None:
+        """Nothing to calibrate."""
+
+    def check(self, obs: GateObservation) -> GateDecision:
+        """:meth:`decide` on the target's p1 at this decision point."""
+        return self.decide(obs.p1)
+
+    def observe(self, step: StepObservation) -> None:
+        """Count the step (:meth:`record_step`)."""
+        self.record_step()
 
     def _blocked(self) -> str | None:
         if self.floored:
@@ -329,109 +392,33 @@ class CommitEmaGate:
         self.n_draft_steps += 1
         return r
 
+    # -- the loop's protocol (module docstring) ----------------------------------------------
 
-# ---------------------------------------------------------------------------------------------
-# Cost model and a modelled run.
-# ---------------------------------------------------------------------------------------------
+    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
+        """Begin a turn; return how many AR tokens the loop must decode before speculating.
 
+        Sampled runs skip the warm-up (the source's gate lives on the greedy path). v2/v3 decode
+        a turn of at most 3 tokens by pure AR: the warm-up then covers the whole turn.
+        Otherwise the t_ar warm-up (:data:`T_AR_WARMUP_TOKENS` tokens) runs when
+        :attr:`needs_t_ar_warmup`.
+        """
+        self.begin_turn()
+        if sampled:
+            return 0
+        if self.pure_ar_turn(max_new_tokens):
+            return max_new_tokens
+        return T_AR_WARMUP_TOKENS if self.needs_t_ar_warmup else 0
 
-@dataclass(frozen=True)
-class CostModel:
-    """Modelled costs (seconds) so a loop can be timed deterministically instead of by wall clock.
+    def end_warmup(self, walls: Sequence[float]) -> None:
+        """Calibrate t_ar from the warm-up tokens' times when all three ran (:meth:`set_t_ar`)."""
+        if len(walls) >= T_AR_WARMUP_TOKENS:
+            need = 1 if self.version.t_ar_per_turn else 2
+            self.set_t_ar(walls[-need:])
 
-    ``target(w) = target_fixed + target_per_row * w`` for a target forward over w rows (decode:
-    w = 1; chain verify: w = B; tree verify: w = N). ``drafter(B) = drafter_fixed +
-    drafter_per_row * B``. A spec step costs ``drafter(B) + target(width) + step_overhead``.
-    Memory-bound decoding makes ``target_per_row`` small next to ``target_fixed``: that is why a
-    wide verify is nearly as cheap as one decode step.
-    """
+    def check(self, obs: GateObservation) -> GateDecision:
+        """:meth:`decide` (this gate reads nothing from the decision point)."""
+        return self.decide()
 
-    target_fixed: float
-    target_per_row: float = 0.0
-    drafter_fixed: float = 0.0
-    drafter_per_row: float = 0.0
-    step_overhead: float = 0.0
-
-    def target(self, width: int) -> float:
-        return self.target_fixed + self.target_per_row * width
-
-    def drafter(self, block_size: int) -> float:
-        return self.drafter_fixed + self.drafter_per_row * block_size
-
-    @property
-    def t_ar(self) -> float:
-        """One plain decode step: ``target(1)``."""
-        return self.target(1)
-
-    def spec_step(self, block_size: int, verify_width: int | None = None) -> float:
-        """A spec step: draft ``block_size`` rows, verify ``verify_width`` rows (default: B)."""
-        w = block_size if verify_width is None else verify_width
-        return self.drafter(block_size) + self.target(w) + self.step_overhead
-
-
-@dataclass
-class GatedRun:
-    """The modelled timeline of :func:`simulate_gated_decode`."""
-
-    time: float
-    ar_time: float
-    n_tokens: int
-    spec_steps: int
-    floored_after: int | None  # spec steps taken when the gate floored (None: never)
-    decisions: list[GateDecision] = field(default_factory=list)
-
-    @property
-    def excess(self) -> float:
-        """Modelled time over plain AR decoding of the same tokens (negative: spec won)."""
-        return self.time - self.ar_time
-
-
-def simulate_gated_decode(gate: CommitEmaGate, commits: Sequence[int], cost: CostModel,
-                          block_size: int, verify_width: int | None = None) -> GatedRun:
-    """A modelled turn: spec steps committing ``commits[i]`` tokens until the gate floors.
-
-    The turn produces ``sum(commits)`` tokens. Each spec step costs ``cost.spec_step`` and feeds
-    the gate ``(commit_n, t_ar = cost.t_ar, step_wall = cost.spec_step)``; once the gate floors,
-    the tokens of the remaining steps are decoded by AR at ``t_ar`` each. Plain AR decoding of
-    the same tokens takes ``sum(commits) * t_ar``. (The v2 t_ar warmup tokens are AR in both runs
-    and left out.) Not the loop: no model runs, only the gate and the cost model.
-    """
-    gate.begin_turn()
-    t_ar = cost.t_ar
-    step = cost.spec_step(block_size, verify_width)
-    n_tokens = int(sum(commits))
-    time, done, floored_after = 0.0, 0, None
-    for i, c in enumerate(commits):
-        if gate.decide().floor:
-            floored_after = i
-            time += (n_tokens - done) * t_ar
-            break
-        time += step
-        done += int(c)
-        gate.record_step(int(c), t_ar, step)
-    spec_steps = floored_after if floored_after is not None else len(commits)
-    return GatedRun(time=time, ar_time=n_tokens * t_ar, n_tokens=n_tokens, spec_steps=spec_steps,
-                    floored_after=floored_after, decisions=list(gate.decisions))
-
-
-def probe_steps_bound(gate: CommitEmaGate, bad_ratio: float, ema_start: float) -> int:
-    """Most spec steps the gate can take in a run of steps whose ratio is ``bad_ratio < margin``.
-
-    From the update rule, after k bad steps ``ema_k = r + (e0 - r) 2^-k`` (r = bad_ratio,
-    e0 = ``ema_start``). The streak starts at the first k with ``ema_k < margin`` (k_drop; 1 if
-    e0 < margin) and reaches ``sustain`` after ``k_drop + sustain - 1`` steps; the floor also waits
-    for ``n_draft_steps >= warmup``. So at most ``max(warmup, k_drop + sustain - 1)`` bad steps
-    run (the v2/v3 hard floor can only stop it earlier, and a streak already running at e0 too).
-    k_drop is found by running the gate's own float update, so it is exact for the gate even
-    when ``ema_k`` lands on the margin.
-    """
-    r, m = float(bad_ratio), gate.margin
-    if not r < m:
-        raise ValueError(f"bad_ratio {r} must be below the margin {m}")
-    ema, k_drop = float(ema_start), 0
-    while True:  # ends: ema - r halves every step and r < m
-        k_drop += 1
-        ema = 0.5 * ema + 0.5 * r
-        if ema < m:
-            break
-    return max(gate.warmup, k_drop + gate.sustain - 1)
+    def observe(self, step: StepObservation) -> None:
+        """:meth:`record_step` with the step's commit count and time (t_ar: modelled or own)."""
+        self.record_step(step.commit_n, step.t_ar, step.step_wall)

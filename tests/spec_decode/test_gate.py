@@ -15,14 +15,8 @@ from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError
-from dflash_ref.spec_decode.gate import (
-    CommitEmaGate,
-    CostModel,
-    EntropyGate,
-    p1_from_logits,
-    probe_steps_bound,
-    simulate_gated_decode,
-)
+from dflash_ref.spec_decode.cost import CostModel, probe_steps_bound, simulate_gated_decode
+from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate, p1_from_logits
 
 NP = get_backend("numpy")
 T_AR, STEP, COMMIT = 0.008, 0.054, 3  # the §4.2 worked trace: ratio 3 * 8 / 54 = 4/9

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from dflash_ref.errors import ConfigError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
-from dflash_ref.spec_decode.gate import CommitEmaGate, CostModel, probe_steps_bound
+from dflash_ref.spec_decode.cost import CostModel, probe_steps_bound
+from dflash_ref.spec_decode.gate import CommitEmaGate
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.stats import chi_square_gof
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
