@@ -101,8 +101,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"backend {target.be.name}; prompt {prompt}; {args.max_new_tokens} new tokens; "
           f"verify {args.verify}")
     plain = _run_timed(target, None, prompt, args, "plain")
-    spec = _run_timed(target, drafter, prompt, args, "speculative")
-    rows = [("plain", plain), ("speculative", spec)]
+    speculative = _run_timed(target, drafter, prompt, args, "speculative")
+    rows = [("plain", plain), ("speculative", speculative)]
     print()
     print(f"{'mode':<12} {'tokens':>6} {'tau':>6} {'accept':>7} {'target fwd':>10} "
           f"{'wall s':>8} {'tok/s':>8}")
@@ -110,10 +110,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         wall = r.timings.get("total", 0.0)
         print(f"{name:<12} {len(r.tokens):>6} {r.tau:>6.2f} {r.acceptance_rate:>7.1%} "
               f"{r.target_forward_passes:>10} {wall:>8.3f} {len(r.tokens) / max(wall, 1e-9):>8.1f}")
-    same = plain.tokens == spec.tokens
+    same = plain.tokens == speculative.tokens
     print()
     print(f"identical output: {'yes' if same else 'NO'}")
-    print(f"tokens: {spec.tokens}")
+    print(f"tokens: {speculative.tokens}")
     return 0 if same else 1
 
 

@@ -1,4 +1,4 @@
-"""One exception family for the whole project (DESIGN.md §6).
+"""One exception family for the whole project (docs/architecture.md, "Errors").
 
 Every message says what was found, what was expected, and how to fix it. Catch
 ``DFlashRefError`` to handle anything this package raises on purpose.

@@ -1,4 +1,4 @@
-"""Every notebook in notebooks/ executes top to bottom on CPU (STYLE.md §11).
+"""Every notebook in notebooks/ executes top to bottom on CPU (docs/architecture.md).
 
 Notebooks choose ``BACKEND = "auto"``, so here (no GPU) they run on NumPy; on a GPU machine the
 same cells run on CuPy.

@@ -2,9 +2,9 @@
 
 Both index rows by **absolute position** and both truncate on rollback. Neither is a ring: a ring
 indexed by ``pos % cap`` silently overwrites old rows once the context passes ``cap`` (the
-lucebox 4096-slot feature ring dropped acceptance from 85% to 7.7% exactly at 4096 prompt tokens,
-spec/dflash.md §7.8). Here exceeding a capacity is an error, or, for features only, an explicit
-eviction of the oldest rows when a drafter context window is configured.
+lucebox 4096-slot feature ring dropped acceptance from 85% to 7.7% exactly at 4096 prompt tokens;
+docs/conventions.md, "Lessons from the seeds"). Here exceeding a capacity is an error, or, for
+features only, an explicit eviction of the oldest rows when a drafter context window is set.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ class FeatureBuffer:
 
     Rows arrive with the target forward that computed them (prefill micro-batches, decode steps,
     verify batches) and must be appended in position order: a gap or an overlap is an error, so a
-    buffer can never hold only the last micro-batch (spec/dflash.md §7.6) or skip rows restored
-    from a cache (§7.7). ``truncate`` on rollback keeps the accepted rows only (§3, §5.2f).
+    buffer can never hold only the last micro-batch or skip rows restored from a
+    cache (docs/conventions.md, "Lessons from the seeds"). ``truncate`` on rollback keeps the
+    accepted rows only (docs/spec_decode.md).
 
     Capacity: at most ``capacity`` rows are held. When ``window`` (a drafter context window of the
     last W features) is set, appending past capacity evicts the oldest rows, keeping at least

@@ -1,20 +1,20 @@
-"""The DFlash block-diffusion drafter (spec/dflash.md §1-§4; cited by section below).
+"""The DFlash block-diffusion drafter (z-lab/dflash ``dflash/model.py``; docs/drafter.md).
 
 One forward drafts a whole block: given captured target features for the committed context and a
 block ``[anchor, MASK x (B-1)]`` at positions ``s .. s+B-1``, it returns logits for all B rows;
-rows 1..B-1 are the drafts for positions s+1 .. s+B-1 (§4.4). Shapes: C captures, H hidden,
+rows 1..B-1 are the drafts for positions s+1 .. s+B-1. Shapes: C captures, H hidden,
 nh / nkv heads, d head_dim, B block size, ctx context rows.
 
-    c = RMSNorm_hidden_norm(features @ fc^T)                 [ctx, C*H] -> [ctx, H]   (§4.1)
-    h = E_target[block] * scale                              [B, H]  (Gemma: sqrt(H)) (§4.2)
-    per layer (§4.3):
+    c = RMSNorm_hidden_norm(features @ fc^T)                 [ctx, C*H] -> [ctx, H]   encode
+    h = E_target[block] * scale                              [B, H]  (Gemma: sqrt(H)) embed
+    per layer:
         u = RMSNorm_input(h)                                 noise rows only
         q = rope(q_norm((u Wq^T)[B, nh, d]), s..s+B-1)
         k = rope(k_norm([c Wk^T ; u Wk^T]), [p_ctx ; s..s+B-1])     context FIRST
         v = [c Wv^T ; u Wv^T]                                 no norm, no rope
         h = h + attention(q, k, v, drafter mask) Wo^T         non-causal (SWA: per option)
         h = h + W_down(swiglu(W_gate u', W_up u')),  u' = RMSNorm_post(h)
-    logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   (§4.4)
+    logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   head
 
 The context rows are never queries and are identical in every layer (each layer projects the
 same ``c`` with its own Wk / Wv / k_norm). The drafter owns no embedding or lm_head: it borrows the
@@ -27,7 +27,7 @@ Two equivalent ways to hold the context:
   call (lucebox ``build_draft_graph``), the oracle other implementations can call directly;
 - cached: :class:`DraftCache` keeps per-layer context K/V (post k_norm, post RoPE at
   absolute positions) appended as committed features arrive, and never keeps noise K/V (the
-  authors' ``DynamicCache`` + ``crop(s)``, §4.8). tests/models/test_drafter.py checks that
+  authors' ``DynamicCache`` + ``crop(s)``). tests/models/test_drafter.py checks that
   cached == stateless.
 """
 
@@ -142,7 +142,7 @@ class DFlashDrafter:
     # ------------------------------------------------------------------ the pieces
 
     def encode(self, features):
-        """§4.1: ``c = RMSNorm_hidden_norm(features @ fc^T)``: [ctx, C*H] -> [ctx, H]."""
+        """Encode: ``c = RMSNorm_hidden_norm(features @ fc^T)``: [ctx, C*H] -> [ctx, H]."""
         cfg = self.config
         width = self.fc.shape[1]
         if features.ndim != 2 or features.shape[1] != width:
@@ -153,7 +153,7 @@ class DFlashDrafter:
         return self.be.ops.rms_norm(features @ self.fc.T, self.hidden_norm, cfg.rms_norm_eps)
 
     def embed_block(self, anchor_token: int):
-        """§4.2: the block [anchor, mask x (B-1)] through the target's embedding rows: [B, H]."""
+        """Embed: the block [anchor, mask x (B-1)] through the target's embedding rows: [B, H]."""
         B, m = self.block_size, self.config.mask_token_id
         ids = np.full(B, m, dtype=np.int64)
         ids[0] = int(anchor_token)
@@ -175,7 +175,10 @@ class DFlashDrafter:
                                 r.rotary_dim, r.factor)
 
     def layer_mask(self, layer: int, ctx_pos, noise_pos) -> MaskSpec:
-        """The attention mask of one layer (§4.3 non-causal; §4.9 for sliding layers)."""
+        """The attention mask of one layer.
+
+        Non-causal; sliding layers follow ``swa_convention`` (docs/conventions.md, SWA).
+        """
         cfg = self.config
         vis = cfg.visibility(layer)
         causal = vis.max_ahead == 0
@@ -213,7 +216,7 @@ class DFlashDrafter:
         return h + ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
 
     def head(self, h):
-        """§4.4: final norm, then the target's lm_head (with its softcap, if any)."""
+        """Head: final norm, then the target's lm_head (with its softcap, if any)."""
         z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
         return self.target.lm_head(z)
 
@@ -247,7 +250,7 @@ class DFlashDrafter:
         return self.head(h)
 
     def draft_tokens(self, logits) -> np.ndarray:
-        """§4.5: greedy drafts = argmax of rows 1..B-1, as host int64 [B-1]."""
+        """Greedy drafts = argmax of rows 1..B-1, as host int64 [B-1]."""
         return self.be.to_numpy(self.be.ops.argmax_rows(logits[1:])).astype(np.int64)
 
     # ------------------------------------------------------------------ cached form
@@ -258,7 +261,7 @@ class DFlashDrafter:
 
 
 class DraftCache:
-    """Per-layer context K/V of the committed positions 0..length-1 (§4.8).
+    """Per-layer context K/V of the committed positions 0..length-1.
 
     ``extend(features, positions)`` appends new committed context (post-norm, post-RoPE keys)
     to one :class:`~dflash_ref.models.cache.KVCache` per layer; ``forward_block(anchor_token,
@@ -313,7 +316,7 @@ class DraftCache:
 
 
 def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor names and PyTorch [out, in] shapes of a drafter checkpoint (spec/dflash.md §2.1)."""
+    """Tensor names and PyTorch [out, in] shapes of a drafter checkpoint (docs/formats.md)."""
     H, d, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
     t = {cfg.fc_name: (H, cfg.n_capture * H), cfg.hidden_norm_name: (H,), "norm.weight": (H,)}

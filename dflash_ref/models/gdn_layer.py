@@ -1,5 +1,5 @@
 """The Gated DeltaNet token mixer of Qwen3-Next / Qwen3.5 (``linear_attn``), with decode state
-and speculative-decoding rewind (spec/gdn.md §3, §4).
+and speculative-decoding rewind (docs/gdn.md).
 
 One layer, for one sequence, written against a :class:`~dflash_ref.backend.Backend`::
 
@@ -16,7 +16,7 @@ One layer, for one sequence, written against a :class:`~dflash_ref.backend.Backe
 with key_dim = H dk, value_dim = HV dv, conv_dim = 2 key_dim + value_dim, r = HV / H.
 
 Weights are a dict of arrays named as in the HF checkpoint, relative to the layer's
-``linear_attn.`` prefix. Two projection layouts exist (spec/gdn.md §3.1):
+``linear_attn.`` prefix. Two projection layouts exist (docs/gdn.md):
 
 - ``layout="qwen3_next"`` (Qwen3-Next): ``in_proj_qkvz.weight`` [2 key_dim + 2 value_dim, hidden]
   and ``in_proj_ba.weight`` [2 HV, hidden], **grouped per key head**: the output of in_proj_qkvz,
@@ -34,7 +34,7 @@ Both use ``conv1d.weight`` [conv_dim, 1, W], ``dt_bias`` [HV], ``A_log`` [HV], `
 Decode state (:class:`GDNState`): the recurrent state [HV, dk, dv] and the conv state
 [conv_dim, W - 1] (the last W - 1 raw, pre-conv inputs, oldest first). Nothing else.
 
-Rewind (spec/gdn.md §4.2). A verify batch is ``[x0, d1, ..., dN]``: the last committed token x0
+Rewind (docs/gdn.md, rollback). A verify batch is ``[x0, d1, ..., dN]``: the last committed token x0
 (not yet fed) followed by N drafts. ``forward(..., return_trace=True)`` returns a
 :class:`GDNTrace` holding the recurrent state after every batch token and the raw conv inputs.
 ``rewind(state_before, trace, n_keep)`` returns the state after the first ``n_keep`` batch tokens
@@ -57,7 +57,7 @@ from dflash_ref.errors import ConfigError, FormatError
 
 LAYOUTS = ("qwen3_next", "qwen3_5")
 SCAN_MODES = ("auto", "recurrent", "chunked")
-SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA, SGLang; spec/gdn.md §3.3)
+SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA ``fla/ops/utils/softplus.py``)
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ class GDNTrace:
 
 
 def split_qkvz_ba(qkvz, ba, cfg: GDNConfig, xp=np):
-    """Split Qwen3-Next's grouped projections (spec/gdn.md §3.1); ``xp`` is numpy or cupy.
+    """Split Qwen3-Next's grouped projections (docs/gdn.md); ``xp`` is numpy or cupy.
 
     Args:
         qkvz: [T, H * (2 dk + 2 r dv)], the output of in_proj_qkvz.
@@ -306,7 +306,7 @@ class GDNLayer:
              for name, arr in weights.items()}
         w["conv1d.weight"] = w["conv1d.weight"].reshape(cfg.conv_dim, cfg.conv_kernel)
         self.w = w
-        self.A = -xp.exp(w["A_log"])  # [HV]; GGUF's ssm_a stores this already (spec §3.3)
+        self.A = -xp.exp(w["A_log"])  # [HV]; GGUF's ssm_a stores this already
 
     # ------------------------------------------------------------------ state
 

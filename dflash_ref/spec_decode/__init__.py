@@ -1,8 +1,8 @@
 """Speculative decoding pieces the loop calls: verifiers, gates, statistics.
 
-- :mod:`~dflash_ref.spec_decode.verify`: chain verify, greedy and sampled (spec/dflash.md §5).
+- :mod:`~dflash_ref.spec_decode.verify`: chain verify, greedy and sampled (docs/spec_decode.md).
 - :mod:`~dflash_ref.spec_decode.ddtree`: DDTree build, ancestor visibility, tree verify
-  (spec/kvflash_gate.md §5a, with the lucebox port's choices as options, §5).
+  (liranringel/ddtree ``ddtree.py``, with the lucebox port's choices as options).
 - :mod:`~dflash_ref.spec_decode.gate`: the entropy gate and the commit-EMA gate behind one
   protocol; :mod:`~dflash_ref.spec_decode.cost`: the cost model and a modelled gated run.
 - :mod:`~dflash_ref.spec_decode.stats`: tau, acceptance rate, per-position acceptance,

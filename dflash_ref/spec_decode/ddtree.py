@@ -1,7 +1,7 @@
 """DDTree: a best-first draft tree from one drafter pass, verified in one target pass.
 
-The default is the authors' reference (liranringel/ddtree ``ddtree.py``, spec/kvflash_gate.md
-§5a); the lucebox port's choices (spec §5) are options of :class:`DDTreeOptions`.
+The default is the authors' reference (liranringel/ddtree ``ddtree.py``); the lucebox port's
+choices (Luce-Org/lucebox ``server/src/common/ddtree.cpp``) are options of :class:`DDTreeOptions`.
 
 **Inputs.** The drafter runs on ``[root, mask x (B-1)]`` exactly as in chain mode; its rows
 1..B-1 give, for depth d = 1..L (L = B-1), a distribution over the token at position root + d.
@@ -32,7 +32,7 @@ At temperature 0 the committed tokens equal plain greedy decoding's.
 was written at slot ``committed + i``; keep the rows of ``path`` in path order right after the
 committed prefix (copy ``committed + path[d]`` -> ``committed + d``); the drafter's next context
 is the features of ``path`` in path order; GDN state is the state after the last path node,
-rebuilt along the path (spec §5, tree-mode DeltaNet).
+rebuilt along the path (lucebox's tree-mode DeltaNet).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from dflash_ref.errors import ConfigError
 from dflash_ref.spec_decode.verify import greedy_posterior
 
 LUCEBOX_BUDGET = 22
-"""lucebox ``--ddtree-budget`` default (spec/kvflash_gate.md §5)."""
+"""lucebox ``--ddtree-budget`` default (Luce-Org/lucebox ``server/src/common/ddtree.cpp``)."""
 LUCEBOX_TOP_K = 8
 """lucebox: K = 8 candidates per depth when budget > L, else 1 (a top-1 chain)."""
 MIN_TEMPERATURE = 1e-3
@@ -57,7 +57,7 @@ MIN_TEMPERATURE = 1e-3
 
 @dataclass(frozen=True)
 class DDTreeOptions:
-    """How to build the tree. Defaults reproduce the authors' ``ddtree.py`` (spec §5a).
+    """How to build the tree. Defaults reproduce the authors' ``ddtree.py``.
 
     Attributes:
         budget: non-root nodes. ``None``: L = B-1, the authors' default (as many nodes as a chain).
@@ -77,7 +77,7 @@ class DDTreeOptions:
 
     @classmethod
     def lucebox(cls, budget: int = LUCEBOX_BUDGET, temperature: float = 1.0) -> DDTreeOptions:
-        """The lucebox port's defaults: budget 22, K = 8 (or 1), chain seeded (spec §5)."""
+        """The lucebox port's defaults: budget 22, K = 8 (or 1), chain seeded."""
         return cls(budget=budget, top_k_rule="lucebox", chain_seed=True, temperature=temperature)
 
     def resolve(self, L: int, V: int) -> tuple[int, int]:
@@ -141,7 +141,7 @@ class DDTree:
 
 @dataclass(frozen=True)
 class TreeVerifyResult:
-    """Outcome of a greedy tree verify (spec/kvflash_gate.md §5a "Follow" and "Commit").
+    """Outcome of a greedy tree verify (``ddtree.py``, follow and commit).
 
     Attributes:
         path: accepted node indices in path order, root (0) first. These are also the verify
@@ -225,7 +225,7 @@ def topk_log_probs(be: Backend | str, draft_logits, k: int,
 
 def build_ddtree(be: Backend | str, root_token: int, draft_logits,
                  options: DDTreeOptions | None = None) -> DDTree:
-    """Build the draft tree for one step from the drafter's logits (spec/kvflash_gate.md §5a).
+    """Build the draft tree for one step from the drafter's logits (liranringel/ddtree).
 
     Args:
         be: backend of ``draft_logits``.
@@ -255,7 +255,7 @@ def build_ddtree_from_topk(root_token: int, topk_ids, topk_lp, budget: int,
         topk_ids: [L, K] int, candidates per depth sorted best first (row d-1 = depth d).
         topk_lp: [L, K] their log-probabilities (float32; scores are summed in float64).
         budget: maximum non-root nodes.
-        chain_seed: pre-insert the top-1 chain (lucebox, spec §5); off in the authors' builder.
+        chain_seed: pre-insert the top-1 chain (lucebox); off in the authors' builder.
     Returns:
         :class:`DDTree` with ``1 + min(budget, K + K^2 + ... + K^L)`` nodes (the heap empties
         once every path of the K-ary tree is in).
@@ -356,7 +356,7 @@ def ancestor_matrix(parents) -> np.ndarray:
 
 
 def follow_verified_tree(tree: DDTree, posterior) -> TreeVerifyResult:
-    """Walk from the root along the target's greedy choices (spec/kvflash_gate.md §5a "Follow").
+    """Walk from the root along the target's greedy choices (``ddtree.py``, follow).
 
     ``path = [0]; next = posterior[0]``; while ``next`` is a child token of the current node,
     move to that child and append it, ``next = posterior[child]``. The bonus is ``next``.

@@ -4,15 +4,17 @@ Speculative decoding wins only when the drafter is accepted often enough to pay 
 the wide verify; on novel, high-entropy text it can be 2-4x slower than AR (lucebox, seed 000).
 A gate is evaluated at the top of every loop iteration, before any draft or verify work, and
 either lets the step run or **floors**: the rest of the turn is decoded by plain AR, with no way
-back to speculation within the turn (spec/kvflash_gate.md §4).
+back to speculation within the turn (docs/spec_decode.md, gates).
 
 Two gates, both pure objects fed with numbers so they are deterministic under test:
 
-- :class:`EntropyGate` (§4.1, lucebox 8e47b477): an EMA of the target's top-1 probability p1.
-- :class:`CommitEmaGate` (§4.2, lucebox ``common/spec_gate.h``): an EMA of the measured speed
-  ratio ``commit_n * t_ar / step_wall`` (tokens this step would have cost under AR over what the
-  step cost), self-calibrating. Versions v1, v2 (default) and v3 differ in their initial EMA,
-  timing fallback, hard floor and state lifetime (:data:`COMMIT_EMA_VERSIONS`).
+- :class:`EntropyGate` (Luce-Org/lucebox pull 487, commit 8e47b477): an EMA of the target's
+  top-1 probability p1.
+- :class:`CommitEmaGate` (Luce-Org/lucebox pull 487, ``server/src/common/spec_gate.h``): an EMA
+  of the measured speed ratio ``commit_n * t_ar / step_wall`` (tokens this step would have
+  cost under AR over what the step cost), self-calibrating. Versions v1, v2 (default) and v3
+  differ in their initial EMA, timing fallback, hard floor and state lifetime
+  (:data:`COMMIT_EMA_VERSIONS`).
 
 A gate built with ``sampled=True`` never floors (the gates are a greedy-path feature in the
 source); a gate built without it judges a sampled run like a greedy one. A
@@ -109,7 +111,7 @@ class StepObservation:
 
 
 def p1_from_logits(be: Backend | str, logits_row) -> float:
-    """The target's top-1 probability ``p1 = 1 / sum_i exp(l_i - l_max)`` in float64 (§4.1).
+    """The target's top-1 probability ``p1 = 1 / sum_i exp(l_i - l_max)`` in float64.
 
     Args:
         logits_row: [V] (backend array): the prefill's last row at step 0, afterwards the last
@@ -125,7 +127,7 @@ def p1_from_logits(be: Backend | str, logits_row) -> float:
 
 
 class EntropyGate:
-    """The p1-entropy gate (spec/kvflash_gate.md §4.1; lucebox 8e47b477, replaced a day later).
+    """The p1-entropy gate (Luce-Org/lucebox 8e47b477, replaced a day later).
 
     State per turn: ``ema_p1 = 1.0`` (optimistic), ``low_streak = 0``. At each loop top with a
     valid p1:
@@ -227,7 +229,7 @@ class EntropyGate:
 
 @dataclass(frozen=True)
 class CommitEmaVersion:
-    """What distinguishes the revisions of ``common/spec_gate.h`` (spec/kvflash_gate.md §4.2)."""
+    """What distinguishes the revisions of ``server/src/common/spec_gate.h``."""
 
     name: str
     ema_init: float
@@ -259,7 +261,7 @@ T_AR_FALLBACK = 5e-3
 
 
 class CommitEmaGate:
-    """The self-calibrating commit-EMA gate (spec/kvflash_gate.md §4.2).
+    """The self-calibrating commit-EMA gate (Luce-Org/lucebox ``server/src/common/spec_gate.h``).
 
     After each committed spec step::
 
@@ -278,9 +280,9 @@ class CommitEmaGate:
     rollback len(path) (bonus deferred); DDTree replay len(path) + 1 (bonus included).
     ``step_wall`` runs from just after the gate check to the end of the commit.
 
-    Worked trace (spec §4.2; t_ar 8 ms, step 54 ms, commit 3, ratio 4/9): v1 ema 1.222, 0.833,
-    0.639, 0.542 with streaks 0, 1, 2, 3, floors before spec step 5; v2 ema 0.222, 0.333, hard
-    floor before spec step 3.
+    Worked trace (docs/spec_decode.md; t_ar 8 ms, step 54 ms, commit 3, ratio 4/9): v1 ema
+    1.222, 0.833, 0.639, 0.542 with streaks 0, 1, 2, 3, floors before spec step 5; v2 ema
+    0.222, 0.333, hard floor before spec step 3.
     """
 
     def __init__(self, version: str = DEFAULT_COMMIT_EMA_VERSION, margin: float = 1.0,

@@ -1,4 +1,4 @@
-"""Chain verifiers: greedy, and sampled at temperature > 0 (spec/dflash.md §5.2c-e).
+"""Chain verifiers: greedy, and sampled at temperature > 0 (z-lab/dflash ``dflash/model.py``).
 
 One verify step sees the block that was drafted and the target's output for it:
 
@@ -40,7 +40,7 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 
 @dataclass(frozen=True)
 class ChainVerifyResult:
-    """Outcome of one chain verify step (spec/dflash.md §5.2d-f).
+    """Outcome of one chain verify step (docs/spec_decode.md).
 
     Attributes:
         a: accepted drafts, 0 <= a <= B-1.
@@ -66,7 +66,7 @@ class ChainVerifyResult:
 
     @property
     def acceptance_length(self) -> int:
-        """``a + 1``: the quantity tau averages (spec/dflash.md §5, "acceptance length")."""
+        """``a + 1``: the quantity tau averages (docs/conventions.md, tau)."""
         return self.a + 1
 
     @property
@@ -81,7 +81,7 @@ class ChainVerifyResult:
 
 
 def accept_length(drafts, posterior) -> np.ndarray:
-    """Longest prefix where the drafts equal the target's tokens (spec/dflash.md §5.2d).
+    """Longest prefix where the drafts equal the target's tokens (``dflash_generate``).
 
     ``a = sum_j prod_{i <= j} [drafts[i] == posterior[i]]`` (the HF ref's cumprod of equality,
     summed).
@@ -155,7 +155,7 @@ def greedy_posterior(be: Backend | str, target, n_rows: int | None = None) -> np
 
 
 def verify_chain_greedy(be: Backend | str, block, target) -> ChainVerifyResult:
-    """Greedy chain verify (spec/dflash.md §5.2d-e).
+    """Greedy chain verify (``dflash_generate``).
 
     Example: block [5, 7, 9, 2], target argmax rows [7, 9, 4, x]: 7 == 7, 9 == 9, 2 != 4, so
     a = 2, accepted (7, 9), bonus 4, committed (7, 9, 4).
@@ -314,7 +314,7 @@ def chain_rejection_core(block, probs, u_accept, u_bonus) -> tuple[np.ndarray, n
 def sample_tokens(be: Backend | str, logits, temperature: float, rng) -> np.ndarray:
     """HF ref ``sample(logits, T)``: argmax if T < 1e-5, else one multinomial draw per row.
 
-    Used for the prefill's first token (spec/dflash.md §5.1) and by the sampled verifier.
+    Used for the prefill's first token (``dflash_generate``) and by the sampled verifier.
 
     Args:
         logits: [R, V] (backend array).
@@ -331,7 +331,7 @@ def sample_tokens(be: Backend | str, logits, temperature: float, rng) -> np.ndar
 
 def verify_chain_sampled(be: Backend | str, block, target_logits, temperature: float,
                          rng) -> ChainVerifyResult:
-    """Sampled chain verify as the HF ref does it (spec/dflash.md §5.2c-e, "Temperature > 0").
+    """Sampled chain verify as the HF ref does it (``dflash_generate`` at temperature > 0).
 
     posterior = :func:`sample_tokens` of the B rows; a draft is accepted iff it equals the
     sampled target token; bonus = posterior[a]. Lossless in distribution (the committed tokens

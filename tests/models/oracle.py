@@ -96,7 +96,9 @@ def dense_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
 
 def drafter_forward(dcfg: dict, D: dict, E: np.ndarray, head: np.ndarray, feats, ctx_pos,
                     anchor: int, s: int, emb_scale: float = 1.0, softcap=None) -> np.ndarray:
-    """Independent float64 DFlash drafter forward (spec/dflash.md §4), full non-causal layers.
+    """Independent float64 DFlash drafter forward, full non-causal layers.
+
+    From the equations of z-lab/dflash ``dflash/model.py`` (docs/drafter.md).
 
     D: drafter tensors (z-lab names); E: target embedding [V, H]; head: target lm_head [V, H].
     Returns logits [B, V].
@@ -137,7 +139,7 @@ def drafter_forward(dcfg: dict, D: dict, E: np.ndarray, head: np.ndarray, feats,
 def qwen35_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
     """Independent float64 forward of a Qwen3.5 text hybrid (separate qkv/z/b/a GDN layout).
 
-    Straight from the equations (spec/gdn.md §1.2, §1.3, §1.5, §3; HF Qwen3.5 attention): (1+w)
+    Straight from the equations (docs/gdn.md; HF Qwen3.5 attention): (1+w)
     norms except the GDN gated norm; full-attention layers with q_proj = per head [q | gate],
     q/k norms, partial rotary on the first rotary_dim channels, sigmoid output gate; GDN layers
     with a causal depthwise conv (kernel K) + SiLU on [q | k | v], L2-normalised q and k (eps

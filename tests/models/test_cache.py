@@ -32,7 +32,7 @@ def test_feature_buffer_refuses_gaps_and_overlaps():
     buf = FeatureBuffer(be, 3)
     buf.append(0, rows(0, 4))
     with pytest.raises(ValueError, match="no gap or overlap"):
-        buf.append(6, rows(6, 2))  # a cache restore that skipped features (spec §7.7)
+        buf.append(6, rows(6, 2))  # a cache restore that skipped features (docs/conventions.md)
     with pytest.raises(ValueError, match="no gap or overlap"):
         buf.append(2, rows(2, 2))
 
@@ -49,7 +49,7 @@ def test_feature_buffer_capacity_without_window_raises_never_wraps():
     buf = FeatureBuffer(be, 3, capacity=4096)
     buf.append(0, rows(0, 4096))
     with pytest.raises(ConfigError, match="capacity is 4096"):
-        buf.append(4096, rows(4096, 1))  # a ring would silently overwrite row 0 here (§7.8)
+        buf.append(4096, rows(4096, 1))  # a ring would overwrite row 0 here
     np.testing.assert_array_equal(buf.rows()[:, 0], np.arange(4096))
 
 

@@ -156,7 +156,8 @@ def test_fc_width_and_missing_tensor_errors(tmp_path, dirs):
 
 
 def test_formula_ids_when_config_has_none(tmp_path, dirs):
-    # No explicit target_layer_ids: the spec's formula (§1) for a one-layer drafter is
+    # No explicit target_layer_ids: the authors' formula (build_target_layer_ids) for a 1-layer
+    # drafter is
     # [L // 2] = [4 // 2] = [2] for the 4-layer target, and fc [64, 1 * 64] agrees.
     path = write_tiny_drafter(tmp_path / "formula", dirs["qwen3"], seed=3, num_hidden_layers=1,
                               target_layer_ids=(2,))

@@ -41,8 +41,8 @@ def separate_weights(cfg: GDNConfig, rng, scale=0.3) -> dict[str, np.ndarray]:
 
 def fuse_grouped(sep: dict[str, np.ndarray], cfg: GDNConfig) -> dict[str, np.ndarray]:
     """Build Qwen3-Next's grouped in_proj_qkvz / in_proj_ba by an explicit loop over key heads
-    (spec/gdn.md §3.1): for key head h the rows q_h | k_h | v_h (r dv) | z_h (r dv), and b_h (r)
-    | a_h (r). Written independently of the code under test."""
+    (HF ``modeling_qwen3_next.py``): for key head h the rows q_h | k_h | v_h (r dv) | z_h (r dv),
+    and b_h (r) | a_h (r). Written independently of the code under test."""
     H, r, dk, dv = cfg.num_k_heads, cfg.ratio, cfg.head_k_dim, cfg.head_v_dim
     Wqkv, Wz = sep["in_proj_qkv.weight"], sep["in_proj_z.weight"]
     Wq, Wk, Wv = Wqkv[:H * dk], Wqkv[H * dk:2 * H * dk], Wqkv[2 * H * dk:]
@@ -59,7 +59,7 @@ def fuse_grouped(sep: dict[str, np.ndarray], cfg: GDNConfig) -> dict[str, np.nda
 
 
 def layer_oracle(x, w, cfg: GDNConfig, rec0, conv0):
-    """float64 oracle of the layer from spec/gdn.md §3 (separate layout), loops where it helps."""
+    """float64 oracle of the layer from the equations (docs/gdn.md), loops where it helps."""
     T = x.shape[0]
     H, HV, dk, dv, W = (cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim,
                         cfg.conv_kernel)
@@ -103,7 +103,7 @@ def test_from_hf_reads_the_linear_attention_keys():
           "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6}
     cfg = GDNConfig.from_hf(hf)
     assert cfg.layout == "qwen3_next" and cfg.ratio == 2
-    # Qwen3-Next-80B: conv_dim = 2 * 16 * 128 + 32 * 128 = 8192 (spec/gdn.md §4.1 sizes).
+    # Qwen3-Next-80B: conv_dim = 2 * 16 * 128 + 32 * 128 = 8192 (the published config's sizes).
     assert cfg.conv_dim == 8192 and cfg.value_dim == 4096
     assert GDNConfig.from_hf({**hf, "model_type": "qwen3_5_text"}).layout == "qwen3_5"
     with pytest.raises(ConfigError, match="linear_num_key_heads"):
@@ -242,7 +242,7 @@ def test_rewind_equals_a_fresh_run_on_the_kept_tokens(data):
 
 
 def test_promote_index_convention_acc_0_and_acc_n(rng):
-    # spec/gdn.md §4.2: batch [x0, d1..dN]; acc accepted drafts keep x0..d_acc (acc + 1 tokens).
+    # docs/gdn.md: batch [x0, d1..dN]; acc accepted drafts keep x0..d_acc (acc + 1 tokens).
     cfg = small_config(r=2)
     layer = GDNLayer(cfg, separate_weights(cfg, rng))
     _, before, _ = layer.forward(rng.standard_normal((4, cfg.hidden_size)))

@@ -1,4 +1,4 @@
-"""DDTree build, visibility and tree verify (spec/kvflash_gate.md §5a, lucebox options §5).
+"""DDTree build, visibility and tree verify (liranringel/ddtree ``ddtree.py``; lucebox options).
 
 Hand cases use log-probabilities that are exact in binary (multiples of 1/8), so path scores are
 exact and ties are real ties, decided by the rank-path rule.

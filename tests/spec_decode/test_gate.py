@@ -1,7 +1,8 @@
-"""Spec-decode gates (spec/kvflash_gate.md §4): golden traces, rules, and the bound against AR.
+"""Spec-decode gates (docs/spec_decode.md, gates): golden traces, rules, and the bound against AR.
 
 Expected values are worked out by hand from the update rules in the spec, written next to each
-assertion; the §4.2 worked trace (t_ar 8 ms, step 54 ms, commit 3) is the golden vector.
+assertion; the worked trace of docs/spec_decode.md (t_ar 8 ms, step 54 ms, commit 3) is the
+golden vector.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dflash_ref.spec_decode.cost import CostModel, probe_steps_bound, simulate_g
 from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate, p1_from_logits
 
 NP = get_backend("numpy")
-T_AR, STEP, COMMIT = 0.008, 0.054, 3  # the §4.2 worked trace: ratio 3 * 8 / 54 = 4/9
+T_AR, STEP, COMMIT = 0.008, 0.054, 3  # the worked trace: 3 * 8 / 54 = 4/9
 
 
 def _run_trace(gate, step_args, n_steps):

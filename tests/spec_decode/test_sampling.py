@@ -1,4 +1,4 @@
-"""Sampled chain verify is lossless in distribution: chi-square tests (spec/dflash.md §5).
+"""Sampled chain verify is lossless in distribution: chi-square tests (docs/spec_decode.md).
 
 The claim: with a greedy (one-hot) draft, accepting a draft iff it equals the target token sampled
 from softmax(logits / T) gives the same law as speculative sampling, namely

@@ -1,4 +1,4 @@
-"""Greedy chain verify: hand cases, properties, NumPy vs CuPy (spec/dflash.md §5.2d-e)."""
+"""Greedy chain verify: hand cases, properties, NumPy vs CuPy (docs/spec_decode.md)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_later_match_after_a_mismatch_does_not_count():
 
 
 def test_block_of_one_is_plain_decoding():
-    # B = 1 degenerates to AR: a = 0, the bonus is the target's next token (spec §5).
+    # B = 1 degenerates to AR: a = 0, the bonus is the target's next token (``dflash_generate``).
     r = verify_chain_greedy(NP, [5], np.array([6]))
     assert (r.a, r.committed) == (0, (6,))
 
