@@ -1,0 +1,127 @@
+"""The repository's shape: the rules a newcomer relies on (docs/architecture.md).
+
+- no module in ``dflash_ref/`` or ``kernels_cupy/`` is longer than a reader can hold (450 lines);
+- no import cycle inside ``dflash_ref`` (function-level imports count: a cycle hidden in a
+  function still ties two modules into one);
+- every citation resolves inside the repository: nothing cites the project's private notes
+  (``spec/*.md`` files or their bare section marks), which a reader who clones it cannot open;
+- the public entry points import from the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 450
+
+
+def _modules(pkg: str) -> dict[str, Path]:
+    """Dotted module name -> file for every .py under ``pkg`` (a package's __init__ is itself)."""
+    out = {}
+    for path in sorted((ROOT / pkg).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+@pytest.mark.parametrize("pkg", ["dflash_ref", "kernels_cupy"])
+def test_no_module_is_longer_than_a_reader_can_hold(pkg):
+    long = {name: n for name, path in _modules(pkg).items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The dflash_ref modules ``name`` imports, anywhere in the file (resolved to known names)."""
+    is_pkg = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = name.split(".") if is_pkg else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in known:  # `from a.b import c`: module a.b.c if it exists, else a.b
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (c := visit(m)):
+                return c
+        state[n] = 2
+        stack.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    # Hand-made graph: a -> b -> c -> a is a cycle; d -> a is not part of it.
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_in_dflash_ref():
+    mods = _modules("dflash_ref")
+    known = set(mods)
+    # A package imports nothing but its own modules' names by being a parent: edges from a
+    # module to its enclosing packages' __init__ are how Python imports work, not a design
+    # choice, so only explicit import statements count.
+    graph = {name: _imports(path, name, known) for name, path in mods.items()}
+    cycle = _find_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+CITATION = re.compile(r"spec/(dflash|gdn|kvflash_gate)\.md|§|\.\./shared|shared/(spec|seeds)/")
+
+
+def _tracked(*patterns: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [ROOT / p for p in out.stdout.split()]
+
+
+def test_every_citation_resolves_inside_the_repository():
+    files = _tracked("*.py", "*.md", "*.ipynb", "*.cu", "*.cuh", "*.toml")
+    bad = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:90]}"
+           for p in files if p.name != "test_layout.py"
+           for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           if CITATION.search(line)]
+    assert not bad, "citations of files outside the repository:\n" + "\n".join(bad[:40])
+
+
+def test_public_entry_points_import_from_the_top():
+    code = "from dflash_ref import TargetModel, DFlashDrafter, generate; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
