@@ -22,8 +22,9 @@ from gguf import GGUFReader, GGUFWriter
 
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.convert_common import tensor_type
-from dflash_ref.io.convert_drafter import convert_drafter, convert_target, read_gguf_drafter
-from dflash_ref.io.convert_target import LAYER_NAMES
+from dflash_ref.io.convert_drafter import convert_drafter
+from dflash_ref.io.convert_target import LAYER_NAMES, convert_target
+from dflash_ref.io.drafter_from_gguf import read_gguf_drafter
 from dflash_ref.io.gguf_io import _value_type, open_gguf
 from dflash_ref.io.safetensors_io import load_checkpoint, write_safetensors
 from dflash_ref.models.drafter import DFlashDrafter
