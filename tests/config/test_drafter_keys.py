@@ -13,9 +13,7 @@ from hypothesis import strategies as st
 from dflash_ref.config import (
     build_target_layer_ids,
 )
-from tests.config.configs import (
-    raises,
-)
+from tests.config.configs import raises
 
 
 @pytest.mark.parametrize("L, D, expected", [

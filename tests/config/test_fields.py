@@ -14,9 +14,7 @@ from dflash_ref.config import (
     embedding_scale_for,
     round_to_dtype,
 )
-from tests.config.configs import (
-    raises,
-)
+from tests.config.configs import raises
 
 
 def test_gemma_embedding_scale_rounding_values_from_spec():

@@ -13,11 +13,7 @@ from dflash_ref.config import (
     resolve_rope_theta,
 )
 from dflash_ref.errors import ConfigError
-from tests.config.configs import (
-    FULL,
-    SLIDING,
-    raises,
-)
+from tests.config.configs import FULL, SLIDING, raises
 
 
 def test_rope_theta_nested_wins_over_top_level():
