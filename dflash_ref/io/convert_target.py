@@ -76,7 +76,7 @@ _ATTENTION = {
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 # Per-layer HF suffix (after "{prefix}layers.N.") -> GGUF suffix (after "blk.N."), per family.
-# tests/io/test_convert.py checks every entry against gguf.get_tensor_name_map.
+# tests/io/test_convert_target.py checks every entry against gguf.get_tensor_name_map.
 LAYER_NAMES: dict[str, dict[str, str]] = {
     "qwen3": {**_ATTENTION, "post_attention_layernorm.weight": "ffn_norm.weight"},
     "qwen3_5": {
