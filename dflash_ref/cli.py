@@ -146,7 +146,8 @@ def _is_drafter_config(config: dict | None) -> bool:
 @_formats_command
 def cmd_convert(args: argparse.Namespace) -> int:
     """A drafter directory -> GGUF in either naming; a target directory -> llama.cpp GGUF."""
-    from dflash_ref.io.convert_drafter import convert_drafter, convert_target
+    from dflash_ref.io.convert_drafter import convert_drafter
+    from dflash_ref.io.convert_target import convert_target
     from dflash_ref.io.gguf_io import open_gguf
     from dflash_ref.io.safetensors_io import open_checkpoint
 
@@ -170,8 +171,8 @@ def _print_gguf(path: Path, show_all: bool) -> list[str]:
     """Print a GGUF file's metadata, tensors and derived config; return its warnings."""
     from dflash_ref.config import DrafterConfig, TargetConfig
     from dflash_ref.io.convert_common import describe_metadata_value, float_from_f32
-    from dflash_ref.io.convert_drafter import drafter_config_dict_from_gguf
     from dflash_ref.io.convert_target import FAMILY_OF_ARCH, target_config_dict_from_gguf
+    from dflash_ref.io.drafter_from_gguf import drafter_config_dict_from_gguf
     from dflash_ref.io.gguf_io import open_gguf
     from dflash_ref.io.names import flavour_of_arch
 
@@ -200,8 +201,8 @@ def _print_gguf(path: Path, show_all: bool) -> list[str]:
         print(_indent(cfg.describe()))
         if flavour == "dflash":
             print(f"  (file stores target_layers {g.get('target_layers')}: HF ids + 1)")
+        from dflash_ref.config import drafter_expected_tensors
         from dflash_ref.io.names import gguf_to_hf
-        from dflash_ref.models.drafter import drafter_expected_tensors
 
         expected = drafter_expected_tensors(cfg)
         for name in g.tensor_names:
@@ -216,10 +217,9 @@ def _print_gguf(path: Path, show_all: bool) -> list[str]:
 
 def _print_checkpoint(path: Path, show_all: bool) -> list[str]:
     """Print a checkpoint directory's config.json, tensors and derived config; return warnings."""
-    from dflash_ref.config import TargetConfig
+    from dflash_ref.config import TargetConfig, expected_tensors
     from dflash_ref.io.convert_drafter import drafter_config_from_checkpoint, drafter_shape_problems
     from dflash_ref.io.safetensors_io import open_checkpoint
-    from dflash_ref.models.target import expected_tensors
 
     ckpt = open_checkpoint(path)
     config = ckpt.config

@@ -96,9 +96,8 @@ def write_tiny_target(path, family: str = "qwen3", seed: int = 0, dtype: str | N
     ``dtype`` ("bfloat16", "float16", "float32") sets the storage; ``shard_size`` (bytes) writes
     shards plus ``model.safetensors.index.json``; ``overrides`` replace config.json fields.
     """
-    from dflash_ref.config import TargetConfig
+    from dflash_ref.config import TargetConfig, expected_tensors
     from dflash_ref.io.safetensors_io import write_safetensors
-    from dflash_ref.models.target import expected_tensors
 
     config = tiny_target_config(family, **overrides)
     cfg = TargetConfig.from_hf(config)
@@ -150,9 +149,8 @@ def write_tiny_drafter(path, target_dir, seed: int = 1, dtype: str | None = None
     """Write a tiny drafter for the tiny target in ``target_dir`` into ``path``."""
     import json
 
-    from dflash_ref.config import DrafterConfig
+    from dflash_ref.config import DrafterConfig, drafter_expected_tensors
     from dflash_ref.io.safetensors_io import write_safetensors
-    from dflash_ref.models.drafter import drafter_expected_tensors
 
     target_config = json.loads((Path(target_dir) / "config.json").read_text())
     config = tiny_drafter_config(target_config, **config_kw)
@@ -206,9 +204,8 @@ def write_demo_target(path, seed: int = DEMO_TARGET_SEED,
     seed 6 and 0.35 the greedy text still wanders over dozens of distinct tokens instead of
     locking into a short loop (docs/demo.md has the numbers).
     """
-    from dflash_ref.config import TargetConfig
+    from dflash_ref.config import TargetConfig, expected_tensors
     from dflash_ref.io.safetensors_io import write_safetensors
-    from dflash_ref.models.target import expected_tensors
 
     config = tiny_target_config("qwen3")
     tensors = tiny_weights(expected_tensors(TargetConfig.from_hf(config)), seed, 0.0)
@@ -302,9 +299,9 @@ def fit_tiny_drafter(path, target_dir, block_size: int = 8, intermediate_size: i
     """
     import json
 
-    from dflash_ref.config import DrafterConfig
+    from dflash_ref.config import DrafterConfig, drafter_expected_tensors
     from dflash_ref.io.safetensors_io import write_safetensors
-    from dflash_ref.models.drafter import DFlashDrafter, drafter_expected_tensors
+    from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
 
     target_config = json.loads((Path(target_dir) / "config.json").read_text())

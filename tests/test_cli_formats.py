@@ -51,7 +51,7 @@ def test_convert_then_inspect_drafter(dirs, tmp_path, capsys, naming, arch, ids_
 
 
 def test_inspect_warns_when_metadata_contradicts_weights(dirs, tmp_path, capsys):
-    from tests.io.test_convert import rewrite
+    from tests.io.convert_helpers import rewrite
 
     out = tmp_path / "d.gguf"
     assert run(capsys, "convert", dirs["drafter"], out, "--naming", "lucebox")[0] == 0

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import dflash_ref
-from dflash_ref.config import DrafterConfig
+from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.io.safetensors_io import load_checkpoint, open_checkpoint
-from dflash_ref.models.drafter import DFlashDrafter, drafter_expected_tensors
+from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.tiny import block_successor_counts, random_prompts, write_demo_checkpoints

@@ -1,10 +1,14 @@
-"""DFlash drafter: z-lab checkpoint <-> GGUF in both public namings (spec/dflash.md §2,
-spec/kvflash_gate.md §7). The target-model side lives in :mod:`dflash_ref.io.convert_target`.
+"""DFlash drafter: z-lab checkpoint -> GGUF in both public namings (docs/formats.md, "Drafter:
+z-lab checkpoint -> GGUF"; Luce-Org/lucebox ``server/scripts/convert_dflash_to_gguf.py``,
+ggml-org/llama.cpp ``convert_hf_to_gguf.py``). The way back is
+:mod:`dflash_ref.io.drafter_from_gguf`; the target-model side lives in
+:mod:`dflash_ref.io.convert_target`.
 
 Reading order:
 
-1. :func:`tensor_type`: the storage rule. Every 1-D tensor (norms) and every conv kernel is F32;
-   matrices take the requested type when their rows hold whole quantization blocks.
+1. :func:`~dflash_ref.io.convert_common.tensor_type`: the storage rule. Every 1-D tensor (norms)
+   and every conv kernel is F32; matrices take the requested type when their rows hold whole
+   quantization blocks.
 2. :func:`drafter_config_from_checkpoint`: config.json checked against the tensor shapes, the
    shapes winning (intermediate size from ``gate_proj``, layer count from the largest
    ``layers.N``, head_dim from ``k_proj`` when config.json lacks it, capture count from ``fc``).
@@ -25,14 +29,13 @@ Reading order:
    **The +1 convention.** HF id i means "the output of decoder layer i". llama.cpp stores i + 1
    and taps the *input* of that layer, the same tensor; lucebox stores i and taps the output.
    Reading a file with the other convention shifts every feature by one layer and every shape
-   still fits (spec/dflash.md §7.5), so the loader checks the arch, never guesses.
+   still fits (docs/conventions.md, "Lessons from the seeds"), so the loader checks the arch,
+   never guesses.
 4. :func:`convert_drafter`: the whole conversion, with a progress bar on large checkpoints.
-5. :func:`read_gguf_drafter`: the way back, to a z-lab ``config.json`` dict and HF-named float32
-   weights; :meth:`DFlashDrafter.from_gguf <dflash_ref.models.drafter.DFlashDrafter.from_gguf>`
-   feeds them to the same constructor as ``from_pretrained``.
 
-Drafter norms are stored raw in both namings (the z-lab drafter multiplies by w, spec §2.1); the
-"+1" that llama.cpp bakes into Qwen3.5 / Gemma norms concerns target models only.
+Drafter norms are stored raw in both namings (the z-lab drafter multiplies by w; docs/formats.md,
+"DFlash drafter names"); the "+1" that llama.cpp bakes into Qwen3.5 / Gemma norms concerns target
+models only.
 """
 
 from __future__ import annotations
@@ -50,22 +53,18 @@ from dflash_ref.config import (
     SLIDING,
     DrafterConfig,
     TargetConfig,
-    build_target_layer_ids,
+    drafter_expected_tensors,
     resolve_rope_theta,
 )
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.convert_common import (
     FILE_TYPE,
-    QTYPES,
     ggml_type_name,
-    meta,
     tensor_type,
     transformer_keys,
     write_converted,
 )
-from dflash_ref.io.convert_target import convert_target, read_gguf_target
-from dflash_ref.io.gguf_io import GGUFFile, open_gguf
-from dflash_ref.io.names import flavour_of_arch, gguf_to_hf, hf_to_gguf
+from dflash_ref.io.names import flavour_of_arch, hf_to_gguf
 from dflash_ref.io.safetensors_io import open_checkpoint
 
 # User-facing naming -> the flavour of dflash_ref.io.names.
@@ -91,11 +90,12 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
                                    target: TargetConfig | None = None) -> DrafterConfig:
     """The DrafterConfig of a z-lab checkpoint, with tensor shapes as ground truth.
 
-    spec/kvflash_gate.md §7: intermediate size = ``gate_proj`` rows; layer count = 1 + the
-    largest ``layers.N``; head_dim = ``k_proj`` rows / kv heads when config.json has none, and
-    ``kv_heads * head_dim`` must equal the ``k_proj`` rows; the capture count C = ``fc`` columns /
-    hidden (explicit ``target_layer_ids`` of another length are an error, because which layers
-    to tap cannot be derived from a weight). The RoPE base is never defaulted.
+    docs/formats.md ("Drafter: z-lab checkpoint -> GGUF"): intermediate size = ``gate_proj``
+    rows; layer count = 1 + the largest ``layers.N``; head_dim = ``k_proj`` rows / kv heads when
+    config.json has none, and ``kv_heads * head_dim`` must equal the ``k_proj`` rows; the capture
+    count C = ``fc`` columns / hidden (explicit ``target_layer_ids`` of another length are an
+    error, because which layers to tap cannot be derived from a weight). The RoPE base is never
+    defaulted.
 
     Args:
         config: the parsed config.json.
@@ -105,7 +105,7 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
     where = "drafter config.json"
     if not isinstance(config, Mapping):
         raise FormatError("the drafter checkpoint has no config.json; the converter reads every "
-                          "size and the RoPE base from it (spec/kvflash_gate.md §7)")
+                          "size and the RoPE base from it (docs/formats.md, Converter)")
     resolve_rope_theta(config, where)  # fails with the reason before anything else is done
     fixed = dict(config)
     layers = sorted({int(m.group(1)) for n in shapes if (m := _HF_LAYER.match(n))})
@@ -117,7 +117,7 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
     for name in ("layers.0.self_attn.k_proj.weight", "layers.0.mlp.gate_proj.weight", "fc.weight"):
         if name not in shapes:
             raise FormatError(f"the drafter checkpoint lacks {name}; a z-lab drafter has fc, "
-                              f"hidden_norm, norm and layers.N.* (spec/dflash.md §2.1)")
+                              f"hidden_norm, norm and layers.N.* (docs/formats.md)")
     gate = shapes["layers.0.mlp.gate_proj.weight"]
     _shape_rule(fixed, "intermediate_size", int(gate[0]),
                 f"layers.0.mlp.gate_proj.weight is {list(gate)}")
@@ -143,8 +143,6 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
 
 def drafter_shape_problems(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> list[str]:
     """Every way the tensors differ from what ``cfg`` implies (empty when they agree)."""
-    from dflash_ref.models.drafter import drafter_expected_tensors
-
     expected = drafter_expected_tensors(cfg)
     problems = []
     extra = sorted(set(shapes) - set(expected))
@@ -205,12 +203,12 @@ def drafter_metadata(cfg: DrafterConfig, naming: str, arch: str, ggml_type: str,
     vocab = cfg.vocab_size or (target.vocab_size if target is not None else None)
     if vocab is not None:
         md[a + "vocab_size"] = vocab
-    if flavour == "dflash":  # upstream llama.cpp: input taps, ids + 1 (spec/dflash.md §2.2)
+    if flavour == "dflash":  # upstream llama.cpp: input taps, ids + 1 (src/models/dflash.cpp)
         md[a + "target_layers"] = [i + 1 for i in ids]
         md[a + "block_size"] = cfg.block_size
         md["tokenizer.ggml.mask_token_id"] = cfg.mask_token_id
         md[a + "target_hidden_size"] = cfg.hidden_size
-    else:  # lucebox: output taps, raw ids (spec/dflash.md §2.3, spec/kvflash_gate.md §7)
+    else:  # lucebox: output taps, raw ids (convert_dflash_to_gguf.py)
         md[a + "dflash.n_target_layers"] = len(ids)
         md[a + "dflash.block_size"] = cfg.block_size
         md[a + "dflash.mask_token_id"] = cfg.mask_token_id
@@ -250,7 +248,8 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
     Args:
         src_dir: the drafter directory.
         out_path: the .gguf file to write.
-        qtype: matrix storage, one of ``QTYPES`` (norms are F32 whatever this says).
+        qtype: matrix storage, one of :data:`~dflash_ref.io.convert_common.QTYPES` (norms are
+            F32 whatever this says).
         naming: "llama.cpp" (arch ``dflash``, target ids + 1) or "lucebox"
             (arch ``*-dflash-draft``, raw ids).
         target: the target's directory, config.json or TargetConfig (optional). It checks the
@@ -293,179 +292,10 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
     return write_converted(out_path, arch, loaders, types, metadata, n_weights, progress)
 
 
-# ---------------------------------------------------------------------------------- GGUF -> HF
-
-
-def _capture_ids(g: GGUFFile, flavour: str, c_w: int, target: TargetConfig | None) -> list[int]:
-    """HF target_layer_ids of a drafter GGUF, reconciled with the fc width (C_w captures)."""
-    name = g.path.name
-    if flavour == "dflash":
-        stored = meta(g, "target_layers", "ints")
-        if min(stored) < 1:
-            raise FormatError(
-                f"{name}: dflash.target_layers {stored} holds a value below 1, but the llama.cpp "
-                f"naming stores HF ids + 1 (the input of layer i + 1 = the output of HF layer i); "
-                f"this file was probably written with raw ids, which llama.cpp would read one "
-                f"layer early. Re-convert it")
-        ids = [i - 1 for i in stored]  # the +1 convention, undone
-        if len(ids) != c_w:
-            raise FormatError(f"{name}: dflash.target_layers lists {len(ids)} layers but fc "
-                              f"implies {c_w} captures; the file is inconsistent")
-        return ids
-    count = meta(g, "dflash.n_target_layers", "int", None)
-    if count is not None and count != c_w:
-        warnings.warn(f"{name}: dflash.n_target_layers is {count} but fc implies {c_w} captured "
-                      f"layers; the weights win (C = {c_w})", stacklevel=3)
-    ids = meta(g, "dflash.target_layer_ids", "ints", None)
-    if ids is None:
-        if target is None:
-            raise FormatError(f"{name}: no dflash.target_layer_ids; pass the target so the "
-                              f"default ids for {c_w} captures can be computed")
-        ids = build_target_layer_ids(target.num_hidden_layers, c_w)
-        warnings.warn(f"{name}: no dflash.target_layer_ids; using the default formula for a "
-                      f"{target.num_hidden_layers}-layer target and {c_w} captures: {ids}",
-                      stacklevel=3)
-    if len(ids) != c_w:
-        raise FormatError(f"{name}: dflash.target_layer_ids lists {len(ids)} layers {ids} but fc "
-                          f"implies {c_w} captures; which layers to tap cannot be derived from "
-                          f"the weight")
-    return list(ids)
-
-
-def drafter_config_dict_from_gguf(g: GGUFFile, target: TargetConfig | None = None) -> dict:
-    """A z-lab ``config.json`` dict describing a drafter GGUF of either naming.
-
-    Metadata gives the sizes; the fc weight gives the capture count (a disagreeing count key is
-    a warning, a width that is not a multiple of hidden is an error). ``target``, when given,
-    supplies default ids for a lucebox file without them, and is checked against the file's
-    softcap and embedding scale.
-    """
-    flavour = flavour_of_arch(g.arch)
-    name = g.path.name
-    if flavour is None:
-        raise FormatError(f"{name}: arch {g.arch!r} is not a DFlash drafter; expected 'dflash' "
-                          f"(llama.cpp) or '*-dflash-draft' (lucebox)")
-    fc_name = hf_to_gguf("fc.weight", flavour)
-    if fc_name not in g:
-        raise FormatError(f"{name}: no {fc_name} tensor; found {g.tensor_names[:6]}")
-    H = meta(g, "embedding_length", "int")
-    fc_rows, fc_cols = g.tensor_info(fc_name).numpy_shape
-    if fc_rows != H or fc_cols % H:
-        raise FormatError(f"{name}: {fc_name} has NumPy shape [{fc_rows}, {fc_cols}] (ggml "
-                          f"{{{fc_cols}, {fc_rows}}}); it must be [H, C*H] with H = "
-                          f"embedding_length = {H}, and {fc_cols} is not C*{H}")
-    ids = _capture_ids(g, flavour, fc_cols // H, target)
-    n_layers = meta(g, "block_count", "int")
-    block = "block_size" if flavour == "dflash" else "dflash.block_size"
-    mask = "tokenizer.ggml.mask_token_id" if flavour == "dflash" else "dflash.mask_token_id"
-    config: dict[str, Any] = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-        "hidden_size": H, "num_hidden_layers": n_layers,
-        "num_attention_heads": meta(g, "attention.head_count", "int"),
-        "num_key_value_heads": meta(g, "attention.head_count_kv", "int"),
-        "head_dim": meta(g, "attention.key_length", "int"),
-        "intermediate_size": meta(g, "feed_forward_length", "int"),
-        "hidden_act": "silu",
-        "rms_norm_eps": meta(g, "attention.layer_norm_rms_epsilon", "float"),
-        "rope_theta": meta(g, "rope.freq_base", "float"),  # missing: an error, never a default
-        "max_position_embeddings": meta(g, "context_length", "int", None),
-        "vocab_size": meta(g, "vocab_size", "int", None),
-        "block_size": meta(g, block, "int"),
-        "dflash_config": {"mask_token_id": meta(g, mask, "int"),
-                          "target_layer_ids": ids},
-    }
-    value_length = meta(g, "attention.value_length", "int", config["head_dim"])
-    if value_length != config["head_dim"]:
-        raise FormatError(f"{name}: attention.value_length {value_length} != key_length "
-                          f"{config['head_dim']}; DFlash drafters use one head_dim")
-    pattern = meta(g, "attention.sliding_window_pattern", "bools", None)
-    if pattern is not None:
-        if len(pattern) != n_layers:
-            raise FormatError(f"{name}: attention.sliding_window_pattern has {len(pattern)} "
-                              f"entries for {n_layers} layers")
-        config["layer_types"] = [SLIDING if p else FULL for p in pattern]
-        window = meta(g, "attention.sliding_window", "int", None)
-        if any(pattern) and not window:
-            raise FormatError(f"{name}: attention.sliding_window_pattern marks sliding layers "
-                              f"but attention.sliding_window is missing or 0")
-        config["sliding_window"] = window or None
-    swa_theta = meta(g, "rope.freq_base_swa", "float", None)
-    if swa_theta is not None:
-        config["rope_parameters"] = {FULL: {"rope_theta": config["rope_theta"]},
-                                     SLIDING: {"rope_theta": swa_theta}}
-    if meta(g, "rope.scaling.type", "str", "none") == "linear":
-        config["rope_scaling"] = {"rope_type": "linear",
-                                  "factor": meta(g, "rope.scaling.factor", "float")}
-    causal = meta(g, "attention.causal", "bool", None)
-    if causal is not None:
-        config["dflash_config"]["causal"] = causal
-    scale = meta(g, "embedding_scale", "float", None)
-    if scale is not None:
-        config["dflash_config"]["input_embedding_scale"] = scale
-    _check_target_extras(g, target, scale)
-    return config
-
-
-def _check_target_extras(g: GGUFFile, target: TargetConfig | None, scale: float | None) -> None:
-    if target is None:
-        return
-    cap = meta(g, "final_logit_softcapping", "float", None)
-    if cap is not None and cap != target.final_logit_softcapping:
-        warnings.warn(f"{g.path.name}: final_logit_softcapping {cap:g} differs from the target's "
-                      f"{target.final_logit_softcapping}; the drafter uses the target's lm_head, "
-                      f"so the target's value applies", stacklevel=4)
-    if scale is not None and target.embedding_scale is not None and not np.isclose(
-            scale, target.embedding_scale, rtol=1e-6):
-        warnings.warn(f"{g.path.name}: embedding_scale {scale:g} differs from the target's "
-                      f"{target.embedding_scale:g}; the file's value is used for the block "
-                      f"embeddings", stacklevel=4)
-
-
-def read_gguf_drafter(path, target: TargetConfig | None = None) -> tuple[dict, dict]:
-    """(z-lab config.json dict, HF-named float32 weights) of a drafter GGUF of either naming.
-
-    Tensors are mapped back to HF names (:func:`dflash_ref.io.names.gguf_to_hf`) and
-    dequantized. ``token_embd`` / ``output`` (the target's, which llama.cpp files may carry) are
-    skipped; tensors the drafter does not implement are a FormatError.
-    """
-    from dflash_ref.models.drafter import drafter_expected_tensors
-
-    g = open_gguf(path)
-    config = drafter_config_dict_from_gguf(g, target)
-    flavour = flavour_of_arch(g.arch)
-    names = {gguf_to_hf(n, flavour): n for n in g.tensor_names
-             if n not in ("token_embd.weight", "output.weight")}  # the target's, if carried
-    expected = drafter_expected_tensors(DrafterConfig.from_hf(config))
-    extra = sorted(names[h] for h in set(names) - set(expected))
-    if extra:
-        raise FormatError(f"{g.path.name}: tensors {extra[:6]} are not part of the DFlash drafter "
-                          f"dflash-ref implements (fc.scale, attn_sinks, d2t, biases), or lie "
-                          f"beyond block_count {config['num_hidden_layers']}")
-    missing = [hf_to_gguf(h, flavour) for h in expected if h not in names]
-    if missing:
-        raise FormatError(f"{g.path.name} lacks tensor(s) {missing[:4]} of the {flavour} naming; "
-                          f"is the file complete? it has {len(g.tensor_names)} tensors")
-    weights = {hf: g.load(names[hf], shape=shape) for hf, shape in expected.items()}
-    return config, weights
-
-
-def drafter_config_from_gguf(path, target: TargetConfig | None = None,
-                             swa_convention: str | None = None) -> DrafterConfig:
-    """The DrafterConfig of a drafter GGUF (for ``dflash-ref inspect``; no weights read)."""
-    g = open_gguf(path)
-    return DrafterConfig.from_hf(drafter_config_dict_from_gguf(g, target),
-                                 swa_convention=swa_convention)
-
-
 __all__ = [
-    "QTYPES",
     "convert_drafter",
-    "convert_target",
-    "drafter_config_dict_from_gguf",
     "drafter_config_from_checkpoint",
-    "drafter_config_from_gguf",
     "drafter_metadata",
-    "read_gguf_drafter",
-    "read_gguf_target",
-    "tensor_type",
+    "drafter_shape_problems",
+    "lucebox_arch",
 ]

@@ -21,7 +21,7 @@ GDN value heads        reordered from HF's grouped order (value head h uses key 
                        ggml's tiled order (h % H) when r = HV / H > 1: the v rows of
                        ``in_proj_qkv``, ``in_proj_z``, ``in_proj_a``/``b``, ``A_log``, ``dt_bias``,
                        the v channels of ``conv1d`` and the v columns of ``out_proj``
-                       (spec/gdn.md §1.5).
+                       (docs/gdn.md, "4. GQA: the grouped vs tiled pitfall").
 q / k projections      **not permuted**: llama.cpp permutes q/k rows only for its "normal" (GPT-J
                        style, adjacent-pair) RoPE of the llama arch. Qwen and Gemma use NEOX
                        rotate-half RoPE, as HF does, so the rows stay as they are.
@@ -76,7 +76,7 @@ _ATTENTION = {
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 # Per-layer HF suffix (after "{prefix}layers.N.") -> GGUF suffix (after "blk.N."), per family.
-# tests/io/test_convert.py checks every entry against gguf.get_tensor_name_map.
+# tests/io/test_convert_target.py checks every entry against gguf.get_tensor_name_map.
 LAYER_NAMES: dict[str, dict[str, str]] = {
     "qwen3": {**_ATTENTION, "post_attention_layernorm.weight": "ffn_norm.weight"},
     "qwen3_5": {
@@ -120,7 +120,7 @@ def swap_head_axes(x: np.ndarray, axis: int, n_outer: int, n_inner: int,
 
 
 def _reorder_v(cfg: TargetConfig, suffix: str, x: np.ndarray, to_gguf: bool) -> np.ndarray:
-    """The GDN value-head permutation of one tensor (grouped <-> tiled, spec/gdn.md §1.5)."""
+    """The GDN value-head permutation of one tensor (grouped <-> tiled; docs/gdn.md)."""
     g = cfg.gdn
     H, r, dv = g.num_key_heads, g.heads_per_key_head, g.value_head_dim
     if r == 1:

@@ -1,7 +1,7 @@
 """GGUF files through the ``gguf`` package, with the axis order said once.
 
 **The axis-order rule.** ggml names a tensor's dimensions fastest-varying first:
-``{ne0, ne1} = {in, out}`` for a weight matrix (spec/dflash.md §2.2 writes shapes this way).
+``{ne0, ne1} = {in, out}`` for a weight matrix (llama.cpp writes shapes this way).
 NumPy and PyTorch name them slowest first: ``[out, in]``. The same bytes, two spellings:
 
 - ``gguf.ReaderTensor.shape`` is the **ggml** order ``[ne0, ne1, ...]``;

@@ -1,7 +1,9 @@
 """Tensor names of a DFlash drafter: HF z-lab checkpoint <-> the two public GGUF namings.
 
-spec/dflash.md §2.1 (HF safetensors, no ``model.`` prefix), §2.2 (upstream llama.cpp, arch
-``dflash``) and §2.3 (lucebox, arch ``*-dflash-draft``; also spec/kvflash_gate.md §7)::
+docs/formats.md ("DFlash drafter names"): HF safetensors (no ``model.`` prefix; z-lab/dflash
+``dflash/model.py``), upstream llama.cpp (arch ``dflash``; ggml-org/llama.cpp
+``src/models/dflash.cpp``) and lucebox (arch ``*-dflash-draft``; Luce-Org/lucebox
+``server/scripts/convert_dflash_to_gguf.py``)::
 
     HF (z-lab)                                   llama.cpp "dflash"        lucebox "*-dflash-draft"
     fc.weight                  [H, C*H]          fc.weight                 dflash.fc.weight

@@ -9,7 +9,7 @@ Layout of a checkpoint directory (the HF convention; z-lab drafters ship the fir
     model-00001-of-00003.safetensors   the shards the index names
 
 When both forms are present the single file wins, as in transformers. Tensors are PyTorch
-``[out, in]`` (spec/dflash.md §2.1), so a safetensors matrix is already in NumPy order.
+``[out, in]`` (docs/formats.md), so a safetensors matrix is already in NumPy order.
 
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
 (``{name: {"dtype", "shape", "data_offsets": [begin, end]}}``, offsets relative to the end of

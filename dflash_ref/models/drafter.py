@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_ref.backend import Backend
-from dflash_ref.config import DrafterConfig
+from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.cache import KVCache
@@ -105,11 +105,11 @@ class DFlashDrafter:
 
         llama.cpp files (arch ``dflash``) store the captured layers as HF ids + 1; lucebox files
         (arch ``*-dflash-draft``) store raw ids.
-        :func:`~dflash_ref.io.convert_drafter.read_gguf_drafter`
+        :func:`~dflash_ref.io.drafter_from_gguf.read_gguf_drafter`
         turns either into the z-lab config and HF-named weights, and this constructor checks them
         exactly as for :meth:`from_pretrained`.
         """
-        from dflash_ref.io.convert_drafter import read_gguf_drafter
+        from dflash_ref.io.drafter_from_gguf import read_gguf_drafter
 
         config_dict, weights = read_gguf_drafter(path, target.config)
         config = DrafterConfig.from_hf(config_dict, swa_convention=swa_convention)
@@ -313,26 +313,3 @@ class DraftCache:
         for i, cache in enumerate(self.kv):
             h = d.decoder_layer(i, h, cache.k[lo:], cache.v[lo:], ctx_pos, noise_pos)
         return d.head(h)
-
-
-def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor names and PyTorch [out, in] shapes of a drafter checkpoint (docs/formats.md)."""
-    H, d, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    t = {cfg.fc_name: (H, cfg.n_capture * H), cfg.hidden_norm_name: (H,), "norm.weight": (H,)}
-    for i in range(cfg.num_hidden_layers):
-        L = f"layers.{i}."
-        t.update({
-            L + "input_layernorm.weight": (H,),
-            L + "self_attn.q_proj.weight": (nh * d, H),
-            L + "self_attn.k_proj.weight": (nkv * d, H),
-            L + "self_attn.v_proj.weight": (nkv * d, H),
-            L + "self_attn.o_proj.weight": (H, nh * d),
-            L + "self_attn.q_norm.weight": (d,),
-            L + "self_attn.k_norm.weight": (d,),
-            L + "post_attention_layernorm.weight": (H,),
-            L + "mlp.gate_proj.weight": (F, H),
-            L + "mlp.up_proj.weight": (F, H),
-            L + "mlp.down_proj.weight": (H, F),
-        })
-    return t

@@ -53,9 +53,12 @@ from typing import Any
 import numpy as np
 
 from dflash_ref.backend import Backend, as_backend
+from dflash_ref.config import GDNDims, gdn_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 
 LAYOUTS = ("qwen3_next", "qwen3_5")
+# GDNConfig.layout -> GDNDims.projection_layout (the names TargetConfig uses).
+PROJECTION_LAYOUTS = {"qwen3_next": "qkvz_ba_grouped", "qwen3_5": "qkv_z_b_a"}
 SCAN_MODES = ("auto", "recurrent", "chunked")
 SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA ``fla/ops/utils/softplus.py``)
 
@@ -140,28 +143,13 @@ class GDNConfig:
         return 2 * self.key_dim + self.value_dim
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Tensor name (relative to ``linear_attn.``) -> shape, for this layout."""
-        hidden, HV = self.hidden_size, self.num_v_heads
-        if self.layout == "qwen3_next":
-            proj = {
-                "in_proj_qkvz.weight": (2 * self.key_dim + 2 * self.value_dim, hidden),
-                "in_proj_ba.weight": (2 * HV, hidden),
-            }
-        else:
-            proj = {
-                "in_proj_qkv.weight": (self.conv_dim, hidden),
-                "in_proj_z.weight": (self.value_dim, hidden),
-                "in_proj_b.weight": (HV, hidden),
-                "in_proj_a.weight": (HV, hidden),
-            }
-        return {
-            **proj,
-            "conv1d.weight": (self.conv_dim, 1, self.conv_kernel),
-            "dt_bias": (HV,),
-            "A_log": (HV,),
-            "norm.weight": (self.head_v_dim,),
-            "out_proj.weight": (hidden, self.value_dim),
-        }
+        """Tensor name (relative to ``linear_attn.``) -> shape, for this layout: the schema of
+        :func:`dflash_ref.config.schema.gdn_expected_tensors`, from these sizes."""
+        dims = GDNDims(num_key_heads=self.num_k_heads, num_value_heads=self.num_v_heads,
+                       key_head_dim=self.head_k_dim, value_head_dim=self.head_v_dim,
+                       conv_kernel_dim=self.conv_kernel,
+                       projection_layout=PROJECTION_LAYOUTS[self.layout])
+        return gdn_expected_tensors(dims, self.hidden_size)
 
 
 def infer_layout(weights: Mapping[str, Any]) -> str:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_ref.models.gdn_layer import GDNConfig, GDNLayer
+from dflash_ref.models.gdn_layer import PROJECTION_LAYOUTS, GDNConfig, GDNLayer
 
-GDN_LAYOUTS = {"qkvz_ba_grouped": "qwen3_next", "qkv_z_b_a": "qwen3_5"}
+# config.gdn.projection_layout -> GDNConfig.layout (the inverse of PROJECTION_LAYOUTS)
+GDN_LAYOUTS = {v: k for k, v in PROJECTION_LAYOUTS.items()}
 
 
 def gdn_config(cfg) -> GDNConfig:

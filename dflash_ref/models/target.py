@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from dflash_ref.backend import Backend, as_backend
-from dflash_ref.config import TargetConfig
+from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.layers import DecoderLayer, gdn_config
+from dflash_ref.models.layers import DecoderLayer
 from dflash_ref.models.state import TargetState
 
 
@@ -278,36 +278,3 @@ def _check_supported(cfg: TargetConfig) -> None:
             f"{'; '.join(problems)}. Supported: Qwen3 dense, Qwen3.5 / Qwen3-Next dense-MLP "
             f"hybrids, Gemma 3 text."
         )
-
-
-def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name (HF layout) the config implies, with its PyTorch [out, in] shape."""
-    p, H = cfg.weight_prefix, cfg.hidden_size
-    nh, F = cfg.num_attention_heads, cfg.intermediate_size
-    t = {f"{p}embed_tokens.weight": (cfg.vocab_size, H), f"{p}norm.weight": (H,)}
-    if not cfg.tie_word_embeddings:
-        t[cfg.lm_head_name] = (cfg.vocab_size, H)
-    for i, kind in enumerate(cfg.layer_types):
-        L = f"{p}layers.{i}."
-        d, nkv = cfg.head_dim_for(i), cfg.num_key_value_heads_for(i)
-        t[L + "input_layernorm.weight"] = (H,)
-        t[L + "post_attention_layernorm.weight"] = (H,)
-        if cfg.use_pre_post_ffn_norms:
-            t[L + "pre_feedforward_layernorm.weight"] = (H,)
-            t[L + "post_feedforward_layernorm.weight"] = (H,)
-        if kind == "linear_attention":
-            for name, shape in gdn_config(cfg).expected_shapes().items():
-                t[L + "linear_attn." + name] = shape
-        else:
-            q_out = nh * d * (2 if cfg.attn_output_gate else 1)
-            t[L + "self_attn.q_proj.weight"] = (q_out, H)
-            t[L + "self_attn.k_proj.weight"] = (nkv * d, H)
-            t[L + "self_attn.v_proj.weight"] = (nkv * d, H)
-            t[L + "self_attn.o_proj.weight"] = (H, nh * d)
-            if cfg.qk_norm:
-                t[L + "self_attn.q_norm.weight"] = (d,)
-                t[L + "self_attn.k_norm.weight"] = (d,)
-        t[L + "mlp.gate_proj.weight"] = (F, H)
-        t[L + "mlp.up_proj.weight"] = (F, H)
-        t[L + "mlp.down_proj.weight"] = (H, F)
-    return t

@@ -1,8 +1,8 @@
 """compare_weights and the DFlash name maps: clean conversions pass, planted bugs are flagged.
 
-A tiny drafter (spec/dflash.md §2.1 names, H = 256 so Q4_K rows fit) is written as a BF16
+A tiny drafter (docs/formats.md names, H = 256 so Q4_K rows fit) is written as a BF16
 checkpoint, converted by hand (name map + write_gguf) the way the future converter will, and then
-broken on purpose: a transposed square matrix, a "+1" norm shift (spec §2.1: norms are raw), a
+broken on purpose: a transposed square matrix, a "+1" norm shift (drafter norms are stored raw), a
 dropped tensor, an extra tensor, a transposed non-square matrix.
 """
 
@@ -62,7 +62,7 @@ def convert_by_hand(checkpoint, path, arch, flavour, matrix_type="Q8_0", edit=No
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_name_maps_are_one_to_one_and_invert(flavour):
     names = hf_names(5)
-    assert len(names) == 58  # spec/dflash.md §2.1: 3 + 11 * layers
+    assert len(names) == 58  # docs/formats.md drafter names: 3 + 11 * layers
     gguf_names = [hf_to_gguf(n, flavour) for n in names]
     assert len(set(gguf_names)) == 58
     same = {n for g, n in zip(gguf_names, names) if g == n}

@@ -31,7 +31,7 @@ from tests.strategies import f32_arrays
 
 
 def tiny_tensors(rng) -> dict[str, np.ndarray]:
-    """A drafter-shaped set (spec/dflash.md §2.1 names), H = 8, C = 3, F = 16, one layer."""
+    """A drafter-shaped set (docs/formats.md names), H = 8, C = 3, F = 16, one layer."""
     shapes = {
         "fc.weight": (8, 24), "hidden_norm.weight": (8,), "norm.weight": (8,),
         "layers.0.self_attn.q_proj.weight": (16, 8), "layers.0.self_attn.k_proj.weight": (4, 8),

@@ -1,0 +1,112 @@
+"""Tensor schemas: every tensor name a config implies, with its PyTorch ``[out, in]`` shape.
+
+- :func:`expected_tensors`: a target checkpoint in HF layout (decoder stack under
+  ``TargetConfig.weight_prefix``; attention or GDN mixer per layer; lm_head unless tied).
+- :func:`gdn_expected_tensors`: one Gated DeltaNet mixer, names relative to ``linear_attn.``, in
+  either projection layout. :meth:`dflash_ref.models.gdn_layer.GDNConfig.expected_shapes` returns
+  this same schema.
+- :func:`drafter_expected_tensors`: a DFlash drafter checkpoint (z-lab ``fc`` / ``hidden_norm``
+  or the assistant layout's ``encoder.*`` names).
+
+Loaders check a checkpoint against these before reading it, converters check shapes with them,
+and the tiny test checkpoints are generated from them. Names and layouts: docs/formats.md
+("DFlash drafter names"); public sources: z-lab/dflash ``dflash/model.py`` (drafter),
+huggingface/transformers ``src/transformers/models/qwen3_next/modeling_qwen3_next.py`` (GDN).
+"""
+
+from __future__ import annotations
+
+from dflash_ref.config.drafter import DrafterConfig
+from dflash_ref.config.fields import LINEAR
+from dflash_ref.config.qwen import GDNDims
+from dflash_ref.config.target import TargetConfig
+
+
+def gdn_expected_tensors(gdn: GDNDims, hidden_size: int) -> dict[str, tuple[int, ...]]:
+    """Tensor name (relative to ``linear_attn.``) -> shape of one GDN mixer.
+
+    With key_dim = H dk, value_dim = HV dv and conv_dim = 2 key_dim + value_dim:
+    ``qkvz_ba_grouped`` (Qwen3-Next) has ``in_proj_qkvz`` [2 key_dim + 2 value_dim, hidden] and
+    ``in_proj_ba`` [2 HV, hidden]; ``qkv_z_b_a`` (Qwen3.5) has ``in_proj_qkv`` [conv_dim, hidden],
+    ``in_proj_z`` [value_dim, hidden], ``in_proj_b`` / ``in_proj_a`` [HV, hidden]. Both have
+    ``conv1d.weight`` [conv_dim, 1, K], ``dt_bias`` / ``A_log`` [HV], ``norm.weight`` [dv] and
+    ``out_proj.weight`` [hidden, value_dim].
+    """
+    HV = gdn.num_value_heads
+    if gdn.projection_layout == "qkvz_ba_grouped":
+        proj = {
+            "in_proj_qkvz.weight": (2 * gdn.key_dim + 2 * gdn.value_dim, hidden_size),
+            "in_proj_ba.weight": (2 * HV, hidden_size),
+        }
+    else:
+        proj = {
+            "in_proj_qkv.weight": (gdn.conv_dim, hidden_size),
+            "in_proj_z.weight": (gdn.value_dim, hidden_size),
+            "in_proj_b.weight": (HV, hidden_size),
+            "in_proj_a.weight": (HV, hidden_size),
+        }
+    return {
+        **proj,
+        "conv1d.weight": (gdn.conv_dim, 1, gdn.conv_kernel_dim),
+        "dt_bias": (HV,),
+        "A_log": (HV,),
+        "norm.weight": (gdn.value_head_dim,),
+        "out_proj.weight": (hidden_size, gdn.value_dim),
+    }
+
+
+def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name (HF layout) the config implies, with its PyTorch [out, in] shape."""
+    p, H = cfg.weight_prefix, cfg.hidden_size
+    nh, F = cfg.num_attention_heads, cfg.intermediate_size
+    t = {f"{p}embed_tokens.weight": (cfg.vocab_size, H), f"{p}norm.weight": (H,)}
+    if not cfg.tie_word_embeddings:
+        t[cfg.lm_head_name] = (cfg.vocab_size, H)
+    for i, kind in enumerate(cfg.layer_types):
+        L = f"{p}layers.{i}."
+        d, nkv = cfg.head_dim_for(i), cfg.num_key_value_heads_for(i)
+        t[L + "input_layernorm.weight"] = (H,)
+        t[L + "post_attention_layernorm.weight"] = (H,)
+        if cfg.use_pre_post_ffn_norms:
+            t[L + "pre_feedforward_layernorm.weight"] = (H,)
+            t[L + "post_feedforward_layernorm.weight"] = (H,)
+        if kind == LINEAR:
+            for name, shape in gdn_expected_tensors(cfg.gdn, H).items():
+                t[L + "linear_attn." + name] = shape
+        else:
+            q_out = nh * d * (2 if cfg.attn_output_gate else 1)
+            t[L + "self_attn.q_proj.weight"] = (q_out, H)
+            t[L + "self_attn.k_proj.weight"] = (nkv * d, H)
+            t[L + "self_attn.v_proj.weight"] = (nkv * d, H)
+            t[L + "self_attn.o_proj.weight"] = (H, nh * d)
+            if cfg.qk_norm:
+                t[L + "self_attn.q_norm.weight"] = (d,)
+                t[L + "self_attn.k_norm.weight"] = (d,)
+        t[L + "mlp.gate_proj.weight"] = (F, H)
+        t[L + "mlp.up_proj.weight"] = (F, H)
+        t[L + "mlp.down_proj.weight"] = (H, F)
+    return t
+
+
+def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor names and PyTorch [out, in] shapes of a drafter checkpoint (docs/formats.md,
+    "DFlash drafter names"; z-lab/dflash ``dflash/model.py``)."""
+    H, d, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    t = {cfg.fc_name: (H, cfg.n_capture * H), cfg.hidden_norm_name: (H,), "norm.weight": (H,)}
+    for i in range(cfg.num_hidden_layers):
+        L = f"layers.{i}."
+        t.update({
+            L + "input_layernorm.weight": (H,),
+            L + "self_attn.q_proj.weight": (nh * d, H),
+            L + "self_attn.k_proj.weight": (nkv * d, H),
+            L + "self_attn.v_proj.weight": (nkv * d, H),
+            L + "self_attn.o_proj.weight": (H, nh * d),
+            L + "self_attn.q_norm.weight": (d,),
+            L + "self_attn.k_norm.weight": (d,),
+            L + "post_attention_layernorm.weight": (H,),
+            L + "mlp.gate_proj.weight": (F, H),
+            L + "mlp.up_proj.weight": (F, H),
+            L + "mlp.down_proj.weight": (H, F),
+        })
+    return t
