@@ -53,7 +53,12 @@ def dense_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
         k = _rms(k, W[L + "self_attn.k_norm.weight"], eps, off)
         sliding = gemma and config["layer_types"][i] == "sliding_attention"
         theta = config["rope_local_base_freq"] if sliding else config["rope_theta"]
-        q, k = _rope(q, pos, theta), _rope(k, pos, theta)
+        # HF rope_scaling {"rope_type": "linear", "factor": f} divides every inv_freq by f; Gemma 3
+        # applies it to the global (full-attention) rotary embedding only.
+        scaling = config.get("rope_scaling") or {}
+        linear = scaling.get("rope_type", scaling.get("type")) == "linear" and not sliding
+        factor = float(scaling["factor"]) if linear else 1.0
+        q, k = _rope(q, pos, theta, factor), _rope(k, pos, theta, factor)
         scale = config["query_pre_attn_scalar"] ** -0.5 if gemma else d ** -0.5
         o = np.zeros((T, nh, d))
         for h in range(nh):
