@@ -8,9 +8,10 @@ The visible key sets are written out by hand below from the conventions' definit
     bidirectional     |q - k| <= W            (HF DFlash-assistant sliding layers)
     ignore            every key               (the window is not applied)
 
-Full-attention layers see every key. With W = 8 and 19 context positions every noise query at
-s .. s+7 = 19 .. 26 has its edge key (q - 7, or q - 8 when bidirectional) inside the context, so
-a window one too small (or too large) hides (or shows) one key per query and moves the logits.
+Full-attention layers see every key. With W = 10, block 8 and 19 context positions every noise
+query at s .. s+7 = 19 .. 26 has its edge key (q - 9, or q - 10 when bidirectional) inside the
+context, so a window one too small (or too large) hides (or shows) one key per query and moves the
+logits (W > B keeps a window of W - 1 legal, so the wrong window runs instead of raising).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 from tests.models.oracle import drafter_forward
 
 VS_ORACLE = Tolerance(1e-4, 1e-4, "float32 drafter vs float64 oracle through 2 layers")
-W = 8
+W = 10
 PROMPT = np.array([3, 17, 42, 99, 5, 250, 7, 61, 13, 128, 77, 200, 31, 8, 190, 64, 11, 2, 150])
 LAYER_TYPES = ["sliding_attention", "full_attention"]
 
