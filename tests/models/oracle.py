@@ -53,7 +53,12 @@ def dense_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
         k = _rms(k, W[L + "self_attn.k_norm.weight"], eps, off)
         sliding = gemma and config["layer_types"][i] == "sliding_attention"
         theta = config["rope_local_base_freq"] if sliding else config["rope_theta"]
-        q, k = _rope(q, pos, theta), _rope(k, pos, theta)
+        # HF rope_scaling {"rope_type": "linear", "factor": f} divides every inv_freq by f; Gemma 3
+        # applies it to the global (full-attention) rotary embedding only.
+        scaling = config.get("rope_scaling") or {}
+        linear = scaling.get("rope_type", scaling.get("type")) == "linear" and not sliding
+        factor = float(scaling["factor"]) if linear else 1.0
+        q, k = _rope(q, pos, theta, factor), _rope(k, pos, theta, factor)
         scale = config["query_pre_attn_scalar"] ** -0.5 if gemma else d ** -0.5
         o = np.zeros((T, nh, d))
         for h in range(nh):
@@ -95,12 +100,14 @@ def dense_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
 
 
 def drafter_forward(dcfg: dict, D: dict, E: np.ndarray, head: np.ndarray, feats, ctx_pos,
-                    anchor: int, s: int, emb_scale: float = 1.0, softcap=None) -> np.ndarray:
-    """Independent float64 DFlash drafter forward, full non-causal layers.
-
-    From the equations of z-lab/dflash ``dflash/model.py`` (docs/drafter.md).
+                    anchor: int, s: int, emb_scale: float = 1.0, softcap=None,
+                    visible=None) -> np.ndarray:
+    """Independent float64 DFlash drafter forward (z-lab/dflash ``dflash/model.py``).
 
     D: drafter tensors (z-lab names); E: target embedding [V, H]; head: target lm_head [V, H].
+    ``visible(layer, q, k) -> bool`` says whether the noise query at absolute position q sees the
+    key at position k in that layer (sliding-window tests write it out by hand); None: every
+    key is visible (full non-causal layers). RoPE uses ``dcfg["rope_theta"]``.
     Returns logits [B, V].
     """
     D = {k: v.astype(np.float64) for k, v in D.items()}
@@ -123,8 +130,12 @@ def drafter_forward(dcfg: dict, D: dict, E: np.ndarray, head: np.ndarray, feats,
         v = (ctx_and_noise @ D[L + "self_attn.v_proj.weight"].T).reshape(-1, nkv, d)
         q, k = _rope(q, qpos, theta), _rope(k, kpos, theta)
         o = np.zeros((B, nh, d))
+        hidden = np.zeros((len(kpos), B), bool)  # [ctx+B, B]
+        if visible is not None:
+            hidden = np.array([[not visible(i, int(qq), int(kk)) for qq in qpos] for kk in kpos])
         for hh in range(nh):
             sc = k[:, hh // (nh // nkv)] @ q[:, hh].T * d**-0.5  # [ctx+B, B]
+            sc = np.where(hidden, -np.inf, sc)
             p = np.exp(sc - sc.max(0))
             p /= p.sum(0)
             o[:, hh] = p.T @ v[:, hh // (nh // nkv)]
