@@ -22,3 +22,11 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_them():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     for command in commands:
         assert command in ci, f".ci/run does not run the README command {command!r}"
+
+
+def test_readme_python_examples_run():
+    # Examples run as tests, so the README cannot drift from the API.
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
