@@ -194,28 +194,6 @@ def visible(spec: MaskSpec, rows=None, cols=None, xp=np):
     return xp.broadcast_to(ok, (q.shape[0], k.shape[1]))
 
 
-def key_visible(spec: MaskSpec, i: int, j: int) -> bool:
-    """The predicate for one (query row, key slot), written as the kernel evaluates it.
-
-    A scalar twin of :func:`visible` (and of ``att_key_visible`` in attention.cu): tests check
-    that the vectorised form, the tiled form and this one agree everywhere.
-    """
-    q, k = int(spec.q_pos[i]), int(spec.k_pos[j])
-    if k < 0:
-        return False
-    if spec.base_pos is not None and k < spec.base_pos:
-        ok = True
-    elif spec.ancestors is not None:
-        ok = bool(spec.ancestors[i, j])
-    elif spec.causal:
-        ok = k <= q
-    else:
-        ok = True
-    if ok and spec.window is not None:
-        ok = (q - k < spec.window) if spec.window_mode == "left" else abs(q - k) <= spec.window
-    return ok
-
-
 def materialize(spec: MaskSpec, dtype=np.float32) -> np.ndarray:
     """The additive mask [Tq, Tk]: 0 where the key is visible, -inf where it is not.
 

@@ -24,7 +24,8 @@ from dflash_ref.ops.masks import (
     tree_mask,
     visible,
 )
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 from tests.ops.test_masks import mask_specs
 
 # ---------------------------------------------------------------- the float64 direct oracle

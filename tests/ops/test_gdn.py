@@ -21,7 +21,8 @@ from dflash_ref.ops.gdn import (
     value_heads_grouped_to_tiled,
     value_heads_tiled_to_grouped,
 )
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 
 # ---------------------------------------------------------------- independent oracles
 

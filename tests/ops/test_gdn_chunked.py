@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import dflash_ref.ops.gdn as gdn_mod
 from dflash_ref.ops._gdn_chunk import invert_unit_lower
 from dflash_ref.ops.gdn import gdn_chunked, gdn_recurrent
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 from tests.ops.test_gdn import GPU_CASES, _f32, desc, gdn_cases, inputs_of, make_inputs
 
 # ---------------------------------------------------------------- unit: hand-checked values

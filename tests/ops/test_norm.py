@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.ops.norm import gated_rms_norm, l2_norm, rms_norm
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 from tests.strategies import f32_arrays, rows_and_width
 
 # ---------------------------------------------------------------- unit: hand-checked values
