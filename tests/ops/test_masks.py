@@ -77,7 +77,7 @@ def test_committed_prefix_drawn():
 
 
 def test_drafter_mask_drawn():
-    # Context positions 0, 1, 2 FIRST, then the noise block 3, 4, 5: all visible (§4.3).
+    # Context positions 0, 1, 2 FIRST, then the noise block 3, 4, 5: all visible (docs/drafter.md).
     assert_mask(drafter_mask([0, 1, 2], [3, 4, 5]), "111|111 111|111 111|111")
     # vLLM / lucebox SWA convention: causal noise block, window 3 (q - k < 3).
     assert_mask(drafter_mask([0, 1, 2], [3, 4, 5], window=3, causal=True),
