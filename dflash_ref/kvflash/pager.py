@@ -1,16 +1,13 @@
 """KVFlash pager: a fixed pool of KV slots for the full-attention layers, paged by 64-token chunks.
 
 Reproduces lucebox's ``KvFlashPager`` (Luce-Org/lucebox ``server/src/common/kvflash_pager.h``,
-main @62880e20, plus the PR#487 rollback fix); docs/kvflash.md draws the data model and walks
-through every rule. Position ``p`` is in chunk ``c = p // T`` (T = chunk_tokens = 64); a resident
-chunk owns one pool block ``b`` and ``p`` lives in slot ``b*T + p % T``. When the pool is full a
-cold chunk is copied bit-exact to a host store and its block reused.
-
-This module is the policy: the free list, ``slot_for`` (the one allocating call), eviction,
-page_out / page_in, reselect under a relevance scorer, and the API the target and ``generate``
-use (``alloc_span``, ``write``, ``kv``, ``maybe_reselect``; docs/kvflash.md, "Integration with
-the target and generate"). The storage, :class:`~dflash_ref.kvflash.pool.PooledKV` (the device
-pool ``[L, 2, P, H, D]``) and :class:`~dflash_ref.kvflash.pool.ChunkTable`, is in pool.py.
+main @62880e20, plus the PR#487 rollback fix); docs/kvflash.md draws the data model (position p
+-> chunk p // T -> block -> slot) and walks through every rule. This module is the policy: the
+free list, ``slot_for`` (the one allocating call), eviction, page_out / page_in to a host store,
+reselect under a relevance scorer, and the API the target and ``generate`` use (``alloc_span``,
+``write``, ``kv``, ``maybe_reselect``; docs/kvflash.md, "Integration with the target and
+generate"). The storage it runs on, :class:`~dflash_ref.kvflash.pool.PooledKV` (the device pool
+``[L, 2, P, H, D]``) and :class:`~dflash_ref.kvflash.pool.ChunkTable`, is in pool.py.
 """
 
 from __future__ import annotations
