@@ -7,7 +7,7 @@
 Cases, for each context length ctx:
     decode      Tq = 1,   causal over ctx keys
     decode-swa  Tq = 1,   sliding window 1024 over ctx keys (the kernel skips the tiles outside)
-    drafter     Tq = 16,  non-causal over ctx context keys + 16 noise keys (spec/dflash.md §4.3)
+    drafter     Tq = 16,  non-causal over ctx context keys + 16 noise keys (docs/drafter.md)
     verify      Tq = 16,  committed prefix ctx + causal among the 16 batch tokens
     prefill     Tq = ctx, causal (only up to --max-prefill, the dense version's scores are
                 nh x ctx x ctx floats)

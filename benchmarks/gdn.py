@@ -10,8 +10,9 @@ form vs NumPy, with the ``float32_gdn`` tolerance (dflash_ref/testing.py). A mis
 the case and the error before any timing is printed. NumPy times are the best of ``--repeats``
 runs, recurrent and chunked interleaved so that both see the same machine state; CuPy times are
 CUDA-event medians after a warm-up. A GPU section that cannot run says why and is skipped.
-GFLOP/s uses the work measure 4 K V T HV of flashinfer's GDN tables (spec/gdn.md §6.1), the same
-for both forms, so it reads as throughput comparable with the published numbers.
+GFLOP/s uses the work measure 4 K V T HV of flashinfer's GDN tables (flashinfer-ai/flashinfer
+pull 3788, the table in its description), the same for both forms, so it reads as throughput
+comparable with the published numbers.
 """
 
 from __future__ import annotations

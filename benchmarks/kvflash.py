@@ -11,10 +11,11 @@ For each backend: fill a pool with random rows, page every chunk out and back in
 every (position -> rows) pair is bit-identical to what was written; only then time ``page_out``
 (device -> host copy, zeroing of the freed block) and ``page_in`` (host -> device recall) over
 many chunks and print time per chunk and achieved bandwidth. A mismatch stops the script before
-any timing is printed (STYLE.md §10). On CuPy the host store is pinned memory and the timing uses
-CUDA events after a warm-up; on NumPy both sides are host memory (a memcpy benchmark, useful as
-the reference point). Upstream (RTX 3090, synchronous era, Q8_0 KV of Qwen3.6-27B): page_out p50
-1.26 ms, page_in p50 0.63 ms per chunk (spec/kvflash_gate.md §3).
+any timing is printed. On CuPy the host store is pinned memory and the timing uses CUDA events
+after a warm-up; on NumPy both sides are host memory (a memcpy benchmark, useful as the reference
+point). Upstream (RTX 3090, synchronous era, Q8_0 KV of Qwen3.6-27B): page_out p50 1.26 ms,
+page_in p50 0.63 ms per chunk (Luce-Org/lucebox ``optimizations/kvflash/``; docs/kvflash.md,
+"Benchmark").
 
 **Decode.** A small random Qwen3 target (``DECODE_MODEL``: 4 layers, hidden 256, 8 query heads,
 2 kv heads, head_dim 64) is prefilled to each context length, then one-token decode steps are
@@ -26,7 +27,7 @@ unpooled ones (teacher forced), and on CuPy every timed pooled step's logits equ
 (cuBLAS vs NumPy BLAS); the pool's shape never changes. Only then are the timings printed:
 median wall time per step (the device synchronised), and the resident attention-KV bytes.
 Upstream (RTX 3090, 27B, Q4_K_M): decode flat at 38.6 tok/s from 64K to 256K with a 4K pool,
-vs 27.8 -> 13.1 tok/s on the full cache (spec/kvflash_gate.md §3).
+vs 27.8 -> 13.1 tok/s on the full cache (the same source).
 """
 
 from __future__ import annotations

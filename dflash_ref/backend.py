@@ -1,4 +1,4 @@
-"""The backend contract (DESIGN.md §3).
+"""The backend contract (docs/backend.md).
 
 A :class:`Backend` bundles an array module ``xp`` (numpy or cupy) with the op table ``ops``.
 Components are written once against a Backend::

@@ -4,18 +4,15 @@
   ``|actual - expected| <= atol + rtol * |expected|`` (``numpy.testing.assert_allclose``), never
   "max abs OR max rel over the tensor". Tolerances come from :data:`TOLERANCES`, each with its
   reason, and the error message names the op, the tensor and the case.
-- :func:`check_twin`: run an op on NumPy and on CuPy with the same inputs and compare on the host.
-- :func:`gpu_skip_reason`: why ``gpu`` tests cannot run here (``None`` when they can).
+
+The project's own GPU-test plumbing (the twin check, the skip rule) is in tests/gpu.py.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
-
-from dflash_ref.backend import cupy_unavailable_reason, get_backend
 
 
 @dataclass(frozen=True)
@@ -50,12 +47,12 @@ TOLERANCES: dict[str, Tolerance] = {
     ),
     "float64_gdn": Tolerance(
         1e-10, 1e-10, "float64 chunked (WY/UT, triangular inverse) vs recurrent delta rule: "
-        "different association of the same sums; measured <= 1e-13 (spec/gdn.md §2.3)"
+        "different association of the same sums; measured <= 1e-13 (docs/gdn.md)"
     ),
     "float32_gdn": Tolerance(
         1e-4, 1e-4, "float32 delta rule (recurrent or chunked, NumPy or CuPy) vs float64 or "
         "another float32 order: outputs sum K products per token over a carried state; "
-        "measured <= 2e-5 abs beyond 1e-4 rel with |o| <= ~10 (spec/gdn.md §5.1)"
+        "measured <= 2e-5 abs beyond 1e-4 rel with |o| <= ~10 (docs/gdn.md)"
     ),
 }
 
@@ -82,32 +79,3 @@ def _host(x) -> np.ndarray:
     if type(x).__module__.startswith("cupy"):
         return x.get()
     return np.asarray(x)
-
-
-def gpu_skip_reason() -> str | None:
-    """``None`` when CuPy and a CUDA device are usable, else the reason ``gpu`` tests skip."""
-    return cupy_unavailable_reason()
-
-
-def gpu_required() -> bool:
-    """``DFLASH_REQUIRE_GPU=1`` turns ``gpu`` skips into failures (set it on GPU machines)."""
-    return os.environ.get("DFLASH_REQUIRE_GPU", "") not in ("", "0")
-
-
-def check_twin(op: str, args: tuple, kwargs: dict | None = None, tol: str = "float32_elementwise",
-               case: str = "") -> None:
-    """Run ``op`` on the NumPy reference and the CuPy twin with the same host inputs; compare.
-
-    ``args`` are NumPy arrays or scalars; arrays are copied to the device for the twin.
-    Tuple outputs are compared element by element.
-    """
-    kwargs = kwargs or {}
-    np_be, cp_be = get_backend("numpy"), get_backend("cupy")
-    expected = getattr(np_be.ops, op)(*args, **kwargs)
-    dev_args = tuple(cp_be.to_backend(a) if isinstance(a, np.ndarray) else a for a in args)
-    actual = getattr(cp_be.ops, op)(*dev_args, **kwargs)
-    if isinstance(expected, tuple):
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_close(a, e, tol, op=op, tensor=f"output[{i}]", case=case)
-    else:
-        assert_close(actual, expected, tol, op=op, case=case)

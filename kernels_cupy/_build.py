@@ -1,6 +1,6 @@
 """Loading and compile-checking the CUDA sources of ``kernels_cupy/cuda/``.
 
-One tuple of compile options, ``COMPILE_OPTIONS``, serves both paths (STYLE.md §5):
+One tuple of compile options, ``COMPILE_OPTIONS``, serves both paths:
 
 - at run time :func:`get_kernel` builds a ``cupy.RawModule`` per family (cached) and returns a
   kernel from it;
@@ -23,7 +23,7 @@ COMMON_HEADER = CUDA_DIR / "common.cuh"
 
 # Deliberately no --use_fast_math: the twins must track the float32 reference to a few ulp
 # (precise expf/logf/sincosf/division). -ftz=true flushes subnormals, as CuPy kernels usually
-# run; tests draw inputs without subnormals (STYLE.md §7).
+# run; tests draw inputs without subnormals.
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-ftz=true")
 CHECK_ARCHS: tuple[str, ...] = ("sm_80", "sm_90")
 

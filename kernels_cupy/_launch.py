@@ -1,4 +1,4 @@
-"""Argument checks and launch helpers shared by the CuPy twins (STYLE.md §3).
+"""Argument checks and launch helpers shared by the CuPy twins (docs/backend.md, "Adding an op").
 
 CuPy checks nothing about RawKernel arguments: a Python int is passed as 64 bits and an ``int``
 parameter then reads garbage, and a non-contiguous or float64 array is read as raw float32

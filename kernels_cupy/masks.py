@@ -1,6 +1,6 @@
 """CuPy twin of :mod:`dflash_ref.ops.masks`.
 
-Masks are described, then built (DESIGN.md §3): the attention kernel evaluates a MaskSpec
+Masks are described, then built (docs/attention.md): the attention kernel evaluates a MaskSpec
 inline and needs no mask in memory. ``materialize`` exists for callers that want the dense
 additive mask on the device (a dense baseline, debugging); it is plain CuPy array code running
 the same :func:`dflash_ref.ops.masks.visible` predicate, not worth a kernel.

@@ -3,9 +3,10 @@
     python scripts/make_demo_checkpoints.py          # (re)writes dflash_ref/data/demo/*
     python scripts/make_demo_checkpoints.py OUT_DIR  # writes OUT_DIR/{target,drafter} instead
 
-The checkpoints come from :func:`dflash_ref.tiny.write_demo_checkpoints`, which is deterministic;
-docs/demo.md explains the construction. After writing, the script runs plain and speculative
-greedy decoding on held-out prompts and prints tau and the acceptance rate.
+The checkpoints come from :func:`demo_fit.write_demo_checkpoints` (scripts/demo_fit.py, next to
+this file), which is deterministic; docs/demo.md explains the construction. After writing, the
+script runs plain and speculative greedy decoding on held-out prompts and prints tau and the
+acceptance rate.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from demo_fit import random_prompts, write_demo_checkpoints  # scripts/demo_fit.py
 
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.tiny import random_prompts, write_demo_checkpoints
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "dflash_ref" / "data" / "demo"
 HELD_OUT_SEED = 2024  # prompts for the report; the fit draws its own with DEMO_FIT_SEED

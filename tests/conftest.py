@@ -5,7 +5,7 @@ Hypothesis profiles (choose with HYPOTHESIS_PROFILE; ``ci`` is the default):
     dev       60 random examples, no deadline
     thorough  500 random examples, no deadline: run before a release or after touching an op
 
-``gpu`` tests skip with the reason from :func:`dflash_ref.testing.gpu_skip_reason` when CuPy or
+``gpu`` tests skip with the reason from :func:`tests.gpu.gpu_skip_reason` when CuPy or
 a CUDA device is missing; with DFLASH_REQUIRE_GPU=1 they fail instead, so a GPU machine with a
 broken CuPy install cannot pass by skipping.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from dflash_ref.testing import gpu_required, gpu_skip_reason
+from tests.gpu import gpu_required, gpu_skip_reason
 
 settings.register_profile(
     "ci", max_examples=30, derandomize=True, deadline=None, print_blob=True,

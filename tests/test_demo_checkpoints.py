@@ -1,8 +1,9 @@
 """The shipped demo checkpoints (dflash_ref/data/demo): layout, losslessness, acceptance, and
-reproducibility from ``write_demo_checkpoints`` (docs/demo.md)."""
+reproducibility from ``write_demo_checkpoints`` (scripts/demo_fit.py; docs/demo.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,7 +16,21 @@ from dflash_ref.io.safetensors_io import load_checkpoint, open_checkpoint
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.tiny import block_successor_counts, random_prompts, write_demo_checkpoints
+
+
+def _load_demo_fit():
+    """Import scripts/demo_fit.py (scripts/ is not a package) by path."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "demo_fit.py"
+    spec = importlib.util.spec_from_file_location("demo_fit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_demo_fit = _load_demo_fit()
+block_successor_counts = _demo_fit.block_successor_counts
+random_prompts = _demo_fit.random_prompts
+write_demo_checkpoints = _demo_fit.write_demo_checkpoints
 
 DEMO = Path(dflash_ref.__file__).parent / "data" / "demo"
 MASK = 255

@@ -1,77 +1,17 @@
 """KVFlash pager: a fixed pool of KV slots for the full-attention layers, paged by 64-token chunks.
 
-Reproduces lucebox's ``KvFlashPager`` (spec/kvflash_gate.md §1, main @62880e20 plus the PR#487
-rollback fix); docs/kvflash.md draws the data model. In one paragraph: a logical position ``p``
-belongs to chunk ``c = p // T`` (T = chunk_tokens = 64); a resident chunk owns one pool *block*
-``b`` of T slots, and ``p`` lives in slot ``b*T + p % T`` (the in-chunk offset is kept). RoPE is
-baked into each K row when it is written, so a row's slot carries no meaning and chunks may sit in
-any block. When the pool is full, a cold chunk is copied to a host store and its block reused;
-the copy is bit-exact and the chunk can be recalled later into whatever block is free.
-
-Pieces, in the order the spec gives them:
-
-- **free list** (§1.1): a stack built by pushing n_blocks-1 down to 0, so blocks are handed out
-  0, 1, 2, ... (a fresh pager is identity-mapped); freed blocks are pushed back and reused first
-  (LIFO). :meth:`KVFlashPager.set_block_order` overrides the order (the shuffled-placement test).
-- **slot_for(pos)** (§1.2): the one allocating call, once per appended token in position order.
-  It moves the append head ``cur_chunk`` *before* evicting (so the victim search protects the new
-  tail), evicts if the free list is empty, recalls a paged-out chunk from the host, and ticks the
-  LRU clock. On failure it rolls ``cur_chunk`` back and returns -1.
-- **eviction** (§1.2): candidates are resident chunks with ``sink <= c <= cur_chunk - 1 - tail``
-  (sinks and the tail window ``cur-tail .. cur`` are never evicted); the victim is the minimum
-  score under a score hook, else the least recently *allocated* chunk (the clock ticks in slot_for
-  only, never on reads), lowest chunk index on ties.
-- **page_out / page_in** (§1.3): device -> host copy then zeroing of the freed block; recall goes
-  through slot_for. The host copy is kept until :meth:`KVFlashPager.reset`.
-- **reselect** (§1.4): with a score hook, keep the n_blocks best materialised chunks (protected
-  chunks first), paging out the others in ascending chunk order, then recalling in ascending order.
-- **min_pool_tokens** (§1.2): ``(sink + tail + 2) * T``; smaller pools are refused
-  (:class:`~dflash_ref.errors.PagerError` naming the minimum), since eviction would deadlock.
-
-The pool (:class:`PooledKV`) holds the K and V rows of every pooled layer in one backend array
-``[L, 2, P, H, D]``; GDN layers and sliding-window layers that never page are not pooled.
-
-Integration API (what ``TargetModel.new_state(pager=...)`` and ``generate(..., pager=...)`` do;
-docs/kvflash.md, "Integration with the target and generate")::
-
-    pager = KVFlashPager(pool_tokens, backend=be, layers=full_attn_layer_ids,
-                         n_kv_heads=H, head_dim=D)       # once; pager.reset() per request
-    # per forward of n tokens at positions = start .. start+n-1 (prefill piece, decode, verify):
-    pager.alloc_span(start, n)                     # slot_for each position, before any layer
-    for layer in model_layers:                     # GDN layers keep their own state
-        if layer in full_attn_layer_ids:
-            k, v = ...                             # [n, H, D] post-norm, post-RoPE keys
-            pager.write(layer, positions, k, v)    # into the slots of those positions
-            K, V, k_pos = pager.kv(layer)          # [P, H, D], [P, H, D], [P] int32
-            mask = committed_prefix_mask(positions, k_pos, base_pos)  # ops/masks.py
-            out = attention(q, K, V, mask)
-    # decode loop, after each step (a no-op without pager.scorer; scorers.py):
-    pager.maybe_reselect(prompt_and_generated_ids, generated, n_new)
-
-Rules for the caller: a forward's span must stay resident while it is written and read, so a
-prompt larger than the pool is prefilled one chunk (T tokens) per forward (alloc_span refuses a
-span that would evict its own chunks); every position a forward allocates is written by that
-forward before attention reads it; a verify batch writes base_pos, base_pos+1, ... contiguously.
-
-``k_pos`` (:meth:`KVFlashPager.slot_positions`) is the absolute position held by each slot and
--1 for free or paged-out slots; it is all the attention mask needs. The reference uses the strict
-position-aware rule (§1.6): a slot at position p is visible to a query at q iff ``p >= 0`` and
-``p < base_pos or p <= q``. The public qwen35 AR-decode mask opens every slot of a resident chunk,
-including slots of the append-head chunk at positions > q; here those are hidden by ``p <= q``.
-Rejected drafts from an earlier spec round sit at positions >= base_pos and stay hidden until the
-next write to that position overwrites them through the same slot (no rollback needed): under the
-rules above, a stale slot is always at a position above every query of the forward, so k_pos
-never needs a -1 for staleness.
-
-Copies run in order on the backend's current stream, in the public order (D2H of the victim,
-then its zeroing, then any H2D into the reused block); a page-out returns once its host copy is
-complete, so there is no ``synchronize_paging()`` to forget. On CuPy the host store is pinned
-memory (``cupy.cuda.alloc_pinned_memory``), on NumPy plain arrays.
+Reproduces lucebox's ``KvFlashPager`` (Luce-Org/lucebox ``server/src/common/kvflash_pager.h``,
+main @62880e20, plus the PR#487 rollback fix); docs/kvflash.md draws the data model (position p
+-> chunk p // T -> block -> slot) and walks through every rule. This module is the policy: the
+free list, ``slot_for`` (the one allocating call), eviction, page_out / page_in to a host store,
+reselect under a relevance scorer, and the API the target and ``generate`` use (``alloc_span``,
+``write``, ``kv``, ``maybe_reselect``; docs/kvflash.md, "Integration with the target and
+generate"). The storage it runs on, :class:`~dflash_ref.kvflash.pool.PooledKV` (the device pool
+``[L, 2, P, H, D]``) and :class:`~dflash_ref.kvflash.pool.ChunkTable`, is in pool.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -79,6 +19,7 @@ import numpy as np
 
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.errors import PagerError
+from dflash_ref.kvflash.pool import ChunkTable, PooledKV
 
 ScoreHook = Callable[[np.ndarray], np.ndarray]
 """``hook(chunks [n] int64) -> [n] float``: higher means keep (scorers.hook_from_scores)."""
@@ -86,7 +27,7 @@ ScoreHook = Callable[[np.ndarray], np.ndarray]
 
 def min_pool_tokens(chunk_tokens: int = 64, sink_chunks: int = 1,
                     tail_window_chunks: int = 4) -> int:
-    """Smallest pool that can always evict: ``(sink + tail + 2) * T`` (spec §1.2; 448 by default).
+    """Smallest pool that can always evict: ``(sink + tail + 2) * T`` (448 by default).
 
     The +2 is one evictable victim plus the partially filled append head.
     """
@@ -118,117 +59,8 @@ class PagerStats:
         return asdict(self)
 
 
-class PooledKV:
-    """The device pool of the pooled (full-attention) layers: ``data`` [L, 2, P, H, D].
-
-    ``data[i, 0]`` / ``data[i, 1]`` are the K / V rows of the i-th pooled layer, each a contiguous
-    [P, H, D] view that attention consumes directly. For copies the pool is seen as segments
-    ``[2L, P, H*D]`` (segment 2i is layer i's K, 2i+1 its V), the layout of the ``pager`` ops.
-
-    Args:
-        be: the Backend that holds the arrays.
-        pool_tokens: P slots.
-        n_kv_heads, head_dim: H, D (K and V rows have the same shape).
-        layers: the model layer ids served (an int n means ids 0..n-1); ``write(layer, ...)``
-            takes a model layer id, so a hybrid model passes its full-attention layer ids.
-        dtype: storage dtype (float32 default; float16 halves the pool).
-    """
-
-    def __init__(self, be: Backend | str, pool_tokens: int, n_kv_heads: int, head_dim: int,
-                 layers: int | Sequence[int], dtype="float32"):
-        self.be = as_backend(be)
-        self.layers = tuple(range(layers)) if isinstance(layers, int) else tuple(layers)
-        if not self.layers or n_kv_heads <= 0 or head_dim <= 0:
-            raise PagerError(
-                f"PooledKV needs at least one layer and positive n_kv_heads, head_dim; got "
-                f"layers={self.layers}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
-            )
-        if len(set(self.layers)) != len(self.layers):
-            raise PagerError(f"PooledKV: layer ids {self.layers} repeat")
-        self._index = {layer: i for i, layer in enumerate(self.layers)}
-        self.pool_tokens, self.n_kv_heads, self.head_dim = pool_tokens, n_kv_heads, head_dim
-        L, P, H, D = len(self.layers), pool_tokens, n_kv_heads, head_dim
-        self.data = self.be.xp.zeros((L, 2, P, H, D), dtype=dtype)
-        self.segments = self.data.reshape(2 * L, P, H * D)  # a view: [2L, P, W]
-        self.dtype = self.data.dtype
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one slot of one segment: H * D * itemsize."""
-        return self.n_kv_heads * self.head_dim * self.dtype.itemsize
-
-    def chunk_bytes(self, chunk_tokens: int) -> int:
-        """Bytes of one chunk over all segments: 2 * L * T * H * D * itemsize (spec §1.1)."""
-        return self.segments.shape[0] * chunk_tokens * self.row_bytes
-
-    def layer_index(self, layer: int) -> int:
-        if layer not in self._index:
-            raise PagerError(f"layer {layer} is not pooled; pooled layers are {self.layers}")
-        return self._index[layer]
-
-    def k(self, layer: int):
-        """[P, H, D] K rows of model layer ``layer`` (a view into ``data``)."""
-        return self.data[self.layer_index(layer), 0]
-
-    def v(self, layer: int):
-        """[P, H, D] V rows of model layer ``layer`` (a view into ``data``)."""
-        return self.data[self.layer_index(layer), 1]
-
-    def gather(self, slots, out=None):
-        """[2L, n, W] rows of ``slots`` in every segment (the page-out copy), into ``out``."""
-        return self.be.ops.gather_rows(self.segments, slots, out)
-
-    def scatter(self, slots, rows) -> None:
-        """Write ``rows`` [2L, n, W] into ``slots`` of every segment (page-in)."""
-        self.be.ops.scatter_rows(self.segments, slots, rows)
-
-    def write(self, layer: int, slots, k, v) -> None:
-        """Write ``k``, ``v`` [T, H, D] of one layer into ``slots`` [T]."""
-        T = len(slots)
-        shape = (T, self.n_kv_heads, self.head_dim)
-        if tuple(k.shape) != shape or tuple(v.shape) != shape:
-            raise PagerError(f"write: k {tuple(k.shape)} / v {tuple(v.shape)}, expected "
-                             f"[T, H, D] = {shape} each")
-        i = self.layer_index(layer)
-        xp = self.be.xp
-        rows = xp.stack([xp.asarray(k), xp.asarray(v)]).reshape(2, T, -1)  # [2, T, W]
-        seg = self.data[i].reshape(2, self.pool_tokens, -1)  # [2, P, W] view of this layer
-        self.be.ops.scatter_rows(seg, slots, rows.astype(self.dtype, copy=False))
-
-    def read(self, layer: int, slots):
-        """``(k, v)`` [n, H, D] of one layer at ``slots`` (copies)."""
-        seg = self.data[self.layer_index(layer)].reshape(2, self.pool_tokens, -1)
-        rows = self.be.ops.gather_rows(seg, slots)  # [2, n, W]
-        n = rows.shape[1]
-        return (rows[0].reshape(n, self.n_kv_heads, self.head_dim),
-                rows[1].reshape(n, self.n_kv_heads, self.head_dim))
-
-    def zero_block(self, block: int, chunk_tokens: int) -> None:
-        """Set the T slots of ``block`` to zero in every segment."""
-        self.segments[:, block * chunk_tokens : (block + 1) * chunk_tokens] = 0
-
-    def host_empty(self, chunk_tokens: int) -> np.ndarray:
-        """A host buffer for one chunk, [2L, T, W]; pinned memory on CuPy (fast, async-capable)."""
-        shape = (self.segments.shape[0], chunk_tokens, self.segments.shape[2])
-        if self.be.name == "cupy":  # as cupyx.empty_pinned does
-            mem = self.be.xp.cuda.alloc_pinned_memory(math.prod(shape) * self.dtype.itemsize)
-            return np.ndarray(shape, dtype=self.dtype, buffer=mem)
-        return np.empty(shape, dtype=self.dtype)
-
-    def page_out_rows(self, slots, host: np.ndarray) -> None:
-        """Copy the rows of ``slots`` [T] into the host buffer ``host`` [2L, T, W] (synchronous).
-
-        NumPy gathers straight into the host buffer; CuPy gathers on the device, then copies
-        device -> pinned host.
-        """
-        if self.be.name == "cupy":
-            self.gather(slots).get(out=host)
-        else:
-            self.gather(slots, out=host)
-
-
-class KVFlashPager:
-    """Position -> chunk -> block -> slot mapping of a fixed KV pool, with paging (spec §1).
+class KVFlashPager(ChunkTable):
+    """Position -> chunk -> block -> slot mapping of a fixed KV pool, with paging.
 
     Args:
         pool_tokens: P, slots in the pool: a positive multiple of ``chunk_tokens`` and at least
@@ -277,8 +109,7 @@ class KVFlashPager:
                 f"pool_tokens >= {floor} (the public sizing rounds the floor up to a multiple of "
                 f"256: {-(-floor // 256) * 256})"
             )
-        self.be = as_backend(backend)
-        self.pool_tokens, self.chunk_tokens = pool_tokens, chunk_tokens
+        be = as_backend(backend)
         self.sink_chunks, self.tail_window_chunks = sink_chunks, tail_window_chunks
         self.n_blocks = pool_tokens // chunk_tokens
         self.score_hook = score_hook
@@ -287,37 +118,21 @@ class KVFlashPager:
         self.scorer, self.tau = scorer, int(tau)
         self._scorer_hook = None  # the hook maybe_reselect installed last (reset drops it)
         has_pool = bool(layers) if not isinstance(layers, int) else layers > 0
-        self.pool = (PooledKV(self.be, pool_tokens, n_kv_heads, head_dim, layers, dtype)
+        self.pool = (PooledKV(be, pool_tokens, n_kv_heads, head_dim, layers, dtype)
                    if has_pool else None)
         self.chunk_bytes = self.pool.chunk_bytes(chunk_tokens) if self.pool is not None else 0
         self.stats = PagerStats()
         self.clock = 0  # LRU clock: ticks on every slot_for call, only there
-        self.epoch = 0  # bumped whenever the mapping changes (masks are rebuilt on a change)
-        self._slot_pos_cache: tuple[int, object] | None = None
-        self._clear()
+        super().__init__(chunk_tokens, pool_tokens, be)  # then _clear: free list, append head
 
     # ------------------------------------------------------------------ state
 
     def _clear(self) -> None:
         """Empty chunk table, default free list, append head 0 (construction and reset)."""
-        self._n = 0  # chunk table length: 1 + the largest chunk index ever touched
-        self._block = np.full(16, -1, dtype=np.int64)  # chunk -> block, -1 = not resident
-        self._on_host = np.zeros(16, dtype=bool)  # the host copy holds valid bytes
-        self._last_use = np.zeros(16, dtype=np.int64)  # clock value of the last slot_for
-        self._host: dict[int, np.ndarray] = {}  # chunk -> host copy [2L, T, W]
+        super()._clear()
         # A stack pushed n_blocks-1 down to 0: pop() hands out 0, 1, 2, ...
         self._free: list[int] = list(range(self.n_blocks - 1, -1, -1))
         self.cur_chunk = 0  # the append head: the largest chunk slot_for allocated; only grows
-
-    def _grow(self, n: int) -> None:
-        """Make the chunk table cover chunks 0..n-1."""
-        if n > self._block.size:
-            cap = max(n, 2 * self._block.size)
-            pad = cap - self._block.size
-            self._block = np.concatenate([self._block, np.full(pad, -1, np.int64)])
-            self._on_host = np.concatenate([self._on_host, np.zeros(pad, bool)])
-            self._last_use = np.concatenate([self._last_use, np.zeros(pad, np.int64)])
-        self._n = max(self._n, n)
 
     @property
     def min_pool_tokens(self) -> int:
@@ -325,43 +140,9 @@ class KVFlashPager:
         return min_pool_tokens(self.chunk_tokens, self.sink_chunks, self.tail_window_chunks)
 
     @property
-    def n_chunks(self) -> int:
-        """Length of the chunk table (1 + the largest chunk index ever touched since reset)."""
-        return self._n
-
-    @property
     def free_blocks(self) -> list[int]:
         """The free list as a stack: the *last* element is handed out next."""
         return list(self._free)
-
-    def block_of(self, chunk: int) -> int:
-        """The block holding ``chunk``, or -1 if it is not resident."""
-        return int(self._block[chunk]) if 0 <= chunk < self._n else -1
-
-    def is_on_host(self, chunk: int) -> bool:
-        """Whether the host store holds a valid copy of ``chunk`` (also true once recalled)."""
-        return bool(self._on_host[chunk]) if 0 <= chunk < self._n else False
-
-    def last_use(self, chunk: int) -> int:
-        return int(self._last_use[chunk]) if 0 <= chunk < self._n else 0
-
-    def chunk_blocks(self) -> np.ndarray:
-        """[n_chunks] int64 copy of the chunk -> block table (-1 = not resident)."""
-        return self._block[: self._n].copy()
-
-    def resident_chunks(self) -> np.ndarray:
-        """Ascending chunk ids that own a block."""
-        return np.flatnonzero(self._block[: self._n] >= 0)
-
-    def host_only_chunks(self) -> np.ndarray:
-        """Ascending chunk ids held only by the host store (paged out, not recalled)."""
-        n = self._n
-        return np.flatnonzero(self._on_host[:n] & (self._block[:n] < 0))
-
-    def materialised_chunks(self) -> np.ndarray:
-        """Ascending chunk ids that hold data: resident or host-only (reselect's candidates)."""
-        n = self._n
-        return np.flatnonzero((self._block[:n] >= 0) | self._on_host[:n])
 
     def set_block_order(self, order: Sequence[int]) -> None:
         """Hand blocks out in ``order`` (a permutation of 0..n_blocks-1) instead of 0, 1, 2, ...
@@ -380,7 +161,8 @@ class KVFlashPager:
     # ------------------------------------------------------------------ allocation
 
     def eviction_candidates(self) -> np.ndarray:
-        """Resident chunks ``sink <= c <= cur_chunk - 1 - tail``, ascending (spec §1.2)."""
+        """Resident chunks ``sink <= c <= cur_chunk - 1 - tail``, ascending (docs/kvflash.md,
+        "Allocation and eviction")."""
         c = np.arange(self._n)
         hi = self.cur_chunk - 1 - self.tail_window_chunks
         ok = (self._block[: self._n] >= 0) & (c >= self.sink_chunks) & (c <= hi)
@@ -422,10 +204,10 @@ class KVFlashPager:
     def slot_for(self, pos: int) -> int:
         """Allocate (or look up) the slot of position ``pos``; -1 if no block can be freed.
 
-        Steps (spec §1.2): ``c = pos // T``; the append head moves to c *before* eviction; if c is
-        not resident, free a block (evicting one victim if needed; on failure roll the head back
-        and return -1), pop it, and recall the host copy if there is one; then
-        ``last_use[c] = ++clock``. Returns ``block * T + pos % T``.
+        Steps (docs/kvflash.md, "Allocation and eviction"): ``c = pos // T``; the append head
+        moves to c *before* eviction; if c is not resident, free a block (evicting one victim if
+        needed; on failure roll the head back and return -1), pop it, and recall the host copy if
+        there is one; then ``last_use[c] = ++clock``. Returns ``block * T + pos % T``.
         """
         pos = int(pos)
         if pos < 0:
@@ -482,26 +264,10 @@ class KVFlashPager:
             )
         return slots
 
-    def slot_of(self, pos: int) -> int:
-        """The slot holding ``pos``, or -1 if its chunk is not resident (lookup: no clock tick)."""
-        c = int(pos) // self.chunk_tokens
-        b = self.block_of(c) if pos >= 0 else -1
-        return -1 if b < 0 else b * self.chunk_tokens + int(pos) % self.chunk_tokens
-
-    def slots_of(self, positions) -> np.ndarray:
-        """Vectorised :meth:`slot_of`: [n] positions -> [n] int64 slots (-1 where not resident)."""
-        pos = np.asarray(self.be.to_numpy(positions), dtype=np.int64).reshape(-1)
-        T = self.chunk_tokens
-        c = pos // T
-        inside = (pos >= 0) & (c < self._n)
-        b = np.full(pos.shape, -1, dtype=np.int64)
-        b[inside] = self._block[c[inside]]
-        return np.where(b >= 0, b * T + pos % T, -1)
-
     # ------------------------------------------------------------------ paging
 
     def page_out(self, chunk: int) -> None:
-        """Copy a resident chunk to the host store and free its block (spec §1.3).
+        """Copy a resident chunk to the host store and free its block (docs/kvflash.md, "Paging").
 
         The first page-out of a chunk allocates its host buffer (host_bytes grows); the freed
         block is zeroed and pushed on the free list (reused first).
@@ -512,9 +278,7 @@ class KVFlashPager:
         if self.pool is not None:
             if chunk not in self._host:
                 self._host[chunk] = self.pool.host_empty(self.chunk_tokens)
-            T = self.chunk_tokens
-            self.pool.page_out_rows(np.arange(b * T, (b + 1) * T), self._host[chunk])
-            self.pool.zero_block(b, T)  # defence in depth: freed blocks read as zeros
+            self.pool.save_block(b, self.chunk_tokens, self._host[chunk])  # then zeroes block b
         if not self._on_host[chunk]:
             self.stats.host_bytes += self.chunk_bytes
         self._on_host[chunk] = True
@@ -527,9 +291,7 @@ class KVFlashPager:
     def _recall(self, chunk: int, block: int) -> None:
         """Host -> device copy of ``chunk`` into ``block`` (inside slot_for)."""
         if self.pool is not None:
-            T = self.chunk_tokens
-            rows = self.be.to_backend(self._host[chunk])  # [2L, T, W]
-            self.pool.scatter(np.arange(block * T, (block + 1) * T), rows)
+            self.pool.load_block(block, self.chunk_tokens, self._host[chunk])
         self.stats.page_ins += 1
         self.stats.moved_bytes += self.chunk_bytes
 
@@ -549,12 +311,12 @@ class KVFlashPager:
     def reselect(self) -> int:
         """Re-page the pool to hold the best chunks under the score hook; returns page events.
 
-        No-op (0) without a hook. Spec §1.4: candidates are the materialised chunks; protected
-        ones (``c < sink`` or ``c > cur - 1 - tail``) rank first, the rest by descending score;
-        the top n_blocks are wanted. Resident unwanted chunks are paged out in ascending order,
-        then wanted host-only chunks are recalled in ascending order (the outs free the blocks
-        the recalls need). Upstream's sort is unstable; the reference breaks ties by ascending
-        chunk index.
+        No-op (0) without a hook (docs/kvflash.md, "Reselect"). Candidates are the materialised
+        chunks; protected ones (``c < sink`` or ``c > cur - 1 - tail``) rank first, the rest by
+        descending score; the top n_blocks are wanted. Resident unwanted chunks are paged out in
+        ascending order, then wanted host-only chunks are recalled in ascending order (the outs
+        free the blocks the recalls need). Upstream's sort is unstable; the reference breaks
+        ties by ascending chunk index.
         """
         if self.score_hook is None:
             return 0
@@ -580,15 +342,15 @@ class KVFlashPager:
         return events
 
     def maybe_reselect(self, history_ids, generated: int, n_new: int = 1) -> int:
-        """The decode loop's relevance step (spec §1.4): rescore and reselect when due.
+        """The decode loop's relevance step: rescore and reselect when due.
 
         ``generate`` calls this after every step. Due when the step passed a generated count g
-        with ``g % max(tau, history_at_g // 45) == 0`` (:func:`~dflash_ref.kvflash.scorers.
-        reselect_due_in`; after each token in plain decoding, as upstream). Then
-        ``scorer.chunk_scores(history_ids, T)`` scores every chunk of the history, the hook
-        becomes those scores (chunks newer than the rescore score 1e30 and are kept:
-        :func:`~dflash_ref.kvflash.scorers.hook_from_scores`) and :meth:`reselect` re-pages
-        the pool. A rescore returning None leaves the current hook (LRU if none yet).
+        with ``g % max(tau, history_at_g // 45) == 0`` (docs/kvflash.md, "The cadence";
+        :func:`~dflash_ref.kvflash.scorers.reselect_due_in`). Then ``scorer.chunk_scores(
+        history_ids, T)`` scores every chunk of the history, the hook becomes those scores
+        (:func:`~dflash_ref.kvflash.scorers.hook_from_scores`: newer chunks score 1e30 and are
+        kept) and :meth:`reselect` re-pages the pool. A rescore returning None leaves the current
+        hook (LRU if none yet).
 
         Args:
             history_ids: [S] prompt + generated ids so far (the text the scorer reads).
@@ -652,42 +414,6 @@ class KVFlashPager:
             for b in self._free:
                 self.pool.zero_block(b, self.chunk_tokens)
 
-    # ------------------------------------------------------------------ queries
-
-    def is_identity(self) -> bool:
-        """True iff every resident chunk c sits in block c and no chunk is host-only."""
-        n = self._n
-        blk = self._block[:n]
-        resident = blk >= 0
-        if np.any(blk[resident] != np.flatnonzero(resident)):
-            return False
-        return not np.any(self._on_host[:n] & ~resident)
-
-    def identity_prefix_covers(self, n_tokens: int) -> bool:
-        """Every chunk overlapping [0, n_tokens) is resident in block == its index."""
-        n_ch = -(-int(n_tokens) // self.chunk_tokens)
-        if n_ch > self._n:
-            return False
-        return bool(np.all(self._block[:n_ch] == np.arange(n_ch)))
-
-    def fill_slot_pos(self) -> np.ndarray:
-        """[P] int32 on the host: the position held by each slot, -1 if free (spec §1.6)."""
-        from dflash_ref.ops.pager import fill_slot_pos
-
-        return fill_slot_pos(self._block[: self._n], self.chunk_tokens, self.pool_tokens)
-
-    def slot_positions(self):
-        """[P] int32 backend array of :meth:`fill_slot_pos`, the ``k_pos`` of the masks.
-
-        Computed with the backend's ``fill_slot_pos`` op and cached until the mapping changes
-        (the epoch). Treat it as read-only.
-        """
-        if self._slot_pos_cache is None or self._slot_pos_cache[0] != self.epoch:
-            table = self.be.to_backend(self._block[: self._n])
-            pos = self.be.ops.fill_slot_pos(table, self.chunk_tokens, self.pool_tokens)
-            self._slot_pos_cache = (self.epoch, pos)
-        return self._slot_pos_cache[1]
-
     # ------------------------------------------------------------------ the target's API
 
     def _require_pool(self) -> PooledKV:
@@ -696,25 +422,17 @@ class KVFlashPager:
                              "n_kv_heads=..., head_dim=... to hold a KV pool")
         return self.pool
 
-    def _slots_for_write(self, positions) -> np.ndarray:
-        slots = self.slots_of(positions)
-        if np.any(slots < 0):
-            bad = np.asarray(self.be.to_numpy(positions)).reshape(-1)[slots < 0]
-            raise PagerError(f"positions {bad[:8].tolist()} have no resident slot; call "
-                             f"alloc_span(start, n) for them before writing or reading")
-        return slots
-
     def write(self, layer: int, positions, k, v) -> None:
         """Write one layer's ``k``, ``v`` [T, H, D] at ``positions`` [T] (already allocated).
 
         Positions must be distinct and resident (allocate them with :meth:`alloc_span` first,
         once per forward, before the first layer writes). Does not tick the clock.
         """
-        self._require_pool().write(layer, self._slots_for_write(positions), k, v)
+        self._require_pool().write(layer, self.resident_slots(positions), k, v)
 
     def read(self, layer: int, positions):
         """``(k, v)`` [T, H, D] of one layer at resident ``positions`` (copies; for tests)."""
-        return self._require_pool().read(layer, self._slots_for_write(positions))
+        return self._require_pool().read(layer, self.resident_slots(positions))
 
     def kv(self, layer: int):
         """``(K [P, H, D], V [P, H, D], k_pos [P] int32)`` of one layer for attention.

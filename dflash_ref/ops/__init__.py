@@ -18,8 +18,3 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "gdn": ("gdn_recurrent", "gdn_chunked", "causal_conv1d"),
     "pager": ("gather_rows", "scatter_rows", "fill_slot_pos"),
 }
-
-
-def all_op_names() -> list[str]:
-    """Every op name in the table, family order then listed order."""
-    return [name for names in OP_FAMILIES.values() for name in names]

@@ -1,4 +1,4 @@
-"""The compute-dtype rule shared by every NumPy reference op (DESIGN.md §4).
+"""The compute-dtype rule shared by every NumPy reference op (docs/backend.md, "Dtypes").
 
 Reference compute is float32. A float64 input stays float64 so that tests can check an algorithm
 against its own closed form at ~1e-12; every other dtype (f16, bf16 stored as f32, ints) is

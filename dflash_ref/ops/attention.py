@@ -5,7 +5,7 @@ verify, paged KV pools); only the mask differs (dflash_ref/ops/masks.py, docs/at
 
 For query row i, query head h, with kv head ``h // g`` where ``g = nh // nkv`` (grouped
 mapping: query heads 0..g-1 share kv head 0, the next g share kv head 1, ...; HF ``repeat_kv``,
-spec/dflash.md §4.3)::
+as in z-lab/dflash ``dflash/model.py``; docs/drafter.md)::
 
     s_ij = scale * q[i, h] . k[j, h // g]            scale defaults to d^-0.5
     s_ij = cap * tanh(s_ij / cap)                    only with softcap=cap (before the mask)

@@ -1,6 +1,8 @@
 """Gated DeltaNet (GDN) token mixer: recurrent form, chunk-parallel form, and the short conv.
 
-Notation and layout follow FLA (spec/gdn.md §1.1), for one sequence (no batch axis):
+Notation and layout follow FLA (fla-org/flash-linear-attention
+``fla/ops/gated_delta_rule/naive.py``; docs/gdn.md, "Shapes and the recurrence"), for one
+sequence (no batch axis):
 
     q, k   [T, H, K]     H query/key heads, K = head_k_dim (L2-normalised by the caller)
     v      [T, HV, V]    HV value heads, V = head_v_dim; HV = r * H
@@ -9,7 +11,7 @@ Notation and layout follow FLA (spec/gdn.md §1.1), for one sequence (no batch a
     state  [HV, K, V]    one K x V matrix per value head: rows = key channel, cols = value channel
     o      [T, HV, V]
 
-The per-token recurrence (spec/gdn.md §1.2), in this exact order for every value head h:
+The per-token recurrence, in this exact order for every value head h:
 
     1. decay   S <- exp(g_t) * S                  (KDA: S <- Diag(exp(g_t)) S, rows scaled)
     2. read    r_t = S^T k_t                      (with the *decayed* state)
@@ -17,10 +19,11 @@ The per-token recurrence (spec/gdn.md §1.2), in this exact order for every valu
     4. write   S <- S + k_t d_t^T                 (rank-1 update)
     5. output  o_t = scale * S^T q_t              (from the *updated* state; scale = K^-1/2)
 
-GQA head mapping (spec/gdn.md §1.5): value head ``h`` reads q/k head ``h // r`` ("grouped",
-as FLA, HF, vLLM and SGLang do). ggml uses ``h % H`` ("tiled"), and llama.cpp's converter
-permutes every value-head-indexed tensor accordingly; :func:`value_heads_tiled_to_grouped` undoes
-that permutation so that a tiled model can run through these grouped ops.
+GQA head mapping (docs/gdn.md, "GQA: the grouped vs tiled pitfall"): value head ``h`` reads
+q/k head ``h // r`` ("grouped", as FLA, HF, vLLM and SGLang do). ggml uses ``h % H`` ("tiled"),
+and llama.cpp's converter permutes every value-head-indexed tensor accordingly;
+:func:`value_heads_tiled_to_grouped` undoes that permutation so that a tiled model can run
+through these grouped ops.
 
 Compute dtype: float64 inputs stay float64 (closed-form tests), everything else runs in float32;
 the state is always kept in the compute dtype (float32 in the reference, as FLA and Qwen do).
@@ -31,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._gdn_chunk import chunk_view, intra_chunk_kda, intra_chunk_scalar
 from dflash_ref.ops.norm import silu
 
 GQA_MAPPINGS = ("grouped", "tiled")
@@ -80,7 +84,7 @@ def _check_log_decay(g, op: str) -> None:
 
 def qk_head_of_value_head(hv: int, num_k_heads: int, num_v_heads: int,
                           mapping: str = "grouped") -> int:
-    """The q/k head that value head ``hv`` reads (spec/gdn.md §1.5).
+    """The q/k head that value head ``hv`` reads (docs/gdn.md, "GQA: the grouped vs tiled pitfall").
 
     - "grouped" (FLA, HF, vLLM, SGLang; what these ops implement): ``hv // r`` with
       ``r = num_v_heads // num_k_heads``: value heads 0..r-1 share q/k head 0.
@@ -96,7 +100,7 @@ def qk_head_of_value_head(hv: int, num_k_heads: int, num_v_heads: int,
 
 
 def value_heads_tiled_to_grouped(x, num_k_heads: int, num_v_heads: int, axis: int = 0):
-    """Permute a value-head-indexed axis from tiled order to grouped order (spec/gdn.md §1.5).
+    """Permute a value-head-indexed axis from tiled order to grouped order (docs/gdn.md, GQA).
 
     A GGUF converted by llama.cpp stores HF value head ``h * r + j`` (grouped, ``[H, r, n]``) at
     position ``j * H + h`` (tiled, ``[r, H, n]``), because ggml's kernels pair value head ``i``
@@ -144,7 +148,9 @@ def _expand_qk(x: np.ndarray, r: int) -> np.ndarray:
 
 
 def gdn_recurrent(q, k, v, g, beta, state=None, scale=None, return_trace: bool = False):
-    """Gated delta rule, one token at a time (spec/gdn.md §1.2). The ground truth.
+    """Gated delta rule, one token at a time (docs/gdn.md, "Shapes and the recurrence").
+
+    The ground truth.
 
     For every token t and value head h (q/k head ``h // r``), in this order::
 
@@ -205,8 +211,9 @@ CHUNKS_PER_BLOCK = 16
 
 
 def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
-    """Gated delta rule, chunk-parallel (WY / UT transform; spec/gdn.md §2). Same result as
-    :func:`gdn_recurrent` up to rounding.
+    """Gated delta rule, chunk-parallel (WY / UT transform). Same result as :func:`gdn_recurrent`
+    up to rounding (docs/gdn.md, "The chunked form, and why it is exact"; FLA
+    ``fla/ops/common/chunk_delta_h.py``).
 
     The sequence is cut into chunks of C = ``chunk_size`` tokens (the tail zero-padded: g = 0 is
     no decay and beta = 0 no write, so padding is exact). Inside a chunk, with the chunk-local
@@ -224,11 +231,12 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     ``(I + A) Delta = beta * V - (beta * exp(G) * K) S0``, a triangular system, whose solution is
     ``U - W S0``; outputs and the final state are then plain sums of the rank-1 writes.
 
-    Range (spec/gdn.md §2.4): G restarts at every chunk and only non-positive differences
-    (G_i - G_j with i >= j, G_i, G_C - G_j) are exponentiated; the positive upper-triangle
-    differences are sanitised *before* exp (clamped to 0) and zeroed after, so nothing overflows
-    for any g <= 0. Never factor exp(G_i - G_j) as exp(G_i) * exp(-G_j): a chunk of g = -2 gives
-    exp(128) = inf in float32. g must be <= 0 (a log decay); positive g raises ValueError.
+    Range (docs/gdn.md, "The fp32-range rule"): G restarts at every chunk and only non-positive
+    differences (G_i - G_j with i >= j, G_i, G_C - G_j) are exponentiated; the positive
+    upper-triangle differences are sanitised *before* exp (clamped to 0) and zeroed after, so
+    nothing overflows for any g <= 0. Never factor exp(G_i - G_j) as exp(G_i) * exp(-G_j): a chunk
+    of g = -2 gives exp(128) = inf in float32. g must be <= 0 (a log decay); positive g raises
+    ValueError.
 
     KDA (g [T, HV, K]): the decay no longer factors out of K K^T, so the per-channel decay
     tensor exp(G_ic - G_jc) [C, C, K] is built (masked, non-positive exponents only) one chunk at
@@ -273,18 +281,18 @@ def _chunked_block(q, k, v, g, beta, S, scale, C: int, kda: bool):
 
     # [T, HV, X] -> chunked views [N, HV, C, X] (strided: no copy unless padding or GQA expansion
     # is needed; BLAS takes the row stride as its leading dimension).
-    Qc = _chunk_view(_expand_qk(q, r), N, C)  # [N, HV, C, K]
-    Kc = _chunk_view(_expand_qk(k, r), N, C)  # [N, HV, C, K]
-    Vc = _chunk_view(v, N, C)  # [N, HV, C, V]
-    bc = _chunk_view(beta[:, :, None], N, C)  # [N, HV, C, 1]
-    G = np.cumsum(_chunk_view(g if kda else g[:, :, None], N, C), axis=2)
+    Qc = chunk_view(_expand_qk(q, r), N, C)  # [N, HV, C, K]
+    Kc = chunk_view(_expand_qk(k, r), N, C)  # [N, HV, C, K]
+    Vc = chunk_view(v, N, C)  # [N, HV, C, V]
+    bc = chunk_view(beta[:, :, None], N, C)  # [N, HV, C, 1]
+    G = np.cumsum(chunk_view(g if kda else g[:, :, None], N, C), axis=2)
     # G: chunk-local inclusive cumulative gate, [N, HV, C, K or 1]
 
     if kda:
-        parts = [_intra_chunk_kda(Qc[n], Kc[n], Vc[n], bc[n], G[n], scale) for n in range(N)]
+        parts = [intra_chunk_kda(Qc[n], Kc[n], Vc[n], bc[n], G[n], scale) for n in range(N)]
         WQ, U, P, KdT, dC = (np.stack(p) for p in zip(*parts))
     else:
-        WQ, U, P, KdT, dC = _intra_chunk_scalar(Qc, Kc, Vc, bc, G[..., 0], scale)
+        WQ, U, P, KdT, dC = intra_chunk_scalar(Qc, Kc, Vc, bc, G[..., 0], scale)
     # WQ = [W; scale Q e^G] [N,HV,2C,K]; U [N,HV,C,V]; P = scale Q K^T * Gamma [N,HV,C,C];
     # KdT = (K * exp(G_C - G))^T [N,HV,K,C]; dC = exp(G_C) [N,HV,1 or K,1].
 
@@ -306,132 +314,6 @@ def _chunked_block(q, k, v, g, beta, S, scale, C: int, kda: bool):
     return o, S
 
 
-def _chunk_view(x: np.ndarray, N: int, C: int) -> np.ndarray:
-    """[T, HV, X] -> [N, HV, C, X] view, zero-padding the time axis to N * C (a copy) if needed."""
-    T, HV, X = x.shape
-    if T < N * C:
-        x = np.concatenate([x, np.zeros((N * C - T, HV, X), x.dtype)])  # g = beta = 0: exact
-    return x.reshape(N, C, HV, X).transpose(0, 2, 1, 3)
-
-
-def _masked_exp(diff: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """exp(diff) where ``mask`` else exactly 0, sanitised *before* exp.
-
-    ``diff`` holds G_i - G_j: <= 0 inside the mask (i >= j; G is a running sum of g <= 0, and
-    adding a non-positive float never increases a float), positive outside it. Clamping the
-    exponents to <= 0 first changes only the masked-out entries, so exp never overflows and no
-    inf appears (hence no inf * 0 = NaN); the mask then zeroes them. Overwrites ``diff``.
-    """
-    np.minimum(diff, 0, out=diff)
-    np.exp(diff, out=diff)
-    diff *= mask
-    return diff
-
-
-def _intra_chunk_scalar(Qc, Kc, Vc, bc, G, scale):
-    """Per-chunk quantities that do not depend on the chunk-start state, scalar gate.
-
-    Shapes (leading dims [N, HV]): Qc, Kc [.., C, K]; Vc [.., C, V]; bc [.., C, 1]; G [.., C].
-    Returns
-        WQ  = [W; scale * Q * exp(G)]            [.., 2C, K]
-        U                                         [.., C, V]
-        P   = scale * (Q K^T * Gamma)             [.., C, C]  (diagonal included)
-        KdT = (K * exp(G_C - G))^T                [.., K, C]
-        dC  = exp(G_C)                            [.., 1, 1]
-    """
-    C = G.shape[-1]
-    eG = np.exp(G)[..., None]  # [.., C, 1]; G <= 0 so every factor is <= 1
-    incl = np.tril(np.ones((C, C), dtype=bool))  # i >= j
-    G = np.ascontiguousarray(G)
-    Gamma = _masked_exp(G[..., :, None] - G[..., None, :], incl)  # exp(G_i - G_j), [.., C, C]
-    KT = Kc.swapaxes(-1, -2)  # [.., K, C]
-    P = Qc @ KT  # [.., C, C]
-    P *= Gamma
-    P *= scale
-    A = Kc @ KT  # [.., C, C]
-    A *= Gamma
-    A *= bc  # beta_i scales row i
-    A[..., np.arange(C), np.arange(C)] = 0  # strictly lower (Gamma is already 0 above)
-    # W = T (beta e^G K) = (T * beta_j) (e^G K) and U = (T * beta_j) V: beta moves to T's columns.
-    Tb = invert_unit_lower(A) * bc.swapaxes(-1, -2)  # [.., C, C]
-    WQ = np.empty(Qc.shape[:-2] + (2 * C, Qc.shape[-1]), Qc.dtype)  # [W; scale Q e^G]
-    np.matmul(Tb, Kc * eG, out=WQ[..., :C, :])  # W [.., C, K]
-    np.multiply(Qc, scale * eG, out=WQ[..., C:, :])
-    U = Tb @ Vc  # [.., C, V]
-    GC = G[..., -1:]  # [.., 1]
-    KdT = (Kc * np.exp(GC - G)[..., None]).swapaxes(-1, -2)  # G_C - G_j <= 0; [.., K, C]
-    dC = np.exp(GC)[..., None]  # [.., 1, 1]
-    return WQ, U, P, KdT, dC
-
-
-def _intra_chunk_kda(Qc, Kc, Vc, bc, G, scale):
-    """As :func:`_intra_chunk_scalar` for a per-key-channel gate G [HV, C, K] (one chunk).
-
-    A_ij = beta_i sum_c k_ic k_jc exp(G_ic - G_jc) and P_ij = sum_c q_ic k_jc exp(G_ic - G_jc),
-    with the [C, C, K] decay tensor masked before exp (only non-positive exponents). Returns
-    dC = exp(G_C) as [HV, K, 1] (it scales the state's rows).
-    """
-    C = G.shape[-2]
-    incl = np.tril(np.ones((C, C), dtype=bool))[:, :, None]  # [C, C, 1]
-    E = _masked_exp(G[..., :, None, :] - G[..., None, :, :], incl)  # [HV, C(i), C(j), K]
-    KE = Kc[..., None, :, :] * E  # k_jc exp(G_ic - G_jc): [HV, C(i), C(j), K]
-    A = bc * np.einsum("...ic,...ijc->...ij", Kc, KE)  # [HV, C, C]
-    A[..., np.arange(C), np.arange(C)] = 0  # strictly lower (E is already 0 above)
-    P = scale * np.einsum("...ic,...ijc->...ij", Qc, KE)  # [HV, C, C], diagonal included
-    eG = np.exp(G)  # [HV, C, K]
-    Tinv = invert_unit_lower(A)
-    WQ = np.concatenate([Tinv @ (bc * eG * Kc), scale * Qc * eG], axis=-2)  # [HV, 2C, K]
-    U = Tinv @ (bc * Vc)
-    GC = G[..., -1:, :]  # [HV, 1, K]
-    KdT = (Kc * np.exp(GC - G)).swapaxes(-1, -2)  # [HV, K, C]
-    dC = np.exp(GC).swapaxes(-1, -2)  # [HV, K, 1]
-    return WQ, U, P, KdT, dC
-
-
-def invert_unit_lower(A, base: int = 8):
-    """``(I + A)^-1`` for a batch of strictly lower-triangular ``A`` [.., C, C]. No pivoting.
-
-    Blocked, as FLA's fused C=64 kernel does (spec/gdn.md §2.2):
-
-    1. the C / base diagonal blocks (base x base) are inverted together by forward substitution
-       (row i of X is e_i - sum_{j<i} A_ij X_j);
-    2. neighbouring blocks are merged pairwise, doubling the size each round, with
-       ``[[X11, 0], [A21, X22]]^-1 = [[X11, 0], [-X22 A21 X11, X22]]`` (two batched matmuls).
-
-    When C / base is not a power of two (odd chunk sizes) the whole matrix is forward-substituted.
-    The result is unit lower triangular. (LAPACK's batched solve would also do, but it loops over
-    tiny matrices with a large per-call cost.)
-    """
-    C = A.shape[-1]
-    m = C // base  # number of diagonal blocks
-    if C <= base or C % base or m & (m - 1):
-        return _forward_substitution_inverse(A)
-    blocks = [slice(i * base, (i + 1) * base) for i in range(m)]
-    X = _forward_substitution_inverse(np.stack([A[..., b, b] for b in blocks], axis=-3))
-    s = base  # X [.., m, s, s]: inverses of the diagonal blocks of size s
-    while m > 1:
-        m //= 2
-        A21 = np.stack([A[..., (2 * p + 1) * s:(2 * p + 2) * s, 2 * p * s:(2 * p + 1) * s]
-                        for p in range(m)], axis=-3)  # [.., m, s, s]
-        X11, X22 = X[..., 0::2, :, :], X[..., 1::2, :, :]
-        Y = np.zeros(A.shape[:-2] + (m, 2 * s, 2 * s), A.dtype)
-        Y[..., :s, :s] = X11
-        Y[..., s:, s:] = X22
-        Y[..., s:, :s] = -(X22 @ (A21 @ X11))
-        X, s = Y, 2 * s
-    return X[..., 0, :, :]
-
-
-def _forward_substitution_inverse(A):
-    """(I + A)^-1 for strictly lower A [.., c, c], row by row, vectorised over the batch."""
-    c = A.shape[-1]
-    X = np.zeros_like(A)
-    X[..., np.arange(c), np.arange(c)] = 1
-    for i in range(1, c):
-        X[..., i, :i] -= np.einsum("...j,...jk->...k", A[..., i, :i], X[..., :i, :i])
-    return X
-
-
 # ------------------------------------------------------------------ short convolution
 
 
@@ -451,7 +333,8 @@ def check_conv_args(x, weight, state) -> tuple[int, int, int]:
 
 
 def causal_conv1d(x, weight, state=None):
-    """Causal depthwise conv1d followed by SiLU, with the rolled conv state (spec/gdn.md §3.2).
+    """Causal depthwise conv1d followed by SiLU, with the rolled conv state (docs/gdn.md, "The
+    layer"; huggingface/transformers ``src/transformers/models/qwen3_next/modeling_qwen3_next.py``).
 
     With W = kernel width (4 in Qwen) and the time axis extended by the state,
     ``xx = concat(state^T, x)`` [W - 1 + T, D]::

@@ -1,10 +1,10 @@
 """Attention masks as small explicit objects: which key may each query see.
 
-Every attention in dflash-ref is one computation under a different mask (DESIGN.md §3): the
+Every attention in dflash-ref is one computation under a different mask (docs/attention.md): the
 target's causal and sliding-window layers, the DFlash drafter's non-causal block over context +
-noise (spec/dflash.md §4.3), verify batches, tree verify, and attention over a KVFlash pool whose
-slots are not in position order (spec/kvflash_gate.md §1.1). A :class:`MaskSpec` describes the
-mask from positions and a few scalars, so that
+noise (docs/drafter.md; z-lab/dflash ``dflash/model.py``), verify batches, tree verify, and
+attention over a KVFlash pool whose slots are not in position order (docs/kvflash.md). A
+:class:`MaskSpec` describes the mask from positions and a few scalars, so that
 
 - the NumPy reference materialises it as an additive [Tq, Tk] mask (:func:`materialize`), and
 - the CuPy attention kernel evaluates the very same predicate inline, tile by tile, without a
@@ -24,14 +24,16 @@ The rule (one predicate, evaluated per query row i and key slot j)::
                                                   includes the current token; keys with k > q
                                                   are left to the causal / ancestor rule)
                  = |q - k| <= W                  if window_mode == "bidirectional"
-                                                  (HF DFlash-assistant sliding layers, §4.9)
+                                                  (HF DFlash-assistant sliding layers;
+                                                  docs/drafter.md, "Sliding-window drafter
+                                                  layers")
 
 Named cases (builders below):
 
 - causal (target prefill/decode/verify):  causal=True                    k <= q
 - sliding window W (HF convention):       causal=True, window=W          0 <= q - k < W
 - committed prefix (pager validity):      causal=True, base_pos=b        k < b  or  k <= q
-- drafter (spec/dflash.md §4.3):          causal=False                   every valid key
+- drafter (docs/drafter.md):               causal=False                   every valid key
 - tree verify:                            base_pos=b, ancestors=A        k < b  or  A[i, j]
 
 Keys are identified by their absolute position only, never by their slot index: permuting the
@@ -43,8 +45,8 @@ each call (4 bytes per slot). A caller on the GPU that keeps its slot positions 
 (a pager) can build ``MaskSpec(q_pos, k_pos, ...)`` directly from CuPy int32 arrays instead.
 
 Also here: :func:`layer_windows`, the per-layer window from ``layer_types`` /
-``sliding_window_pattern`` (spec/dflash.md §7.3: an SWA layer run as full attention is exact
-until the context passes the window, so the pattern must be explicit).
+``sliding_window_pattern`` (an SWA layer run as full attention is exact until the context passes
+the window, so the pattern must be explicit; docs/conventions.md).
 """
 
 from __future__ import annotations
@@ -194,28 +196,6 @@ def visible(spec: MaskSpec, rows=None, cols=None, xp=np):
     return xp.broadcast_to(ok, (q.shape[0], k.shape[1]))
 
 
-def key_visible(spec: MaskSpec, i: int, j: int) -> bool:
-    """The predicate for one (query row, key slot), written as the kernel evaluates it.
-
-    A scalar twin of :func:`visible` (and of ``att_key_visible`` in attention.cu): tests check
-    that the vectorised form, the tiled form and this one agree everywhere.
-    """
-    q, k = int(spec.q_pos[i]), int(spec.k_pos[j])
-    if k < 0:
-        return False
-    if spec.base_pos is not None and k < spec.base_pos:
-        ok = True
-    elif spec.ancestors is not None:
-        ok = bool(spec.ancestors[i, j])
-    elif spec.causal:
-        ok = k <= q
-    else:
-        ok = True
-    if ok and spec.window is not None:
-        ok = (q - k < spec.window) if spec.window_mode == "left" else abs(q - k) <= spec.window
-    return ok
-
-
 def materialize(spec: MaskSpec, dtype=np.float32) -> np.ndarray:
     """The additive mask [Tq, Tk]: 0 where the key is visible, -inf where it is not.
 
@@ -256,7 +236,7 @@ def full_mask(q_pos, k_pos, window: int | None = None, window_mode: str = "left"
 
 def drafter_mask(ctx_pos, noise_pos, window: int | None = None, causal: bool = False,
                  window_mode: str = "left") -> MaskSpec:
-    """The DFlash drafter's mask over keys [context..., noise...] (spec/dflash.md §4.3, §4.9).
+    """The DFlash drafter's mask over keys [context..., noise...] (docs/drafter.md).
 
     Queries are the B noise rows; keys are the context rows FIRST, then the noise rows, which is
     the order ``attention``'s k / v must follow. With the defaults every noise query sees every

@@ -2,7 +2,8 @@
 
 All reduce over the last axis and broadcast ``weight`` [n] over the leading axes. The statistic is
 accumulated in the compute dtype (float32, or float64 for float64 inputs), as HF does after its
-upcast (spec/dflash.md §4; spec/gdn.md §1.3, §3.4).
+upcast (docs/drafter.md, docs/gdn.md; huggingface/transformers
+``src/transformers/models/qwen3_next/modeling_qwen3_next.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def rms_norm(x, weight, eps: float, offset: float = 0.0) -> np.ndarray:
 
 
 def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> np.ndarray:
-    """L2-normalise the last axis, in one of the two public eps conventions (spec/gdn.md §1.3).
+    """L2-normalise the last axis, in one of the two public eps conventions (docs/gdn.md).
 
     - ``mode="sqrt_eps"`` (FLA, HF): ``y = x / sqrt(sum(x^2) + eps)`` (eps inside the sqrt).
     - ``mode="floor"`` (ggml): ``y = x / max(sqrt(sum(x^2)), eps)`` (eps floors the norm).
@@ -73,7 +74,7 @@ def gated_rms_norm(x, z, weight, eps: float) -> np.ndarray:
     """Gated RMSNorm of the GDN output path: ``y = w * x / sqrt(mean(x^2) + eps) * silu(z)``.
 
     Normalise first, then gate (HF ``Qwen3NextRMSNormGated``, FLA ``FusedRMSNormGated``;
-    spec/gdn.md §3.4). The weight is plain ``w`` (no +1), unlike the model's other norms.
+    docs/gdn.md, "The layer"). The weight is plain ``w`` (no +1), unlike the model's other norms.
 
     Args:
         x: [..., n] core GDN output (per value head: n = head_v_dim).

@@ -1,17 +1,19 @@
 """Pager copies: moving KV rows between pool slots, and the slot -> position table.
 
-The KVFlash pool (spec/kvflash_gate.md §1.1) stores the K and V rows of every pooled layer in
-*slots*; a logical position p lives in slot ``block(p // T) * T + p % T`` (T = chunk_tokens). These
-ops are the only array work the pager does, so they are the ones with CuPy twins:
+The KVFlash pool (docs/kvflash.md, "The data model") stores the K and V rows of every pooled layer
+in *slots*; a logical position p lives in slot ``block(p // T) * T + p % T`` (T = chunk_tokens).
+These ops are the only array work the pager does, so they are the ones with CuPy twins:
 
 - :func:`gather_rows`: copy chosen slots out of a pool (page-out staging, reads by position);
 - :func:`scatter_rows`: copy rows into chosen slots of a pool **in place** (KV writes, page-in);
-- :func:`fill_slot_pos`: the absolute position held by every slot, -1 for free slots (§1.6), the
-  ``k_pos`` array that the attention masks consume.
+- :func:`fill_slot_pos`: the absolute position held by every slot, -1 for free slots, the
+  ``k_pos`` array that the attention masks consume (docs/kvflash.md, "The validity rule and the
+  decode mask").
 
 The pool of a pager is one array ``[S, P, W]``: S segments (one per (layer, K|V) pair), P slots,
 W = n_kv_heads * head_dim elements per row. Copies are bit moves: any dtype, no arithmetic, so a
-page round trip is bit-exact (§1.3).
+page round trip is bit-exact (docs/kvflash.md, "Paging"). Public source: Luce-Org/lucebox
+``server/src/common/kvflash_pager.h``.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def scatter_rows(pool, slots, rows):
 
 
 def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> np.ndarray:
-    """The absolute position held by each pool slot, -1 for free slots (spec §1.6 fill_slot_pos).
+    """The absolute position held by each pool slot, -1 for free slots (lucebox's fill_slot_pos).
 
     For a resident chunk c in block b = chunk_block[c] >= 0, slot ``b*T + i`` holds position
     ``c*T + i`` for every i in [0, T) (all T slots of the chunk, written or not: the attention

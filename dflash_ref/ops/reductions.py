@@ -1,4 +1,4 @@
-"""Row reductions over logits used by verify and the gates (spec/kvflash_gate.md §4).
+"""Row reductions over logits used by verify and the gates (docs/spec_decode.md, "Gates").
 
 Every op takes logits [..., V] and reduces the last axis, returning one value per row [...].
 """

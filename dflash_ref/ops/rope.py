@@ -1,8 +1,9 @@
 """Rotary position embedding, NEOX (rotate-half) style, absolute positions, partial rotary.
 
-spec/dflash.md §4.6: ``inv_freq_i = theta^(-2i/rd)`` for i = 0..rd/2-1 where rd is the rotary
-dimension (``head_dim * partial_rotary_factor``); ``angle = pos * inv_freq``; the first rd
-channels of each head are split into halves x1 = x[:rd/2], x2 = x[rd/2:rd] and rotated::
+As HF and z-lab/dflash ``dflash/model.py`` (docs/backend.md):
+``inv_freq_i = theta^(-2i/rd)`` for i = 0..rd/2-1 where rd is the rotary dimension
+(``head_dim * partial_rotary_factor``); ``angle = pos * inv_freq``; the first rd channels of each
+head are split into halves x1 = x[:rd/2], x2 = x[rd/2:rd] and rotated::
 
     y1 = x1 cos - x2 sin
     y2 = x2 cos + x1 sin
@@ -47,7 +48,7 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None,
     Args:
         x: [T, H, d] queries or keys (one row per token, H heads of size d).
         positions: [T] integer absolute positions (any order; need not be contiguous).
-        theta: RoPE base (``rope_theta``; never defaulted, see spec/dflash.md §7.4).
+        theta: RoPE base (``rope_theta``; never defaulted, see docs/conventions.md).
         rotary_dim: number of leading channels rotated (even, <= d); None means all d.
         factor: linear RoPE scaling; the inverse frequencies are divided by it (1.0 = none).
     Returns:

@@ -1,4 +1,4 @@
-// gdn.cu: Gated DeltaNet kernels. Reference: dflash_ref/ops/gdn.py (spec/gdn.md §1-§3).
+// gdn.cu: Gated DeltaNet kernels. Reference: dflash_ref/ops/gdn.py (equations: docs/gdn.md).
 //
 // Layouts (float32, contiguous, one sequence): q, k [T, H, K]; v [T, HV, V]; g [T, HV] (scalar
 // gate) or [T, HV, K] (KDA); beta [T, HV]; state [HV, K, V] (rows = key channel); o [T, HV, V];

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from dflash_ref.testing import gpu_skip_reason
 from tests.benchmarks import BENCHMARKS, load_benchmark
+from tests.gpu import gpu_skip_reason
 
 BENCH = BENCHMARKS / "attention.py"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_ref.testing import gpu_skip_reason
 from tests.benchmarks import load_benchmark
+from tests.gpu import gpu_skip_reason
 
 
 def test_cpu_table_is_checked_then_timed(capsys):

@@ -1,9 +1,9 @@
-"""The invariants of spec/kvflash_gate.md §8 over random op sequences (hypothesis stateful).
+"""The pager's invariants (docs/kvflash.md) over random op sequences (hypothesis stateful).
 
 The machine drives one small pager (chunks of 1-4 tokens, two pooled layers of one head of width
 2) through random appends, rewrites, span allocations, manual page-outs and page-ins, reselects
 under random scores, and resets, and keeps a plain dict model ``position -> rows last written``.
-After every step it checks, against that model and against rules restated here from the spec:
+After every step it checks, against that model and against rules restated here from the docs:
 
 1. resident chunks -> blocks is injective; free + used = all blocks, disjoint;
    fill_slot_pos / slot_positions invert the mapping; cur_chunk never decreases (reset aside) and a
@@ -63,9 +63,9 @@ class PagerMachine(RuleBasedStateMachine):
         return set(self.pager.resident_chunks().tolist())
 
     def expected_victim(self, cur: int):
-        """The chunk an allocation must evict now (§1.2), None if a block is free, "fail" if no
-        chunk may go: the minimum of (score or last_use, chunk) over the resident chunks with
-        sink <= c <= cur - 1 - tail."""
+        """The chunk an allocation must evict now (docs/kvflash.md, "Allocation and eviction"),
+        None if a block is free, "fail" if no chunk may go: the minimum of (score or last_use,
+        chunk) over the resident chunks with sink <= c <= cur - 1 - tail."""
         if self.pager.free_blocks:
             return None
         cands = sorted(c for c in self.resident() if not self.protected(c, cur))
@@ -84,7 +84,7 @@ class PagerMachine(RuleBasedStateMachine):
                 f"chunk {c} evicted but protected (sink {self.sink}, tail {self.tail}, cur {cur})")
 
     def allocate(self, pos: int) -> bool:
-        """slot_for(pos) with the checks of §1.2; True when a slot was given."""
+        """slot_for(pos) with the checks of "Allocation and eviction"; True if a slot was given."""
         pager, c = self.pager, pos // self.T
         before, prev_cur = self.resident(), pager.cur_chunk
         new_cur = max(prev_cur, c)

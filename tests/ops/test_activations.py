@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.ops.activations import log_softmax, softmax, swiglu
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 from tests.strategies import f32_arrays, rows_and_width
 
 

@@ -24,7 +24,8 @@ from dflash_ref.ops.masks import (
     tree_mask,
     visible,
 )
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 from tests.ops.test_masks import mask_specs
 
 # ---------------------------------------------------------------- the float64 direct oracle
@@ -243,7 +244,8 @@ def test_swa_equals_causal_when_every_distance_is_below_the_window(q_list, extra
 
 
 def test_swa_differs_from_causal_once_context_passes_the_window(rng):
-    # spec/dflash.md §7.3: the silent bug. Same inputs, context 12 > window 4.
+    # The silent bug (docs/conventions.md): an SWA layer run as full attention. Same inputs,
+    # context 12 > window 4.
     q, k, v = qkv(rng, 1, 2, 12, 1, 8)
     swa = attention(q, k, v, causal_mask([11], np.arange(12), window=4))
     full = attention(q, k, v, causal_mask([11], np.arange(12)))
@@ -254,7 +256,7 @@ def test_swa_differs_from_causal_once_context_passes_the_window(rng):
 
 @given(st.integers(0, 30), st.integers(1, 16), st.integers(0, 2**31))
 def test_drafter_mask_equals_no_mask(n_ctx, b, seed):
-    # spec/dflash.md §4.3: every noise query sees every context key and every noise key.
+    # docs/drafter.md: every noise query sees every context key and every noise key.
     q, k, v = qkv(np.random.default_rng(seed), b, 4, n_ctx + b, 2, 8, np.float64)
     spec = drafter_mask(np.arange(n_ctx), n_ctx + np.arange(b))
     assert_close(attention(q, k, v, spec), attention(q, k, v), "exact", op="attention",

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from dflash_ref.io.quant import quantize_q4_k, quantize_q8_0
 from dflash_ref.ops.dequant import dequantize_q4_k, dequantize_q6_k, dequantize_q8_0
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 
 FORMATS = {  # name -> (op, ggml type, weights per block, bytes per block, f16 scale offsets)
     "q8_0": (dequantize_q8_0, Q.Q8_0, 32, 34, (0,)),

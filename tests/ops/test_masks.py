@@ -18,14 +18,13 @@ from dflash_ref.ops.masks import (
     committed_prefix_mask,
     drafter_mask,
     full_mask,
-    key_visible,
     layer_windows,
     materialize,
     tree_depths,
     tree_mask,
     visible,
 )
-from dflash_ref.testing import check_twin
+from tests.gpu import check_twin
 
 
 def drawn(rows: str) -> np.ndarray:
@@ -78,7 +77,7 @@ def test_committed_prefix_drawn():
 
 
 def test_drafter_mask_drawn():
-    # Context positions 0, 1, 2 FIRST, then the noise block 3, 4, 5: all visible (§4.3).
+    # Context positions 0, 1, 2 FIRST, then the noise block 3, 4, 5: all visible (docs/drafter.md).
     assert_mask(drafter_mask([0, 1, 2], [3, 4, 5]), "111|111 111|111 111|111")
     # vLLM / lucebox SWA convention: causal noise block, window 3 (q - k < 3).
     assert_mask(drafter_mask([0, 1, 2], [3, 4, 5], window=3, causal=True),
@@ -175,6 +174,29 @@ def mask_specs(draw, max_q: int = 6, max_k: int = 40):
         return drafter_mask(k_pos, q_pos, window=window, causal=draw(st.booleans()),
                             window_mode=mode)
     return full_mask(q_pos, k_pos, window=window, window_mode=mode)
+
+
+def key_visible(spec: MaskSpec, i: int, j: int) -> bool:
+    """The predicate for one (query row, key slot), written as the kernel evaluates it.
+
+    A scalar twin of :func:`~dflash_ref.ops.masks.visible`, a line-by-line transcription of
+    ``att_key_visible`` in kernels_cupy/cuda/attention.cu: the test below checks that the
+    vectorised form, the tiled form and this one agree everywhere.
+    """
+    q, k = int(spec.q_pos[i]), int(spec.k_pos[j])
+    if k < 0:
+        return False
+    if spec.base_pos is not None and k < spec.base_pos:
+        ok = True
+    elif spec.ancestors is not None:
+        ok = bool(spec.ancestors[i, j])
+    elif spec.causal:
+        ok = k <= q
+    else:
+        ok = True
+    if ok and spec.window is not None:
+        ok = (q - k < spec.window) if spec.window_mode == "left" else abs(q - k) <= spec.window
+    return ok
 
 
 @given(mask_specs())

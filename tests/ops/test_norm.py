@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.ops.norm import gated_rms_norm, l2_norm, rms_norm
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 from tests.strategies import f32_arrays, rows_and_width
 
 # ---------------------------------------------------------------- unit: hand-checked values
@@ -34,7 +35,8 @@ def test_rms_norm_hand_values():
 
 def test_l2_norm_hand_values_and_conventions():
     assert_close(l2_norm(np.array([3.0, 4.0]), eps=0.0), [0.6, 0.8], "float64", op="l2_norm")
-    # spec/gdn.md §1.3: a 128-vector of 1e-5 with eps 1e-6. sum x^2 = 1.28e-8.
+    # The two public conventions (docs/gdn.md) on a 128-vector of 1e-5 with eps 1e-6.
+    # sum x^2 = 1.28e-8.
     x = np.full(128, 1e-5)
     y_fla = l2_norm(x, eps=1e-6, mode="sqrt_eps")  # 1e-5 / sqrt(1.28e-8 + 1e-6)
     y_ggml = l2_norm(x, eps=1e-6, mode="floor")  # 1e-5 / max(sqrt(1.28e-8), 1e-6)

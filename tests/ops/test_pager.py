@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
 from dflash_ref.ops.pager import fill_slot_pos, gather_rows, scatter_rows
-from dflash_ref.testing import assert_close, check_twin
+from dflash_ref.testing import assert_close
+from tests.gpu import check_twin
 
 # ---------------------------------------------------------------- unit: hand-checked values
 

@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.ops.rope import rope, rope_inv_freq
-from dflash_ref.testing import Tolerance, assert_close, check_twin
+from dflash_ref.testing import Tolerance, assert_close
+from tests.gpu import check_twin
 from tests.strategies import f32_arrays
 
 # ---------------------------------------------------------------- unit: hand-checked values

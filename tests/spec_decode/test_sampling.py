@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from dflash_ref.backend import get_backend
-from dflash_ref.spec_decode.stats import chi2_sf, chi_square_gof, gamma_q
 from dflash_ref.spec_decode.verify import (
     chain_rejection_core,
     chain_sampled_core,
@@ -29,6 +28,7 @@ from dflash_ref.spec_decode.verify import (
     verify_chain_rejection,
     verify_chain_sampled,
 )
+from tests.spec_decode.chisquare import chi2_sf, chi_square_gof, gamma_q
 
 NP = get_backend("numpy")
 P_MIN = 1e-4

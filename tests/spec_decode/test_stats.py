@@ -1,4 +1,4 @@
-"""tau, acceptance rate, per-position acceptance (spec/dflash.md §5): hand values and identities."""
+"""tau, acceptance rate, per-position acceptance (docs/spec_decode.md): hand values, identities."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def test_histogram_bins_0_to_B():
 
 
 def test_published_rate_to_tau():
-    # spec §6: vLLM's 44.69% draft acceptance rate with k = 15 is tau = 1 + 0.4469 * 15 = 7.7035
-    # tokens per step (not 44.69% of 16). 10000 steps with sum(a) = 0.4469 * 15 * 10000 = 67035:
+    # vllm-project/vllm pull 41703 (docs/spec_decode.md, "tau versus acceptance rate"): a 44.69%
+    # draft acceptance rate with k = 15 is tau = 1 + 0.4469 * 15 = 7.7035 tokens per step (not
+    # 44.69% of 16). 10000 steps with sum(a) = 0.4469 * 15 * 10000 = 67035:
     # 7035 steps of a = 7 and 2965 of a = 6 (49245 + 17790).
     st_ = AcceptanceStats(block_size=16)
     for a in [7] * 7035 + [6] * 2965:
