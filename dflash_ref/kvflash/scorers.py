@@ -1,4 +1,5 @@
-"""Chunk relevance for the KVFlash pager, and when to re-select (spec/kvflash_gate.md §1.4, §2).
+"""Chunk relevance for the KVFlash pager, and when to re-select (docs/kvflash.md, "Scorers";
+Luce-Org/lucebox ``server/src/common/kvflash_scorer.h``).
 
 A *scorer* turns a model's attention into one float per 64-token chunk, higher meaning keep; the
 pager consults it through a *score hook* (``hook(chunks) -> scores``) when it evicts and when it
@@ -6,17 +7,18 @@ re-selects. Three policies exist upstream (DFLASH_KVFLASH_POLICY):
 
 - **LRU** (:class:`LRUScorer`): no hook. Eviction takes the least recently *allocated* chunk and
   reselect does nothing; memory is recency only (a needle outside the tail window is lost).
-- **Tail attention** (:class:`TailAttentionScorer`, the "drafter" policy, §2.2): the last 8
+- **Tail attention** (:class:`TailAttentionScorer`, the "drafter" policy): the last 8
   queries of a model attend over the whole history; a key's relevance is the max attention
   probability over heads and layers, averaged over the 8 queries, box-smoothed (13 tokens),
   z-normalised over the segment, and averaged per chunk. Upstream feeds it a Qwen3-0.6B drafter
   with pre-RoPE ("NoPE") Q and K; here it takes the tail queries and the keys as arrays, so the
   target itself or any drafter can feed it. :class:`ModelTailScorer` is the pager's scorer: it
   re-runs a model (the target, or a small LM) over the history ids and feeds the result in.
-- **Target QK** (:func:`qk_chunk_scores`, §2.4): cosine between the last decode query and each
-  chunk's mean-pooled, L2-normalised keys; max over query heads, mean over layers.
+- **Target QK** (:func:`qk_chunk_scores`, lucebox ``kvflash_qk.h``): cosine between the last
+  decode query and each chunk's mean-pooled, L2-normalised keys; max over query heads, mean over
+  layers.
 
-The cadence (§1.4): re-select every ``tau_eff = max(tau, history // 45)`` generated tokens
+The cadence: re-select every ``tau_eff = max(tau, history // 45)`` generated tokens
 (:func:`reselect_interval`, :func:`reselect_due`, and :func:`reselect_due_in` for speculative
 steps that emit several tokens); the divisor 45 keeps rescoring near 15% of decode time.
 :func:`hook_from_scores` builds the hook from the last rescore (chunks newer than it score 1e30
@@ -44,14 +46,14 @@ QK_MISSING = -2.0  # target-QK score of a chunk without valid keys: below any co
 NEWER_THAN_SCORES = 1e30  # hook value of chunks newer than the last rescore (kept)
 DEFAULT_TAU = 64  # DFLASH_KVFLASH_TAU default
 CADENCE_DIVISOR = 45  # tau_eff = max(tau, history // 45)
-VOCAB_CLAMP = 100000  # drafter vocabulary fold (§2.2)
+VOCAB_CLAMP = 100000  # drafter vocabulary fold (kVocabClamp)
 
 
 # ---------------------------------------------------------------------- tail-attention scorer
 
 
 def tail_attention_max(q_tail, keys) -> np.ndarray:
-    """Max over layers and heads of the tail queries' attention probabilities (spec §2.2).
+    """Max over layers and heads of the tail queries' attention probabilities.
 
     Query t (of n tail queries) sits at position ``S - n + t`` and sees keys ``j <= S - n + t``;
     for each layer and query head h (reading kv head ``h // (Hq / Hkv)``)::
@@ -110,7 +112,7 @@ def box_smooth(s, kernel: int = POOL_KERNEL) -> np.ndarray:
 
 
 def z_normalise(v) -> np.ndarray:
-    """``(v - mean(v)) / (std_pop(v) + 1e-6)`` in float64 (spec §2.2)."""
+    """``(v - mean(v)) / (std_pop(v) + 1e-6)`` in float64."""
     v = np.asarray(v, dtype=np.float64)
     return (v - v.mean()) / (v.std() + Z_EPS)
 
@@ -130,7 +132,7 @@ def chunk_means(z, chunk_tokens: int = 64) -> np.ndarray:
 def fold_vocab(ids, clamp: int = VOCAB_CLAMP) -> np.ndarray:
     """Fold target ids into a smaller drafter vocabulary: id >= clamp -> 1000 + id % (clamp - 1000).
 
-    With the upstream clamp 100000 this is ``1000 + id mod 99000`` (spec §2.2), applied only when
+    With the upstream clamp 100000 this is ``1000 + id mod 99000``, applied only when
     clamp > 1001; it keeps 248K-vocabulary target ids inside Qwen3-0.6B's vocabulary.
     """
     ids = np.asarray(ids, dtype=np.int64)
@@ -140,7 +142,7 @@ def fold_vocab(ids, clamp: int = VOCAB_CLAMP) -> np.ndarray:
 
 
 class TailAttentionScorer:
-    """The drafter tail-attention policy (spec §2.2), fed with arrays.
+    """The drafter tail-attention policy, fed with arrays.
 
     ``token_scores(q_tail, keys)`` = z_normalise(box_smooth(mean_t(tail_attention_max))) and
     ``chunk_scores`` averages them per chunk. ``lookahead`` is the number of tail queries (8);
@@ -174,7 +176,7 @@ class TailAttentionScorer:
 
 def resilient_token_scores(ids: Sequence[int], token_scorer: Callable, *,
                            lookahead: int = LOOKAHEAD, min_segment: int = MIN_SEGMENT):
-    """Score ``ids`` with ``token_scorer``, bisecting when a forward fails (spec §2.2).
+    """Score ``ids`` with ``token_scorer``, bisecting when a forward fails.
 
     ``token_scorer(ids) -> [len(ids)] z-scores or None`` (None = the forward failed, e.g. out of
     memory). On failure with S > min_segment: mid = S // 2; the left half is ``ids[:mid]`` plus the
@@ -201,7 +203,7 @@ def resilient_token_scores(ids: Sequence[int], token_scorer: Callable, *,
 
 
 class ModelTailScorer:
-    """Tail-attention chunk relevance from a model run over the history ids (spec §2.2).
+    """Tail-attention chunk relevance from a model run over the history ids.
 
     The pager's ``scorer``: ``chunk_scores(history_ids, T)`` re-runs ``model`` (a
     :class:`~dflash_ref.models.target.TargetModel`: the target itself, or a small LM that shares
@@ -212,9 +214,10 @@ class ModelTailScorer:
     chunks the pager has paged out are scored like resident ones.
 
     Cost per rescore: one forward of ``model`` over S history tokens (the public scorer's
-    "full re-prefill": 245 ms at 2-2.8K tokens for the 0.6B model, spec §2.3) plus the
-    [8, S] tail attention; the cadence ``max(tau, S // 45)`` amortises it to about 45
-    scorer-token forwards per generated token at long context. With the target itself as
+    "full re-prefill": 245 ms at 2-2.8K tokens for the 0.6B model, per Luce-Org/lucebox
+    ``optimizations/kvflash/RESULTS.md``) plus the [8, S] tail attention; the cadence
+    ``max(tau, S // 45)`` amortises it to about 45 scorer-token forwards per generated token at
+    long context. With the target itself as
     ``model`` that is ~45x a decode step (exact, for tests and small models); a model ~45x
     smaller than the target keeps it near 15% of decode time, which is upstream's design.
 
@@ -269,7 +272,7 @@ class ModelTailScorer:
 
 
 def qk_chunk_keys(k_chunk) -> np.ndarray | None:
-    """A sealed chunk's key summary: mean over its tokens, L2-normalised (spec §2.4).
+    """A sealed chunk's key summary: mean over its tokens, L2-normalised.
 
     Args:
         k_chunk: [n_layers, T, Hkv, D] the chunk's K rows of every full-attention layer.
@@ -285,7 +288,7 @@ def qk_chunk_keys(k_chunk) -> np.ndarray | None:
 
 def qk_chunk_scores(q, chunk_keys) -> np.ndarray:
     """Target-QK chunk scores: per layer max over q heads of cos(q[h], K[h // group]); mean over
-    layers; a missing chunk (None) scores -2 (spec §2.4).
+    layers; a missing chunk (None) scores -2.
 
     Args:
         q: [n_layers, Hq, D] the last decode step's queries (post-RoPE upstream); each head is
@@ -327,7 +330,7 @@ class LRUScorer:
 def hook_from_scores(scores) -> Callable[[np.ndarray], np.ndarray]:
     """The pager hook of the last rescore: ``scores[c]`` if ``c < len(scores)``, else 1e30.
 
-    Chunks newer than the rescore rank as kept until the next one (spec §1.4).
+    Chunks newer than the rescore rank as kept until the next one.
     """
     table = np.asarray(scores, dtype=np.float64).reshape(-1)
 
@@ -342,7 +345,7 @@ def hook_from_scores(scores) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def reselect_interval(tau: int, history_len: int) -> int:
-    """``tau_eff = max(tau, history_len // 45)`` generated tokens between reselects (spec §1.4).
+    """``tau_eff = max(tau, history_len // 45)`` generated tokens between reselects.
 
     Args:
         tau: DFLASH_KVFLASH_TAU (default 64, at least 1).
