@@ -125,3 +125,20 @@ def test_public_entry_points_import_from_the_top():
     code = "from dflash_ref import TargetModel, DFlashDrafter, generate; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+TEST_REF = re.compile(r"(tests/[\w/]+\.py)(?:::(\w+))?")
+
+
+def test_every_test_the_docs_name_exists():
+    # docs/conventions.md pins each convention to a test by file::name; a renamed or moved test
+    # must not leave the docs pointing at nothing.
+    missing = []
+    for doc in _tracked("*.md"):
+        for path, name in TEST_REF.findall(doc.read_text()):
+            file = ROOT / path
+            if not file.exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+            elif name and not re.search(rf"^(def|class) {name}\b", file.read_text(), re.M):
+                missing.append(f"{doc.relative_to(ROOT)}: {path}::{name}")
+    assert not missing, "docs name tests that do not exist:\n" + "\n".join(sorted(set(missing)))

@@ -5,8 +5,7 @@
   (liranringel/ddtree ``ddtree.py``, with the lucebox port's choices as options).
 - :mod:`~dflash_ref.spec_decode.gate`: the entropy gate and the commit-EMA gate behind one
   protocol; :mod:`~dflash_ref.spec_decode.cost`: the cost model and a modelled gated run.
-- :mod:`~dflash_ref.spec_decode.stats`: tau, acceptance rate, per-position acceptance,
-  chi-square test.
+- :mod:`~dflash_ref.spec_decode.stats`: tau, acceptance rate, per-position acceptance.
 
 All of them are pure functions or small objects on arrays; none runs a model.
 """
