@@ -23,3 +23,8 @@ class PagerError(DFlashRefError, RuntimeError):
 
 class BackendUnavailable(DFlashRefError, RuntimeError):
     """The requested compute backend cannot run here; the message says why."""
+
+
+class StateError(DFlashRefError, ValueError):
+    """A target state cannot be snapshotted, restored or truncated as asked (e.g. a restore that
+    would leave the drafter's features missing, or a GDN state that cannot be truncated)."""

@@ -158,6 +158,10 @@ class FeatureBuffer:
         lo = self.start if self.window is None else max(self.start, self.end - self.window)
         return self.rows(lo, self.end), self.be.xp.arange(lo, self.end)
 
+    def reset(self, start: int = 0) -> None:
+        """Hold nothing; the next append starts at position ``start`` (a snapshot restore)."""
+        self.start = self.end = int(start)
+
     def truncate(self, n_keep: int) -> None:
         """Drop rows at positions >= n_keep (rollback of rejected drafts)."""
         if n_keep > self.end:

@@ -10,13 +10,14 @@ back everything its queries attend to, with the mask that says which key each qu
 The store is made per forward batch by :meth:`~dflash_ref.models.state.TargetState.begin_batch`,
 which knows the batch's positions (and tree shape); storage and the mask rule are the store's.
 
-=================  ==========================  ==============================================
-store              storage                     mask (a key at position p, a query at q)
-=================  ==========================  ==============================================
-:class:`CacheKV`    KVCache rows 0..S-1         causal ``p <= q``; sliding: also ``q - p < W``
-:class:`TreeKV`     KVCache + the tree's nodes  committed prefix, then ancestors only
-:class:`PooledKVStore`  the pager's slot pool   committed prefix, causal in the batch (strict)
-=================  ==========================  ==============================================
+======================  ===========================  =========================================
+store                   storage                      mask (key at position p, query at q)
+======================  ===========================  =========================================
+:class:`CacheKV`        KVCache rows 0..S-1          causal ``p <= q``; sliding: ``q - p < W``
+:class:`TreeKV`         KVCache + the tree's nodes   committed prefix, then ancestors only
+:class:`PooledKVStore`  the pager's slot pool        committed prefix, causal in the batch
+:class:`PooledTreeKV`   pool + the nodes, aside      committed slots, then ancestors only
+======================  ===========================  =========================================
 
 The sliding inequality is HF's (the window includes the current token; docs/conventions.md).
 """
@@ -28,7 +29,13 @@ from typing import Protocol
 import numpy as np
 
 from dflash_ref.models.cache import KVCache
-from dflash_ref.ops.masks import MaskSpec, causal_mask, committed_prefix_mask, tree_mask
+from dflash_ref.ops.masks import (
+    MaskSpec,
+    causal_mask,
+    committed_prefix_mask,
+    tree_depths,
+    tree_mask,
+)
 
 
 class KVStore(Protocol):
@@ -106,3 +113,38 @@ class PooledKVStore:
         keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
         mask = committed_prefix_mask(self.positions, k_pos, base_pos=int(self.positions[0]))
         return keys, values, mask
+
+
+class PooledTreeKV:
+    """A tree verify batch over the KVFlash pool: the nodes' K/V stay beside the pool.
+
+    Tree nodes at one depth share a position, so they cannot live in the slots of their
+    positions. They are kept aside (in ``record``) and appended after the pool's slots for
+    attention: node i sees the committed slots (``0 <= p < base``) and the nodes that are itself
+    or its ancestors (:func:`~dflash_ref.ops.masks.tree_mask` in slot space, ``node_slots`` after
+    the pool). Slots at ``p >= base`` (rejected drafts of an earlier step) stay hidden.
+    :meth:`~dflash_ref.models.state.TargetState.commit_path` writes the accepted path's rows into
+    the pool at positions base, base+1, ...; the others are dropped.
+
+    Args:
+        pager: the attached :class:`~dflash_ref.kvflash.pager.KVFlashPager`.
+        layer: the model layer id.
+        parents: [n] tree parents (-1 for the root).
+        base: the committed length (the root's position).
+        record: dict layer -> (k, v) [n, Hkv, D] that commit_path reads.
+    """
+
+    def __init__(self, pager, layer: int, parents, base: int, record: dict):
+        self.pager, self.layer, self.parents = pager, layer, parents
+        self.base, self.record = base, record
+
+    def update(self, k, v):
+        self.record[self.layer] = (k, v)
+        keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
+        xp = self.pager.be.xp
+        P, n = int(k_pos.shape[0]), int(k.shape[0])
+        node_pos = self.base + tree_depths(self.parents)  # [n]
+        all_pos = np.concatenate([self.pager.be.to_numpy(k_pos).astype(np.int64), node_pos])
+        mask = tree_mask(self.parents, self.base, k_pos=all_pos, node_slots=P + np.arange(n))
+        return (xp.concatenate([keys, k], axis=0), xp.concatenate([values, v], axis=0),
+                mask)  # [P + n, Hkv, D] x2

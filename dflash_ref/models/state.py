@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dflash_ref.errors import ConfigError
+from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.models.cache import FeatureBuffer, KVCache
 from dflash_ref.models.gdn_layer import rewind_state
-from dflash_ref.models.kv_store import CacheKV, KVStore, PooledKVStore, TreeKV
+from dflash_ref.models.kv_store import CacheKV, KVStore, PooledKVStore, PooledTreeKV, TreeKV
 from dflash_ref.ops.masks import tree_depths
 
 TRACE_MAX_TOKENS = 64
@@ -44,7 +44,9 @@ class _BatchRecord:
 
     start: int
     length: int
+    ids: np.ndarray  # [T] the batch's tokens (node order for a tree)
     gdn: dict = field(default_factory=dict)  # layer -> (state before, trace) | node states
+    pooled: dict = field(default_factory=dict)  # pooled layer -> node (k, v) (tree verify only)
     tree_features: object = None  # features of every tree node (tree verify only)
 
 
@@ -108,6 +110,28 @@ class Batch:
     record: _BatchRecord
 
 
+@dataclass
+class StateSnapshot:
+    """Everything a continuation depends on, for positions 0..length-1 (a copy, not a view).
+
+    Attributes:
+        length: committed positions covered.
+        tokens: [length] their token ids (a restore checks a new prompt against them).
+        kv: attention layer id -> (k, v) [length, Hkv, D] (plain caches and pooled layers alike:
+            pooled rows are gathered by position, so a snapshot is independent of slot order).
+        gdn: GDN layer id -> the GDNState after position length-1 (None before any token).
+        features: [length - start, C*H] captured rows for positions start..length-1, or None
+            when the state captured nothing; ``feature_start`` is start (> 0 after eviction).
+    """
+
+    length: int
+    tokens: np.ndarray
+    kv: dict
+    gdn: dict
+    features: object | None
+    feature_start: int = 0
+
+
 class TargetState:
     """Per-sequence state (see the module docstring). Made by ``TargetModel.new_state``.
 
@@ -140,6 +164,7 @@ class TargetState:
                                        window=feature_window) if capture_width else None)
         self._last: _BatchRecord | None = None  # the last chain batch (rollback rewinds into it)
         self._pending: _BatchRecord | None = None  # an uncommitted tree verify
+        self._tokens = np.zeros(0, dtype=np.int64)  # the committed token ids, positions 0..len-1
 
     def _attach(self, pager, pooled: list[int]) -> None:
         """Attach the pager to this model's full-attention layers and reset it for a new request.
@@ -160,36 +185,44 @@ class TargetState:
         pager.reset()  # a reused pager must not carry the previous request's chunks
 
     @property
+    def tokens(self) -> np.ndarray:
+        """[length] the committed token ids (what a prompt cache keys a state by)."""
+        return self._tokens[: self.length].copy()
+
+    @property
     def pending(self) -> bool:
         """True while a tree verify waits for :meth:`commit_path`."""
         return self._pending is not None
 
     # ------------------------------------------------------------------ one forward batch
 
-    def begin_batch(self, T: int, parents=None, tap: Callable | None = None) -> Batch:
-        """Open a batch of T tokens at positions length.. (a chain) or a tree with ``parents``.
+    def begin_batch(self, ids, parents=None, tap: Callable | None = None) -> Batch:
+        """Open a batch of tokens ``ids`` [T] at positions length.. (a chain), or a tree with
+        ``parents`` (node i at length + depth(i)).
 
-        Allocates pager slots for a pooled chain batch before any layer writes.
+        Allocates pager slots for a pooled chain batch before any layer writes (a pooled tree
+        keeps its nodes beside the pool until :meth:`commit_path`).
         """
         if self._pending is not None:
             raise ValueError("the state holds an uncommitted tree verify; call "
                              "state.commit_path(path) first")
-        if self.pager is not None and parents is not None:
-            raise ConfigError("tree verify over a KVFlash pool is not implemented; use "
-                              "verify='chain' with a pager")
-        start = self.length
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        T, start = ids.size, self.length
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
-        if self.pager is not None:
+        if self.pager is not None and parents is None:
             self.pager.alloc_span(start, T)  # slot_for each new position, evicting if needed
-        record = _BatchRecord(start, T)
-        kv = {i: self._kv_store(i, positions, parents) for i in (*self.kv, *self.pooled_layers)}
+        record = _BatchRecord(start, T, ids)
+        kv = {i: self._kv_store(i, positions, parents, record)
+              for i in (*self.kv, *self.pooled_layers)}
         keep_trace = T <= TRACE_MAX_TOKENS
         gdn = {i: (ChainGDN(self.gdn, i, record, keep_trace) if parents is None
                    else TreeGDN(self.gdn, i, record, parents, self.be.xp)) for i in self.gdn}
         return Batch(start, positions, parents, kv, gdn, tap or no_tap, record)
 
-    def _kv_store(self, layer: int, positions, parents) -> KVStore:
+    def _kv_store(self, layer: int, positions, parents, record: _BatchRecord) -> KVStore:
+        if layer in self.pooled_layers and parents is not None:
+            return PooledTreeKV(self.pager, layer, parents, int(positions[0]), record.pooled)
         if layer in self.pooled_layers:
             return PooledKVStore(self.pager, layer, positions)
         kind = self.config.layer_types[layer]
@@ -208,8 +241,17 @@ class TargetState:
             return
         if features is not None:
             self.features.append(batch.start, features)
+        self._set_tokens(batch.start, rec.ids)
         self.length = batch.start + rec.length
         self._last = rec
+
+    def _set_tokens(self, start: int, ids) -> None:
+        need = start + len(ids)
+        if need > self._tokens.size:  # grow by doubling
+            grown = np.zeros(max(need, 2 * self._tokens.size, 16), dtype=np.int64)
+            grown[: start] = self._tokens[: start]
+            self._tokens = grown
+        self._tokens[start:need] = ids
 
     # ------------------------------------------------------------------ commit and rollback
 
@@ -233,8 +275,14 @@ class TargetState:
             cache.keep_rows(start, start + path)  # the path's K/V, in path order
         for i, node_states in rec.gdn.items():
             self.gdn[i] = node_states[int(path[-1])]
+        if rec.pooled:  # the path's rows enter the pool at positions start, start+1, ...
+            positions = start + np.arange(path.size)
+            self.pager.alloc_span(start, path.size)
+            for layer, (k, v) in rec.pooled.items():
+                self.pager.write(layer, positions, k[xp.asarray(path)], v[xp.asarray(path)])
         if self.features is not None:
             self.features.append(start, rec.tree_features[xp.asarray(path)])
+        self._set_tokens(start, rec.ids[path])
         self.length = start + path.size
         self._pending = None
         self._last = None  # a tree commit cannot be rewound further
@@ -261,6 +309,21 @@ class TargetState:
             self.features.truncate(n_keep)
         self.length = n_keep
 
+    def truncate(self, n_keep: int) -> None:
+        """Keep positions < n_keep, as a prompt cache reusing a common prefix does.
+
+        Like :meth:`rollback`, but a GDN state that cannot be rewound there (outside the last
+        batch) raises :class:`~dflash_ref.errors.StateError` naming the fix.
+        """
+        last = self._last
+        if self.gdn and n_keep < self.length and (
+                last is None or len(last.gdn) != len(self.gdn) or n_keep < last.start):
+            raise StateError(
+                f"truncate({n_keep}): a GDN state cannot be truncated to an earlier position "
+                f"than its last batch; restore a checkpoint snapshot taken at or before "
+                f"position {n_keep} instead (models/prompt_cache.py restore_checkpoint)")
+        self.rollback(n_keep)
+
     def _rewind_gdn(self, n_keep: int) -> None:
         last = self._last
         if last is None or not last.start <= n_keep <= last.start + last.length:
@@ -277,3 +340,96 @@ class TargetState:
             )
         for i, (before, trace) in last.gdn.items():
             self.gdn[i] = rewind_state(before, trace, n_keep - last.start, self.be.xp)
+
+    # ------------------------------------------------------------------ snapshot and restore
+
+    def snapshot(self, upto: int | None = None) -> StateSnapshot:
+        """A copy of the state's first ``upto`` positions (default: all committed).
+
+        Attention rows and features can be cut anywhere. A GDN state exists only at the
+        committed length or inside the last chain batch (from its trace): a hybrid model's
+        ``upto`` must lie there, so a server takes checkpoints while it prefills.
+        """
+        n = self.length if upto is None else int(upto)
+        if self._pending is not None:
+            raise StateError("snapshot: a tree verify is pending; call commit_path(path) first")
+        if not 0 <= n <= self.length:
+            raise StateError(f"snapshot(upto={n}): the state holds {self.length} positions")
+        kv = {i: (c.k[:n].copy(), c.v[:n].copy()) for i, c in self.kv.items()}
+        if self.pooled_layers and n:
+            positions = np.arange(n)
+            resident = set(int(c) for c in self.pager.resident_chunks())
+            missing = sorted({int(p) // self.pager.chunk_tokens for p in positions} - resident)
+            if missing:
+                raise StateError(f"snapshot: chunks {missing} of the KVFlash pool are paged out; "
+                                 f"snapshot before they are evicted, or page them in first")
+            kv.update({i: self.pager.read(i, positions) for i in self.pooled_layers})
+        gdn = {i: self._gdn_at(i, n) for i in self.gdn}
+        features, start = None, 0
+        if self.features is not None:
+            start = min(self.features.start, n)
+            features = self.features.rows(start, n).copy()
+        return StateSnapshot(n, self.tokens[:n], kv, gdn, features, start)
+
+    def _gdn_at(self, layer: int, n: int):
+        if n == self.length:
+            st = self.gdn[layer]
+            return None if st is None else st.copy()
+        last = self._last
+        rec = None if last is None else last.gdn.get(layer)
+        if rec is None or not last.start <= n <= last.start + last.length:
+            raise StateError(
+                f"snapshot(upto={n}): a GDN state cannot be truncated; it exists at the "
+                f"committed length {self.length} and inside the last batch only. Take "
+                f"checkpoints while prefilling (snapshot after each prefill piece) instead")
+        before, trace = rec
+        return rewind_state(before, trace, n - last.start, self.be.xp)
+
+    def restore(self, snap: StateSnapshot) -> None:
+        """Make this state hold exactly ``snap`` (any previous content is dropped).
+
+        A state that captures features needs them for every position the drafter will read:
+        a snapshot without features, or with fewer rows than the drafter's window needs, is
+        refused here rather than drafting from garbage later.
+        """
+        if self._pending is not None:
+            raise StateError("restore: a tree verify is pending; call commit_path(path) first")
+        layers = set(self.kv) | set(self.pooled_layers)
+        if set(snap.kv) != layers or set(snap.gdn) != set(self.gdn):
+            raise StateError("restore: the snapshot was taken from a different model (its "
+                             "layers do not match this state's)")
+        if self.features is not None and snap.length:
+            need_from = max(0, snap.length - (self.features.window or snap.length))
+            held = "none" if snap.features is None else f"positions {snap.feature_start}.."
+            if snap.features is None or snap.feature_start > need_from:
+                raise StateError(
+                    f"restore: this state captures features for the drafter, which needs "
+                    f"positions {need_from}..{snap.length - 1}, but the snapshot holds {held}; "
+                    f"the drafter would read rows that do not exist. Snapshot a state that "
+                    f"captured features (same target_layer_ids, no smaller window)")
+        for i, cache in self.kv.items():
+            cache.truncate(0)
+            if snap.length:
+                cache.append(*snap.kv[i])
+        if self.pooled_layers:
+            self._restore_pool(snap)
+        for i in self.gdn:
+            self.gdn[i] = None if snap.gdn[i] is None else snap.gdn[i].copy()
+        if self.features is not None:
+            self.features.reset(snap.feature_start)
+            if snap.features is not None and snap.length > snap.feature_start:
+                self.features.append(snap.feature_start, snap.features)
+        self._set_tokens(0, snap.tokens)
+        self.length = snap.length
+        self._last = None
+
+    def _restore_pool(self, snap: StateSnapshot) -> None:
+        """Refill the pager's pool with the snapshot's rows, one chunk-aligned piece at a time."""
+        pager, T = self.pager, self.pager.chunk_tokens
+        pager.reset()
+        for a in range(0, snap.length, T):
+            b = min(snap.length, a + T)
+            pager.alloc_span(a, b - a)
+            for i in self.pooled_layers:
+                k, v = snap.kv[i]
+                pager.write(i, np.arange(a, b), k[a:b], v[a:b])

@@ -176,7 +176,7 @@ class TargetModel:
             # A span longer than a chunk may evict its own first chunks once the pool is full:
             # run it one chunk-aligned piece at a time, as the public pooled prefill does.
             return self._forward_pieces(ids, state, tap)
-        return self._run(ids, state.begin_batch(ids.size, tap=tap), state)
+        return self._run(ids, state.begin_batch(ids, tap=tap), state)
 
     def forward_tree(self, ids, parents, state: TargetState) -> TargetOutput:
         """Verify a draft tree in one pass (docs/spec_decode.md, DDTree).
@@ -197,7 +197,7 @@ class TargetModel:
                              or np.any(parents[1:] < 0)):
             raise ValueError("forward_tree: parents must be [-1, p1, p2, ...] with 0 <= p_i < i "
                              "(one root, node 0, topologically ordered)")
-        return self._run(ids, state.begin_batch(ids.size, parents=parents), state)
+        return self._run(ids, state.begin_batch(ids, parents=parents), state)
 
     def _check_ids(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -230,7 +230,7 @@ class TargetModel:
         while cuts[-1] < ids.size:
             pos = state.length + cuts[-1]
             cuts.append(min(ids.size, cuts[-1] + T - pos % T))
-        outs = [self._run(ids[a:b], state.begin_batch(b - a, tap=tap), state)
+        outs = [self._run(ids[a:b], state.begin_batch(ids[a:b], tap=tap), state)
                 for a, b in zip(cuts, cuts[1:])]
         feats = (None if outs[0].features is None
                  else xp.concatenate([o.features for o in outs], axis=0))

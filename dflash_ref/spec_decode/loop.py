@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dflash_ref.errors import ConfigError
+from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.spec_decode.cost import CostModel
 from dflash_ref.spec_decode.ddtree import DDTreeOptions, build_ddtree, verify_tree
 from dflash_ref.spec_decode.gate import GateObservation, StepObservation
@@ -95,7 +95,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
              seed=None, stop_token_ids: Sequence[int] | None = None,
              cost_model: CostModel | None = None,
              tree_options: DDTreeOptions | None = None,
-             on_tokens=None) -> GenerationResult:
+             on_tokens=None, state=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see the module docstring).
 
     Args:
@@ -125,12 +125,16 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         tree_options: DDTree build options (authors' defaults when None).
         on_tokens: optional callback ``f(n)`` called with the number of tokens each step emits
             (for progress bars).
+        state: a :class:`~dflash_ref.models.state.TargetState` that already holds the first n
+            prompt tokens (n < N; restored from a snapshot or a prompt cache,
+            :mod:`dflash_ref.models.prompt_cache`): only ``prompt_ids[n:]`` is prefilled. Made
+            with the same ``pager``. None: a fresh state.
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     B = _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block_size,
                          verify, seed, pager)
     run = _Decoding(target, drafter, B, max_new_tokens, temperature, seed, pager,
-                    stop_token_ids, cost_model, tree_options, on_tokens)
+                    stop_token_ids, cost_model, tree_options, on_tokens, state)
     run.prefill(prompt)
     speculate = run.draft_cache is not None
     if gate is not None:  # e.g. the commit-EMA gate's t_ar measurement
@@ -176,9 +180,6 @@ def _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block
     if drafter is not None and drafter.target is not target:
         raise ConfigError("the drafter is bound to another TargetModel; load it with "
                           "DFlashDrafter.from_pretrained(path, target)")
-    if pager is not None and verify == "tree":
-        raise ConfigError("tree verify over a KVFlash pool is not implemented; use "
-                          "verify='chain' with a pager")
     return B
 
 
@@ -218,7 +219,7 @@ class _Decoding:
     """
 
     def __init__(self, target, drafter, B, max_new_tokens, temperature, seed, pager, stops,
-                 cost_model, tree_options, on_tokens):
+                 cost_model, tree_options, on_tokens, state=None):
         self.target, self.drafter, self.B, self.be = target, drafter, B, target.be
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.sampled = temperature >= GREEDY_BELOW_TEMPERATURE
@@ -229,7 +230,11 @@ class _Decoding:
         self.clock = _Clock(self.be, cost_model)
         self.result = GenerationResult(tokens=[])
         self.result.per_position_accepted = np.zeros(max(B - 1, 0), dtype=np.int64)
-        self.state = target.new_state(pager=pager)  # the pager is attached and reset here
+        if state is not None and state.pager is not pager:
+            raise ConfigError("generate(state=...): the state was made with another pager; pass "
+                              "the pager it holds (or none)")
+        # a fresh state attaches and resets the pager; a given one holds a restored prefix
+        self.state = target.new_state(pager=pager) if state is None else state
         self.draft_cache = drafter.new_cache() if drafter is not None and B > 1 else None
         if self.draft_cache is not None and self.state.features is None:
             raise ConfigError("the target captures no features; bind the drafter first "
@@ -267,8 +272,12 @@ class _Decoding:
     def prefill(self, prompt) -> None:
         """1. Run the prompt (capture on); sample the first token from its last row."""
         self.prompt, self.s = prompt, prompt.size  # s: position of the anchor
+        n = self.state.length  # prompt tokens a restored state already holds
+        if n >= prompt.size or not np.array_equal(self.state.tokens, prompt[:n]):
+            raise StateError(f"generate(state=...): the state holds {n} tokens that are not a "
+                             f"proper prefix of the {prompt.size}-token prompt")
         t0 = self.clock.start()
-        out = self.target.forward(prompt, self.state)
+        out = self.target.forward(prompt[n:], self.state)
         self.clock.stop("prefill", t0)
         self.result.target_forward_passes += 1
         self.last_logits = out.logits[-1:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_ref.errors import ConfigError, PagerError
+from dflash_ref.errors import PagerError
 from dflash_ref.kvflash.pager import KVFlashPager
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
@@ -104,6 +104,4 @@ def test_generate_with_a_pager(models, fam):
 def test_pool_below_the_floor_is_refused_with_the_minimum(models):
     with pytest.raises(PagerError, match="minimum 32"):
         KVFlashPager(24, **CHUNK)
-    target, drafter = models["qwen3"]
-    with pytest.raises(ConfigError, match="tree verify"):
-        generate(target, drafter, [1, 2, 3], 4, verify="tree", pager=KVFlashPager(32, **CHUNK))
+    # (tree verify on a pool used to be refused here; it runs now: test_pooled_tree.py)
