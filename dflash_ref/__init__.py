@@ -22,6 +22,7 @@ from dflash_ref.errors import (  # noqa: E402
 )
 from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
 from dflash_ref.models.target import TargetModel  # noqa: E402
+from dflash_ref.spec_decode.batch import generate_batch  # noqa: E402
 from dflash_ref.spec_decode.loop import GenerationResult, generate  # noqa: E402
 
 __all__ = [
@@ -36,5 +37,6 @@ __all__ = [
     "TargetModel",
     "__version__",
     "generate",
+    "generate_batch",
     "get_backend",
 ]

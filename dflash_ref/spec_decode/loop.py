@@ -271,14 +271,22 @@ class _Decoding:
 
     def prefill(self, prompt) -> None:
         """1. Run the prompt (capture on); sample the first token from its last row."""
+        rest = self.prefill_ids(prompt)
+        t0 = self.clock.start()
+        out = self.target.forward(rest, self.state)
+        self.clock.stop("prefill", t0)
+        self.accept_prefill(out)
+
+    def prefill_ids(self, prompt) -> np.ndarray:
+        """The prompt tokens still to run (all but those a restored state already holds)."""
         self.prompt, self.s = prompt, prompt.size  # s: position of the anchor
         n = self.state.length  # prompt tokens a restored state already holds
         if n >= prompt.size or not np.array_equal(self.state.tokens, prompt[:n]):
             raise StateError(f"generate(state=...): the state holds {n} tokens that are not a "
                              f"proper prefix of the {prompt.size}-token prompt")
-        t0 = self.clock.start()
-        out = self.target.forward(prompt[n:], self.state)
-        self.clock.stop("prefill", t0)
+        return prompt[n:]
+
+    def accept_prefill(self, out) -> None:
         self.result.target_forward_passes += 1
         self.last_logits = out.logits[-1:]
         self._emit([int(sample_tokens(self.be, self.last_logits, self.temperature,
@@ -289,13 +297,16 @@ class _Decoding:
         t0 = self.clock.start()
         out = self.target.forward([self.anchor], self.state)
         wall = self.clock.stop("plain", t0)
+        self.accept_plain(out)
+        return wall
+
+    def accept_plain(self, out) -> None:
         self.result.target_forward_passes += 1
         if self.cost is not None:
             self.clock.modelled += self.cost.t_ar
         self.last_logits = out.logits
         self.s += 1
         self._emit([int(sample_tokens(self.be, out.logits, self.temperature, self.rng)[0])])
-        return wall
 
     def draft(self):
         """2b. Draft logits [B_drafter, V] from the committed features 0..s-1 and the anchor."""
@@ -308,12 +319,21 @@ class _Decoding:
 
     def chain_step(self) -> StepObservation:
         """2b-d with chain verify: draft B-1 tokens, verify the block, keep rows 0..a."""
-        B, step_t0 = self.B, self.clock.start()
-        draft_logits = self.draft()
-        block = np.concatenate([[self.anchor], self.drafter.draft_tokens(draft_logits)[: B - 1]])
+        step_t0 = self.clock.start()
+        block = self.draft_block()
         t0 = self.clock.start()
         out = self.target.forward(block, self.state)  # c. positions s..s+B-1
         self.clock.stop("verify", t0)
+        return self.accept_chain(block, out, step_t0)
+
+    def draft_block(self) -> np.ndarray:
+        """2b. The block [anchor, d_1 .. d_{B-1}] to verify."""
+        drafts = self.drafter.draft_tokens(self.draft())[: self.B - 1]
+        return np.concatenate([[self.anchor], drafts])
+
+    def accept_chain(self, block, out, step_t0: float) -> StepObservation:
+        """2c-d. Verify the block's logits, keep rows 0..a, emit the accepted drafts + bonus."""
+        B = self.B
         res = (verify_chain_sampled(self.be, block, out.logits, self.temperature, self.rng)
                if self.sampled else verify_chain_greedy(self.be, block, out.logits))
         self.state.rollback(self.s + res.a + 1)  # d. keep rows 0..a: KV, features, GDN

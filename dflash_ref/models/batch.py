@@ -1,0 +1,119 @@
+"""Several sequences in one target forward: ragged positions, per-sequence stores and masks.
+
+A server decodes many requests at once. Each sequence keeps its own
+:class:`~dflash_ref.models.state.TargetState` (KV, GDN states, features, rollback); one forward
+runs all their new tokens together. The decoder layer does not change: it sees one
+:class:`RaggedBatch` whose KV and GDN stores fan out to the sequences' own stores::
+
+    rows:  [seq 0 tokens | seq 1 tokens | ...]            projections, MLP, lm_head: one matmul
+    keys:  [seq 0 keys   | seq 1 keys   | ...]            one attention call
+    mask:  block diagonal: a query sees keys of its own sequence only, by that sequence's rule
+
+GDN layers run each sequence's recurrence from its own state (a loop over sequences in the
+reference). Features never leak between sequences: each sequence's rows go to its own buffer
+(``end_batch``), and its drafter reads only those.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_ref.models.state import Batch, TargetState
+from dflash_ref.ops.masks import MaskSpec, visible
+
+
+class RaggedKV:
+    """The KV store of one layer for a ragged batch: each sequence's store, masks joined."""
+
+    def __init__(self, stores, splits, be):
+        self.stores, self.splits, self.be = stores, splits, be
+
+    def update(self, k, v):
+        xp = self.be.xp
+        keys, values, masks = [], [], []
+        for store, (a, b) in zip(self.stores, self.splits):
+            ki, vi, mi = store.update(k[a:b], v[a:b])
+            keys.append(ki)
+            values.append(vi)
+            masks.append(mi)
+        return (xp.concatenate(keys, axis=0), xp.concatenate(values, axis=0),
+                _block_diagonal(masks))
+
+
+def _block_diagonal(masks: list[MaskSpec]) -> MaskSpec:
+    """One mask over the joined keys: each sequence's visibility on its diagonal block."""
+    shapes = [m.shape for m in masks]
+    Tq, Tk = sum(s[0] for s in shapes), sum(s[1] for s in shapes)
+    anc = np.zeros((Tq, Tk), dtype=bool)  # [sum Tq, sum Tk]
+    r = c = 0
+    for m, (tq, tk) in zip(masks, shapes):
+        anc[r:r + tq, c:c + tk] = np.asarray(visible(m))  # the sequence's own rule, evaluated
+        r, c = r + tq, c + tk
+    q_pos = np.concatenate([np.asarray(m.q_pos, dtype=np.int64) for m in masks])
+    k_pos = np.concatenate([np.asarray(_host(m.k_pos), dtype=np.int64) for m in masks])
+    k_pos = np.maximum(k_pos, 0)  # validity is already in anc; positions only need to be legal
+    return MaskSpec(q_pos=q_pos, k_pos=k_pos, ancestors=anc)
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else x
+
+
+class RaggedGDN:
+    """The GDN store of one layer for a ragged batch: each sequence from its own state."""
+
+    def __init__(self, stores, splits, be):
+        self.stores, self.splits, self.be = stores, splits, be
+
+    def run(self, mixer, u):
+        return self.be.xp.concatenate(
+            [store.run(mixer, u[a:b]) for store, (a, b) in zip(self.stores, self.splits)], axis=0)
+
+
+class RaggedBatch:
+    """What the decoder layers see: joined positions and the fanned-out stores."""
+
+    def __init__(self, batches: list[Batch], be):
+        sizes = [b.positions.shape[0] for b in batches]
+        ends = np.cumsum(sizes)
+        self.splits = list(zip(ends - sizes, ends))
+        self.batches = batches
+        self.positions = np.concatenate([b.positions for b in batches])  # [sum T]
+        self.tap = batches[0].tap
+        self.kv = {i: RaggedKV([b.kv[i] for b in batches], self.splits, be) for i in batches[0].kv}
+        self.gdn = {i: RaggedGDN([b.gdn[i] for b in batches], self.splits, be)
+                    for i in batches[0].gdn}
+
+
+def forward_batch(model, ids_list, states: list[TargetState], tap=None) -> list:
+    """Run ``ids_list[j]`` on ``states[j]`` for every j in one forward; one output per sequence.
+
+    Each sequence's tokens sit at its own positions ``states[j].length ..``; the outputs equal
+    those of ``model.forward(ids_list[j], states[j])`` run one by one (to float32
+    reassociation of the joined matrix products), and each state is left exactly as that call
+    leaves it (so ``rollback`` works per sequence).
+    """
+    from dflash_ref.models.target import TargetOutput
+
+    if len(ids_list) != len(states) or not states:
+        raise ValueError(f"forward_batch: {len(ids_list)} id lists for {len(states)} states")
+    if len({id(s) for s in states}) != len(states):
+        raise ValueError("forward_batch: a state appears twice; each sequence needs its own")
+    ids_list = [model._check_ids(ids) for ids in ids_list]
+    batches = [s.begin_batch(ids, tap=tap) for ids, s in zip(ids_list, states)]
+    ragged = RaggedBatch(batches, model.be)
+    h = model.embed(np.concatenate(ids_list))  # [sum T, H]
+    captured = {}
+    for layer in model.layers:
+        h = layer(h, ragged)
+        if layer.idx in model.target_layer_ids:
+            captured[layer.idx] = h
+    logits = model.lm_head(model.final_norm_apply(h))  # [sum T, V]
+    xp, outs = model.be.xp, []
+    for (a, b), batch, state in zip(ragged.splits, batches, states):
+        feats = None
+        if model.target_layer_ids:
+            feats = xp.concatenate([captured[i][a:b] for i in model.target_layer_ids], axis=1)
+        state.end_batch(batch, feats)
+        outs.append(TargetOutput(logits=logits[a:b], features=feats))
+    return outs
