@@ -28,3 +28,29 @@ class BackendUnavailable(DFlashRefError, RuntimeError):
 class StateError(DFlashRefError, ValueError):
     """A target state cannot be snapshotted, restored or truncated as asked (e.g. a restore that
     would leave the drafter's features missing, or a GDN state that cannot be truncated)."""
+
+
+class NonFiniteLogitsError(DFlashRefError, ValueError):
+    """Verify or draft logits hold NaN or +-inf, so no token may be chosen from them.
+
+    Raised instead of emitting a token (docs/conventions.md, "Non-finite logits"): an argmax over
+    NaN still returns an index, and that index looks like a valid token id.
+
+    Attributes:
+        role: which step made the logits ("verify", "draft", "target").
+        rows: the offending rows (indices in the caller's numbering), ascending.
+        n_nan, n_posinf, n_neginf: counts over those rows.
+    """
+
+    def __init__(self, role: str, rows, n_nan: int, n_posinf: int, n_neginf: int, n_rows: int):
+        self.role, self.rows = role, tuple(int(r) for r in rows)
+        self.n_nan, self.n_posinf, self.n_neginf = int(n_nan), int(n_posinf), int(n_neginf)
+        shown = list(self.rows[:8]) + (["..."] if len(self.rows) > 8 else [])
+        super().__init__(
+            f"{role} logits are non-finite in {len(self.rows)} of {n_rows} rows (rows {shown}): "
+            f"{self.n_nan} NaN, {self.n_posinf} +inf, {self.n_neginf} -inf; no token is chosen "
+            f"from them. Usual causes: the drafter read features past the end of its buffer (a "
+            f"cache restore that skipped the captured features, features lost across "
+            f"micro-batches) or a stale attention mask in a reused buffer (docs/conventions.md, "
+            f"\"Non-finite logits\")"
+        )

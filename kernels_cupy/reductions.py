@@ -1,4 +1,8 @@
-"""CuPy twins of :mod:`dflash_ref.ops.reductions` (kernels in cuda/reductions.cu)."""
+"""CuPy twins of :mod:`dflash_ref.ops.reductions` (kernels in cuda/reductions.cu).
+
+The non-finite rule of the reference (NaN wins the argmax, first NaN first; softmax-based
+reductions give NaN where the row max is not finite) is implemented in the kernels themselves.
+"""
 
 from __future__ import annotations
 
@@ -29,3 +33,8 @@ def top1_prob_rows(logits) -> cp.ndarray:
 def entropy_rows(logits) -> cp.ndarray:
     """Twin of :func:`dflash_ref.ops.reductions.entropy_rows`: [..., V] -> [...] f32."""
     return _reduce_rows("entropy_rows_f32", "entropy_rows", logits, cp.float32)
+
+
+def count_nonfinite_rows(logits) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.reductions.count_nonfinite_rows`: [..., V] -> [...] int64."""
+    return _reduce_rows("count_nonfinite_rows_f32", "count_nonfinite_rows", logits, cp.int64)

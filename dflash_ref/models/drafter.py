@@ -45,6 +45,7 @@ from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.cache import KVCache
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
+from dflash_ref.ops.reductions import argmax_rows_checked
 
 
 class DFlashDrafter:
@@ -250,8 +251,12 @@ class DFlashDrafter:
         return self.head(h)
 
     def draft_tokens(self, logits) -> np.ndarray:
-        """Greedy drafts = argmax of rows 1..B-1, as host int64 [B-1]."""
-        return self.be.to_numpy(self.be.ops.argmax_rows(logits[1:])).astype(np.int64)
+        """Greedy drafts = argmax of rows 1..B-1, as host int64 [B-1].
+
+        Raises NonFiniteLogitsError (rows named as block rows) when a row holds NaN or +-inf,
+        instead of drafting valid-looking ids (docs/conventions.md, "Non-finite logits").
+        """
+        return argmax_rows_checked(self.be, logits[1:], role="draft", first_row=1)
 
     # ------------------------------------------------------------------ cached form
 

@@ -11,7 +11,7 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "norm": ("rms_norm", "l2_norm", "gated_rms_norm"),
     "rope": ("rope",),
     "activations": ("swiglu", "softmax", "log_softmax"),
-    "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows"),
+    "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows", "count_nonfinite_rows"),
     "masks": ("materialize",),
     "attention": ("attention",),
     "dequant": ("dequantize_q8_0", "dequantize_q4_k", "dequantize_q6_k"),

@@ -45,6 +45,7 @@ import numpy as np
 
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.errors import ConfigError
+from dflash_ref.ops.reductions import check_finite_logits
 from dflash_ref.spec_decode.verify import greedy_posterior
 
 LUCEBOX_BUDGET = 22
@@ -192,6 +193,8 @@ def topk_log_probs(be: Backend | str, draft_logits, k: int,
         temperature: T; 1.0 leaves the logits as they are.
     Returns:
         (ids [L, k] int64, lp [L, k] float32), host arrays.
+    Raises:
+        NonFiniteLogitsError: a draft row holds NaN or +-inf (rows named as block rows 1..L).
     """
     be = as_backend(be)
     xp = be.xp
@@ -201,13 +204,18 @@ def topk_log_probs(be: Backend | str, draft_logits, k: int,
     L, V = x.shape
     if not 1 <= k <= V:
         raise ValueError(f"k must be in [1, V={V}], got {k}")
+    bad = be.ops.count_nonfinite_rows(x)  # [L] int64, copied with the candidates below
     if temperature != 1.0:
         x = x / np.float32(max(MIN_TEMPERATURE, temperature))
     lp = be.ops.log_softmax(x)  # [L, V] float32
     kth = xp.partition(lp, V - k, axis=-1)[:, V - k : V - k + 1]  # [L, 1] the k-th largest
     rows, cols = xp.nonzero(lp >= kth)  # every candidate (more than k only on ties at kth)
     vals = be.to_numpy(lp[rows, cols])
-    rows, cols = be.to_numpy(rows), be.to_numpy(cols)
+    n = int(rows.shape[0])
+    host = be.to_numpy(xp.concatenate([rows.astype(xp.int64), cols.astype(xp.int64), bad]))
+    rows, cols, bad = host[:n], host[n : 2 * n], host[2 * n :]  # one copy for all three
+    if bad.any():
+        check_finite_logits(be.to_numpy(draft_logits), "draft", first_row=1)
     if not np.all(np.isfinite(vals)):
         raise ValueError(
             "draft_logits has fewer than k finite entries in some row (a -inf or NaN logit "
@@ -388,6 +396,8 @@ def verify_tree(be: Backend | str, tree: DDTree, target) -> TreeVerifyResult:
         be: backend of ``target``.
         tree: the tree the target ran on (rows in node order).
         target: the target's logits [N, V] for the N tree rows, or their argmax ids [N].
+    Raises:
+        NonFiniteLogitsError: a logits row holds NaN or +-inf (:func:`greedy_posterior`).
     """
     posterior = greedy_posterior(be, target, n_rows=tree.n_nodes)  # [N]
     return follow_verified_tree(tree, posterior)

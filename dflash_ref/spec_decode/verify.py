@@ -23,6 +23,9 @@ greedily), so it is lossless: see :func:`chain_rejection_core` for the explicit 
 that the two give the same distribution.
 
 Everything returned is on the host (Python ints and NumPy arrays): the loop branches on it.
+Non-finite logits are refused, never turned into a token: every verifier raises
+:class:`~dflash_ref.errors.NonFiniteLogitsError` when a row holds NaN or +-inf (docs/conventions.md,
+"Non-finite logits").
 Tree verification (DDTree) lives in :mod:`dflash_ref.spec_decode.ddtree`.
 """
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dflash_ref.backend import Backend, as_backend
+from dflash_ref.ops.reductions import argmax_rows_checked, check_finite_logits
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
 """HF ref ``sample(logits, T)``: a temperature below this is greedy (argmax), not sampling."""
@@ -117,23 +121,28 @@ def _host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def greedy_posterior(be: Backend | str, target, n_rows: int | None = None) -> np.ndarray:
+def greedy_posterior(be: Backend | str, target, n_rows: int | None = None,
+                     role: str = "verify") -> np.ndarray:
     """The target's greedy token per row, on the host.
 
     Args:
         be: the backend holding ``target``.
         target: either logits [R, V] (a backend array; reduced with ``be.ops.argmax_rows``,
-            lowest index on ties) or already-reduced ids [R] (any integer array).
+            lowest index on ties, and refused when non-finite) or already-reduced ids [R] (any
+            integer array, taken as they are).
         n_rows: when given, R must equal it.
+        role: named in the error when the logits are non-finite.
     Returns:
         [R] int64 host array.
+    Raises:
+        NonFiniteLogitsError: a logits row holds NaN or +-inf.
     """
     be = as_backend(be)
     if not hasattr(target, "shape"):
         target = np.asarray(target)
     ndim = len(target.shape)
     if ndim == 2:
-        ids = be.to_numpy(be.ops.argmax_rows(target))
+        ids = argmax_rows_checked(be, target, role)  # one copy: ids and finiteness together
     elif ndim == 1 and np.issubdtype(np.dtype(target.dtype), np.integer):
         ids = _host(target)
     else:
@@ -203,7 +212,8 @@ def as_generator(rng) -> np.random.Generator:
     )
 
 
-def target_probs(be: Backend | str, logits, temperature: float) -> np.ndarray:
+def target_probs(be: Backend | str, logits, temperature: float,
+                 role: str = "verify") -> np.ndarray:
     """softmax(logits / T) per row, on the host in float64.
 
     Probabilities are formed on the host in float64 so that a sampled token is a function of
@@ -213,12 +223,17 @@ def target_probs(be: Backend | str, logits, temperature: float) -> np.ndarray:
     Args:
         logits: [..., V] (backend array).
         temperature: T > 0.
+        role: named in the error when the logits are non-finite.
     Returns:
         [..., V] float64, rows sum to 1.
+    Raises:
+        NonFiniteLogitsError: a row holds NaN or +-inf (checked on the host copy made anyway).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
-    x = as_backend(be).to_numpy(logits).astype(np.float64) / float(temperature)
+    host = as_backend(be).to_numpy(logits)
+    check_finite_logits(host, role)
+    x = host.astype(np.float64) / float(temperature)
     e = np.exp(x - np.max(x, axis=-1, keepdims=True))  # [..., V]
     return e / np.sum(e, axis=-1, keepdims=True)
 
@@ -311,7 +326,8 @@ def chain_rejection_core(block, probs, u_accept, u_bonus) -> tuple[np.ndarray, n
     return a, bonus
 
 
-def sample_tokens(be: Backend | str, logits, temperature: float, rng) -> np.ndarray:
+def sample_tokens(be: Backend | str, logits, temperature: float, rng,
+                  role: str = "target") -> np.ndarray:
     """HF ref ``sample(logits, T)``: argmax if T < 1e-5, else one multinomial draw per row.
 
     Used for the prefill's first token (``dflash_generate``) and by the sampled verifier.
@@ -319,13 +335,16 @@ def sample_tokens(be: Backend | str, logits, temperature: float, rng) -> np.ndar
     Args:
         logits: [R, V] (backend array).
         rng: ``np.random.Generator`` or int seed (unused when greedy).
+        role: named in the error when the logits are non-finite.
     Returns:
         [R] int64 host array.
+    Raises:
+        NonFiniteLogitsError: a row holds NaN or +-inf.
     """
     be = as_backend(be)
     if temperature < GREEDY_BELOW_TEMPERATURE:
-        return greedy_posterior(be, logits)
-    probs = target_probs(be, logits, temperature)  # [R, V]
+        return greedy_posterior(be, logits, role=role)
+    probs = target_probs(be, logits, temperature, role)  # [R, V]
     return sample_from_probs(probs, as_generator(rng).random(probs.shape[:-1]))
 
 
@@ -345,7 +364,7 @@ def verify_chain_sampled(be: Backend | str, block, target_logits, temperature: f
         rng: ``np.random.Generator`` or int seed; draws B uniforms.
     """
     b = _check_block(block)
-    posterior = sample_tokens(be, target_logits, temperature, rng)  # [B]
+    posterior = sample_tokens(be, target_logits, temperature, rng, role="verify")  # [B]
     if posterior.shape[0] != b.shape[0]:
         raise ValueError(f"target_logits has {posterior.shape[0]} rows, block has {b.shape[0]}")
     return _chain_result(b, posterior)
