@@ -20,6 +20,7 @@ from dflash_ref.errors import (  # noqa: E402
     FormatError,
     PagerError,
 )
+from dflash_ref.io.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
 from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
 from dflash_ref.models.target import TargetModel  # noqa: E402
 from dflash_ref.spec_decode.loop import GenerationResult, generate  # noqa: E402
@@ -34,7 +35,9 @@ __all__ = [
     "GenerationResult",
     "PagerError",
     "TargetModel",
+    "Tokenizer",
     "__version__",
     "generate",
     "get_backend",
+    "load_tokenizer",
 ]
