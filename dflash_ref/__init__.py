@@ -20,6 +20,7 @@ from dflash_ref.errors import (  # noqa: E402
     FormatError,
     PagerError,
 )
+from dflash_ref.io.tokenizer import Tokenizer, load_tokenizer  # noqa: E402
 from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
 from dflash_ref.models.target import TargetModel  # noqa: E402
 from dflash_ref.spec_decode.batch import generate_batch  # noqa: E402
@@ -35,8 +36,10 @@ __all__ = [
     "GenerationResult",
     "PagerError",
     "TargetModel",
+    "Tokenizer",
     "__version__",
     "generate",
     "generate_batch",
     "get_backend",
+    "load_tokenizer",
 ]
