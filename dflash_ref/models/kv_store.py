@@ -42,8 +42,25 @@ class KVStore(Protocol):
         """
         ...
 
+    def read(self) -> tuple[object, object, MaskSpec]:
+        """What the last :meth:`update` of this batch returned (a Gemma 4 KV-sharing layer
+        attends over its source layer's K/V with the same mask)."""
+        ...
 
-class CacheKV:
+
+class _Remember:
+    """``read()`` returns what ``update`` returned last."""
+
+    last = None
+
+    def read(self):
+        if self.last is None:
+            raise ValueError("read() before update(): the KV-sharing source layer has not run "
+                             "in this batch")
+        return self.last
+
+
+class CacheKV(_Remember):
     """A chain batch over a plain :class:`KVCache`: append, then causal (or sliding) mask.
 
     Args:
@@ -58,10 +75,11 @@ class CacheKV:
     def update(self, k, v):
         self.cache.append(k, v)
         mask = causal_mask(self.positions, np.arange(self.cache.length), window=self.window)
-        return self.cache.k, self.cache.v, mask
+        self.last = (self.cache.k, self.cache.v, mask)
+        return self.last
 
 
-class TreeKV:
+class TreeKV(_Remember):
     """A tree verify batch over a plain :class:`KVCache`.
 
     The nodes' K/V are appended after the committed rows in node order; node i (at position
@@ -81,10 +99,12 @@ class TreeKV:
     def update(self, k, v):
         base = self.cache.length
         self.cache.append(k, v)
-        return self.cache.k, self.cache.v, tree_mask(self.parents, base, window=self.window)
+        self.last = (self.cache.k, self.cache.v, tree_mask(self.parents, base,
+                                                           window=self.window))
+        return self.last
 
 
-class PooledKVStore:
+class PooledKVStore(_Remember):
     """A chain batch whose K/V live in the KVFlash pager's pool (docs/kvflash.md).
 
     The batch's rows are written into the slots of their positions first; then every query sees
@@ -105,4 +125,5 @@ class PooledKVStore:
         self.pager.write(self.layer, self.positions, k, v)
         keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
         mask = committed_prefix_mask(self.positions, k_pos, base_pos=int(self.positions[0]))
-        return keys, values, mask
+        self.last = (keys, values, mask)
+        return self.last
