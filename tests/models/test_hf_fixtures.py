@@ -20,12 +20,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
 from dflash_ref.tiny import write_tiny_drafter
+from tests.models.oracle import qwen35_forward
+from tests.models.oracle_gemma4_moe import gemma4_forward
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 CASES = ("gemma4_dense", "gemma4_ple_kvshare", "gemma4_moe", "qwen35_moe")
@@ -152,3 +155,21 @@ def test_live_against_transformers(case, tmp_path):
         pytest.skip(f"transformers {tf.__version__} has no Gemma 4 / Qwen3.5 MoE classes")
     _load_builder().build(case, tmp_path)
     check_against_reference(tmp_path / case)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_float64_oracle_agrees_with_hf_and_with_the_model(case):
+    """The independent oracle (tests/models/oracle*.py) reproduces HF's recorded outputs, and the
+    model matches the oracle: two independent routes to the same numbers."""
+    path = FIXTURES / case
+    cfg = json.loads((path / "config.json").read_text())
+    tensors = load_file(path / "model.safetensors")
+    ref = np.load(path / "reference.npz")
+    forward = gemma4_forward if case.startswith("gemma4") else qwen35_forward
+    ids = ref["ids"][:40]
+    hs, logits = forward(cfg, tensors, ids)
+    check(logits, ref["logits"][:40], case, "oracle logits vs HF")
+    model = TargetModel.from_pretrained(path, target_layer_ids=[1])
+    out = model.forward(ids, model.new_state())
+    check(out.logits, logits, case, "model logits vs oracle")
+    check(out.features, hs[2], case, "model capture id 1 vs oracle hs[2]")
