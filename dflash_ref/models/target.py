@@ -1,12 +1,15 @@
 """The target model: a causal LM whose forward also captures hidden states for the drafter.
 
-One class serves every supported layout (Qwen3 dense, Qwen3.5 / Qwen3-Next hybrid, Gemma 3 text),
-read from a Hugging Face directory (``config.json`` + ``*.safetensors``, sharded or not) with HF
-tensor names, or from a llama.cpp GGUF. The forward is written once against a Backend::
+One class serves every supported layout (Qwen3 dense, Qwen3.5 / Qwen3-Next hybrid, Qwen3.5 MoE,
+Gemma 3 text, Gemma 4 text: dense, PLE + KV sharing, MoE; docs/target.md, "Families"), read
+from a Hugging Face directory (``config.json`` + ``*.safetensors``, sharded or not) with HF
+tensor names, or from a llama.cpp GGUF (not yet for Gemma 4 or MoE). The forward is written
+once against a Backend::
 
     h = embed(ids)                          # [T, H] (Gemma: times its embedding scale)
+    ple = per_layer_embeddings(ids, h)      # [T, L, P], Gemma 4 small variants only
     for layer in layers:                    # models/layers.py: norm, mixer, residual, norm, MLP
-        h = layer(h, batch)                 # batch: positions + a KV / GDN store per layer
+        h = layer(h, batch, ple[:, i])      # batch: positions + a KV / GDN store per layer
         if layer in target_layer_ids: capture h
     logits = lm_head(final_norm(h))         # [T, vocab] (Gemma: final softcap)
 
@@ -173,7 +176,8 @@ class TargetModel:
 
         Returns logits [T, vocab] and, when capture layers are set, features [T, C*hidden].
         ``tap(layer, name, x)``, if given, sees intermediate tensors (the attention layers' q/k
-        before and after RoPE and v: names "q", "k", "q_rope", "k_rope", "v"); the KVFlash
+        before and after RoPE and v: names "q", "k", "q_rope", "k_rope", "v"; MoE layers'
+        "router_logits" [T, E], "experts" [T, k], "expert_weights" [T, k]); the KVFlash
         scorer's Q/K probe is one.
         """
         ids = self._check_ids(ids)
