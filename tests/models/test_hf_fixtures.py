@@ -173,3 +173,27 @@ def test_float64_oracle_agrees_with_hf_and_with_the_model(case):
     out = model.forward(ids, model.new_state())
     check(out.logits, logits, case, "model logits vs oracle")
     check(out.features, hs[2], case, "model capture id 1 vs oracle hs[2]")
+
+
+@pytest.mark.parametrize("mistake", ["swa_as_full", "no_embedding_scale", "no_final_softcap"])
+def test_seed_incidents_on_gemma4_31b_layout_break_agreement_with_hf(mistake):
+    """The Gemma 4 31B seed's three costly mistakes each move the logits off HF's by at least ten
+    times the agreement tolerance: SWA run as full attention (past the window only), the
+    embedding scale dropped, the final softcap dropped (small here: the tiny model's logits sit
+    where tanh is nearly linear, yet still 10x over the 1e-4 check)."""
+    from dataclasses import replace
+
+    from dflash_ref.io.safetensors_io import load_checkpoint
+
+    path = FIXTURES / "gemma4_dense"
+    ref = np.load(path / "reference.npz")
+    good = TargetModel.from_pretrained(path)
+    cfg = {"swa_as_full": replace(good.config, sliding_window=10 ** 6),
+           "no_embedding_scale": replace(good.config, embedding_scale=None),
+           "no_final_softcap": replace(good.config, final_logit_softcapping=None)}[mistake]
+    bad = TargetModel(cfg, dict(load_checkpoint(path)))
+    logits = bad.forward(ref["ids"], bad.new_state()).logits
+    err = np.abs(logits - ref["logits"]).max(axis=1) / np.abs(ref["logits"]).max()  # per row
+    assert err.max() > 10 * REL, mistake
+    if mistake == "swa_as_full":  # identical while the context fits in the window (8)
+        assert err[:8].max() < 1e-4
