@@ -21,8 +21,7 @@ SUPPORTED_TARGETS = (
     "Qwen3-Next (qwen3_next, Qwen3NextForCausalLM); "
     "Qwen3.5 / Qwen3.6 (qwen3_5 or qwen3_5_moe with text_config, qwen3_5_text, qwen3_5_moe_text); "
     "Gemma 3 text (gemma3_text, or gemma3 with text_config); "
-    "Gemma 4 text without per-layer embeddings, KV sharing, MoE or double-wide MLP "
-    "(gemma4_text, or gemma4 with text_config)"
+    "Gemma 4 text, dense, PLE + KV sharing or MoE (gemma4_text, or gemma4 with text_config)"
 )
 
 # Text-config model_type -> family.
@@ -158,6 +157,7 @@ def _no_gemma(**overrides: Any) -> dict:
     base = dict(v_norm=False, attention_k_eq_v=False, global_head_dim=None,
                 num_global_key_value_heads=None, embedding_scale=None,
                 embedding_scale_exact=None, embedding_dtype=None, final_logit_softcapping=None,
-                attn_logit_softcapping=None, use_pre_post_ffn_norms=False, gdn=None, moe=None)
+                attn_logit_softcapping=None, use_pre_post_ffn_norms=False, gdn=None, moe=None,
+                gemma4=None)
     base.update(overrides)
     return base

@@ -1,17 +1,20 @@
-"""The Gemma family parsers: Gemma 3 text and dense Gemma 4 text.
+"""The Gemma family parsers: Gemma 3 text and Gemma 4 text (dense, PLE + KV sharing, MoE).
 
 Both: sliding and global layers with their own RoPE bases, sandwich FFN norms, softcaps, and the
 embedding scale sqrt(hidden_size) rounded to the checkpoint dtype (``_embedding``). Gemma 3's
 published multimodal configs omit keys that transformers fills from ``Gemma3TextConfig``
 (:data:`GEMMA3_TEXT_HF_DEFAULTS`, used only on request); Gemma 4 features with no counterpart in
-the reference model are refused by name (:data:`GEMMA4_UNSUPPORTED`).
+the reference model are refused by name (:data:`GEMMA4_UNSUPPORTED`); what Gemma 4 adds is
+recorded in :class:`Gemma4Dims` (and :class:`~dflash_ref.config.qwen.MoEDims` for its MoE block).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from dflash_ref.config.families import _activation, _common, _no_gemma, _tie
@@ -24,6 +27,7 @@ from dflash_ref.config.fields import (
     _layer_type_list,
     embedding_scale_for,
 )
+from dflash_ref.config.qwen import MoEDims
 from dflash_ref.config.rope import (
     _make_rope,
     _rope_params,
@@ -66,6 +70,12 @@ def _embedding(f: _Fields, outer: Mapping, hidden: int) -> dict:
                           f"{EMBEDDING_DTYPES}; the Gemma embedding scale is rounded to it.")
     return dict(embedding_scale=embedding_scale_for(hidden, dtype),
                 embedding_scale_exact=math.sqrt(hidden), embedding_dtype=dtype)
+
+
+# Gemma 4 features with no counterpart in the reference model; each is refused by name.
+GEMMA4_UNSUPPORTED = (
+    "bidirectional attention (use_bidirectional_attention)",
+)
 
 
 def _parse_gemma3(f: _Fields, family: str, outer: Mapping) -> dict:
@@ -125,43 +135,95 @@ def _parse_gemma3(f: _Fields, family: str, outer: Mapping) -> dict:
     return kw
 
 
-# Gemma 4 features with no counterpart in the reference model; each is refused by name.
-GEMMA4_UNSUPPORTED = (
-    "per-layer embeddings (hidden_size_per_layer_input > 0: gemma-4-E2B/E4B)",
-    "KV sharing across layers (num_kv_shared_layers > 0: E2B/E4B)",
-    "mixture-of-experts blocks (enable_moe_block: 26B-A4B)",
-    "double-wide MLP (use_double_wide_mlp)",
-    "bidirectional attention (use_bidirectional_attention)",
-)
+@dataclass(frozen=True)
+class Gemma4Dims:
+    """What a Gemma 4 text config adds beyond Gemma 3's layout (huggingface/transformers
+    ``src/transformers/models/gemma4/modeling_gemma4.py``; docs/target.md, "Families").
+
+    - ``hidden_size_per_layer_input`` P (0: none) and ``vocab_size_per_layer_input``: the
+      per-layer embeddings (PLE) of the small variants; one [vocab, L * P] table.
+    - ``kv_sources[i]``: the layer whose keys and values layer i attends over, or None for its own.
+      The last ``num_kv_shared_layers`` layers reuse those of the last earlier layer of the same
+      type (HF ``Gemma4TextConfig.kv_sharing_modes``).
+    - ``use_double_wide_mlp``: the KV-sharing layers' MLPs are twice ``intermediate_size`` wide.
+    """
+
+    hidden_size_per_layer_input: int
+    vocab_size_per_layer_input: int
+    num_kv_shared_layers: int
+    use_double_wide_mlp: bool
+    kv_sources: tuple[int | None, ...]
+
+    def mlp_width(self, layer: int, intermediate_size: int) -> int:
+        wide = self.use_double_wide_mlp and self.kv_sources[layer] is not None
+        return intermediate_size * (2 if wide else 1)
+
+
+def _kv_sources(layer_types, n_shared: int, where: str) -> tuple[int | None, ...]:
+    """HF ``kv_sharing_modes``: layer i >= n - n_shared reads the K/V of the last layer before
+    n - n_shared with the same type."""
+    n = len(layer_types)
+    first = n - n_shared
+    if n_shared and not 0 < first:
+        raise ConfigError(f"{where}: num_kv_shared_layers {n_shared} leaves no layer to share from "
+                          f"({n} layers).")
+    out = []
+    for i, t in enumerate(layer_types):
+        if i < first:
+            out.append(None)
+            continue
+        src = [j for j in range(first) if layer_types[j] == t]
+        if not src:
+            raise ConfigError(f"{where}: KV-sharing layer {i} ({t}) has no earlier {t} layer to "
+                              f"share keys and values with.")
+        out.append(src[-1])
+    return tuple(out)
+
+
+def _global_attention(f: _Fields, layer_types, k_eq_v: bool) -> tuple[int, int | None]:
+    """(global head dim, global KV heads or None) of the full-attention layers.
+
+    Published configs state ``global_head_dim`` / ``num_global_key_value_heads``; configs saved
+    by transformers >= 5.x state the resolved ``per_layer_config`` instead (layer index ->
+    ``head_dim`` and, with attention_k_eq_v, ``num_key_value_heads``), which wins when present.
+    """
+    plc = f.d.get("per_layer_config")
+    if isinstance(plc, Mapping) and plc:
+        full = [i for i, t in enumerate(layer_types) if t == FULL]
+        entries = {json.dumps(dict(plc.get(str(i)) or plc.get(i) or {}), sort_keys=True)
+                   for i in full}
+        if len(entries) != 1:
+            raise ConfigError(f"{f.where}: per_layer_config differs between full-attention layers "
+                              f"({sorted(entries)}); dflash-ref supports one global layout.")
+        entry = json.loads(entries.pop())
+        extra = set(entry) - {"head_dim", "num_key_value_heads"}
+        if extra or any(k not in {str(i) for i in full} for k in map(str, plc)):
+            raise ConfigError(f"{f.where}: per_layer_config overrides {sorted(extra) or 'a '}"
+                              f"sliding layer; supported: head_dim and num_key_value_heads of "
+                              f"the full-attention layers.")
+        if "head_dim" not in entry:
+            raise ConfigError(f"{f.where}: per_layer_config has no head_dim for the global layers.")
+        return int(entry["head_dim"]), entry.get("num_key_value_heads") if k_eq_v else None
+    n_global_kv = f.int("num_global_key_value_heads", None) if k_eq_v else None
+    return f.int("global_head_dim", 512), n_global_kv
 
 
 def _parse_gemma4(f: _Fields, family: str, outer: Mapping) -> dict:
-    """Gemma 4 text (dense, e.g. 31B): Gemma 3's layout with a wider global head, K = V on global
-    layers, proportional RoPE, plain-w norms, a scale-free v norm and attention scale 1.0."""
-    problems = []
+    """Gemma 4 text: Gemma 3's layout with a wider global head, K = V on global layers,
+    proportional RoPE, plain-w norms, a scale-free v norm and attention scale 1.0; the small
+    variants add per-layer embeddings, KV sharing and a double-wide MLP, 26B-A4B an MoE block."""
+    if f.d.get("use_bidirectional_attention") is not None:
+        raise ConfigError(f"{f.where}: use_bidirectional_attention="
+                          f"{f.d['use_bidirectional_attention']!r} is not implemented (text "
+                          f"targets are causal); remove the key or set it to null.")
     # transformers' Gemma4TextConfig default is 256 (on) for a missing key; an explicit null or 0
     # turns per-layer embeddings off (the 31B config has null).
     if "hidden_size_per_layer_input" in f.d:
-        ple = f.d["hidden_size_per_layer_input"]
+        ple = f.d["hidden_size_per_layer_input"] or 0
     else:
         ple = 256
-    if ple:
-        problems.append(f"hidden_size_per_layer_input={ple} (per-layer embeddings; a missing key "
-                        f"means transformers' default 256; set it to 0 if the checkpoint has no "
-                        f"embed_tokens_per_layer tensor)")
-    if f.int("num_kv_shared_layers", 0, minimum=0):
-        problems.append(f"num_kv_shared_layers={f.d['num_kv_shared_layers']} (KV sharing)")
-    if f.bool("enable_moe_block", False):
-        problems.append("enable_moe_block=true (mixture of experts)")
-    if f.bool("use_double_wide_mlp", False):
-        problems.append("use_double_wide_mlp=true")
-    if f.d.get("use_bidirectional_attention") is not None:
-        problems.append(f"use_bidirectional_attention={f.d['use_bidirectional_attention']!r}")
-    if problems:
-        raise ConfigError(f"{f.where}: this Gemma 4 checkpoint uses features dflash-ref does not "
-                          f"implement: {'; '.join(problems)}. Supported: the dense Gemma 4 text "
-                          f"layout (e.g. gemma-4-31B). Not supported: "
-                          f"{'; '.join(GEMMA4_UNSUPPORTED)}.")
+        f.defaults_used.append("hidden_size_per_layer_input=256 (Gemma4TextConfig default; "
+                               "set it to 0 if the checkpoint has no embed_tokens_per_layer)")
     kw = _common(f)
     n = kw["num_hidden_layers"]
     if f.has("layer_types"):
@@ -175,12 +237,24 @@ def _parse_gemma4(f: _Fields, family: str, outer: Mapping) -> dict:
         layer_types[-1] = FULL
     layer_types = tuple(layer_types)
     head_dim = f.int("head_dim")
-    global_head_dim = f.int("global_head_dim", 512)
     k_eq_v = f.bool("attention_k_eq_v", False)
-    n_global_kv = f.int("num_global_key_value_heads", None) if k_eq_v else None
+    global_head_dim, n_global_kv = _global_attention(f, layer_types, k_eq_v)
     if n_global_kv is not None and kw["num_attention_heads"] % n_global_kv:
         raise ConfigError(f"{f.where}: num_attention_heads {kw['num_attention_heads']} is not a "
                           f"multiple of num_global_key_value_heads {n_global_kv}.")
+    n_shared = f.int("num_kv_shared_layers", 0, minimum=0)
+    moe = None
+    if f.bool("enable_moe_block", False):
+        moe = MoEDims(num_experts=f.int("num_experts"), num_experts_per_tok=f.int("top_k_experts"),
+                      moe_intermediate_size=f.int("moe_intermediate_size"),
+                      shared_expert_intermediate_size=None, decoder_sparse_step=1,
+                      mlp_only_layers=(), norm_topk_prob=True, kind="gemma4")
+    gemma4 = Gemma4Dims(
+        hidden_size_per_layer_input=int(ple),
+        vocab_size_per_layer_input=(f.int("vocab_size_per_layer_input", 262_144) if ple else 0),
+        num_kv_shared_layers=n_shared,
+        use_double_wide_mlp=f.bool("use_double_wide_mlp", False),
+        kv_sources=_kv_sources(layer_types, n_shared, f.where))
     rope = {}
     for t, hd in ((SLIDING, head_dim), (FULL, global_head_dim)):
         if t not in layer_types:
@@ -205,6 +279,8 @@ def _parse_gemma4(f: _Fields, family: str, outer: Mapping) -> dict:
         tie_word_embeddings=_tie(f, outer, True),
         **_no_gemma(
             v_norm=True,
+            moe=moe,
+            gemma4=gemma4,
             attention_k_eq_v=k_eq_v,
             global_head_dim=global_head_dim,
             num_global_key_value_heads=n_global_kv,

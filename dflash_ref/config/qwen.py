@@ -76,8 +76,13 @@ class GDNDims:
 
 @dataclass(frozen=True)
 class MoEDims:
-    """Sparse MLP sizes as the config states them (Qwen3-Next, Qwen3.5 MoE). Recorded so that
-    model code can refuse an MoE checkpoint by name rather than run it as dense."""
+    """Sparse MLP sizes as the config states them (Qwen3-Next, Qwen3.5 MoE, Gemma 4 MoE).
+
+    ``kind`` says which block the layers use (models/moe.py): ``"qwen"`` (routed experts plus a
+    sigmoid-gated shared expert, in place of the dense MLP) or ``"gemma4"`` (router with its own
+    norm and per-expert scales, experts beside the dense MLP). Gemma 4 calls the top-k
+    ``top_k_experts``; it is stored as ``num_experts_per_tok`` here.
+    """
 
     num_experts: int
     num_experts_per_tok: int
@@ -86,6 +91,13 @@ class MoEDims:
     decoder_sparse_step: int
     mlp_only_layers: tuple[int, ...]
     norm_topk_prob: bool
+    kind: str = "qwen"
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` has a sparse block (HF Qwen2-MoE rule: not listed in
+        ``mlp_only_layers`` and ``(layer + 1) % decoder_sparse_step == 0``)."""
+        return (layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
 
 def _parse_qwen3(f: _Fields, family: str, outer: Mapping) -> dict:

@@ -17,7 +17,7 @@ huggingface/transformers ``src/transformers/models/qwen3_next/modeling_qwen3_nex
 from __future__ import annotations
 
 from dflash_ref.config.drafter import DrafterConfig
-from dflash_ref.config.fields import LINEAR
+from dflash_ref.config.fields import FULL, LINEAR
 from dflash_ref.config.qwen import GDNDims
 from dflash_ref.config.target import TargetConfig
 
@@ -58,7 +58,7 @@ def gdn_expected_tensors(gdn: GDNDims, hidden_size: int) -> dict[str, tuple[int,
 def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name (HF layout) the config implies, with its PyTorch [out, in] shape."""
     p, H = cfg.weight_prefix, cfg.hidden_size
-    nh, F = cfg.num_attention_heads, cfg.intermediate_size
+    nh = cfg.num_attention_heads
     t = {f"{p}embed_tokens.weight": (cfg.vocab_size, H), f"{p}norm.weight": (H,)}
     if not cfg.tie_word_embeddings:
         t[cfg.lm_head_name] = (cfg.vocab_size, H)
@@ -82,9 +82,77 @@ def expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
             if cfg.qk_norm:
                 t[L + "self_attn.q_norm.weight"] = (d,)
                 t[L + "self_attn.k_norm.weight"] = (d,)
-        t[L + "mlp.gate_proj.weight"] = (F, H)
-        t[L + "mlp.up_proj.weight"] = (F, H)
-        t[L + "mlp.down_proj.weight"] = (H, F)
+        F = cfg.mlp_width_for(i)
+        if F is not None:
+            t[L + "mlp.gate_proj.weight"] = (F, H)
+            t[L + "mlp.up_proj.weight"] = (F, H)
+            t[L + "mlp.down_proj.weight"] = (H, F)
+        if cfg.moe is not None and cfg.moe.is_moe_layer(i):
+            t.update({L + k: v for k, v in moe_expected_tensors(cfg).items()})
+        if cfg.gemma4 is not None:
+            t.update(_gemma4_layer_tensors(cfg, i, L))
+    if cfg.gemma4 is not None and cfg.gemma4.hidden_size_per_layer_input:
+        g, n = cfg.gemma4, cfg.num_hidden_layers
+        t[f"{p}embed_tokens_per_layer.weight"] = (g.vocab_size_per_layer_input,
+                                                  n * g.hidden_size_per_layer_input)
+        t[f"{p}per_layer_model_projection.weight"] = (n * g.hidden_size_per_layer_input, H)
+        t[f"{p}per_layer_projection_norm.weight"] = (g.hidden_size_per_layer_input,)
+    return _drop_gemma4_kv(cfg, t) if cfg.gemma4 is not None else t
+
+
+def moe_expected_tensors(cfg: TargetConfig) -> dict[str, tuple[int, ...]]:
+    """The sparse block of one layer, names relative to the layer (models/moe.py).
+
+    Qwen3.5 MoE: router ``mlp.gate`` [E, H], fused experts ``mlp.experts.gate_up_proj``
+    [E, 2I, H] and ``mlp.experts.down_proj`` [E, H, I] (transformers' in-memory layout; its
+    ``save_pretrained`` writes per-expert ``mlp.experts.{e}.{gate,up,down}_proj.weight``, which
+    the loader stacks into these: :func:`dflash_ref.models.moe.fuse_expert_tensors`), the shared
+    expert ``mlp.shared_expert.*`` [Is, H] and its gate ``mlp.shared_expert_gate`` [1, H].
+    Gemma 4: ``router.{proj [E, H], scale [H], per_expert_scale [E]}``, ``experts.gate_up_proj``
+    [E, 2I, H], ``experts.down_proj`` [E, H, I] and three more norms.
+    """
+    m, H = cfg.moe, cfg.hidden_size
+    E, F = m.num_experts, m.moe_intermediate_size
+    if m.kind == "gemma4":
+        return {"router.proj.weight": (E, H), "router.scale": (H,),
+                "router.per_expert_scale": (E,), "experts.gate_up_proj": (E, 2 * F, H),
+                "experts.down_proj": (E, H, F), "pre_feedforward_layernorm_2.weight": (H,),
+                "post_feedforward_layernorm_1.weight": (H,),
+                "post_feedforward_layernorm_2.weight": (H,)}
+    t = {"mlp.gate.weight": (E, H), "mlp.experts.gate_up_proj": (E, 2 * F, H),
+         "mlp.experts.down_proj": (E, H, F)}
+    S = m.shared_expert_intermediate_size
+    if S:
+        t.update({"mlp.shared_expert.gate_proj.weight": (S, H),
+                  "mlp.shared_expert.up_proj.weight": (S, H),
+                  "mlp.shared_expert.down_proj.weight": (H, S),
+                  "mlp.shared_expert_gate.weight": (1, H)})
+    return t
+
+
+def _gemma4_layer_tensors(cfg: TargetConfig, i: int, L: str) -> dict[str, tuple[int, ...]]:
+    """Gemma 4 per-layer extras: the layer scalar, PLE gate / projection / norm; KV-sharing
+    layers drop k/v projections and k norm, k_eq_v full layers drop v_proj."""
+    H, g = cfg.hidden_size, cfg.gemma4
+    t = {L + "layer_scalar": (1,)}
+    if g.hidden_size_per_layer_input:
+        P = g.hidden_size_per_layer_input
+        t.update({L + "per_layer_input_gate.weight": (P, H),
+                  L + "per_layer_projection.weight": (H, P),
+                  L + "post_per_layer_input_norm.weight": (H,)})
+    return t
+
+
+def _drop_gemma4_kv(cfg: TargetConfig, t: dict) -> dict:
+    """Remove the K/V tensors a Gemma 4 layer does not have (KV sharing, k_eq_v)."""
+    p = cfg.weight_prefix
+    for i, kind in enumerate(cfg.layer_types):
+        L = f"{p}layers.{i}.self_attn."
+        if cfg.kv_source_for(i) is not None:
+            for name in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+                t.pop(L + name, None)
+        elif cfg.attention_k_eq_v and kind == FULL:
+            t.pop(L + "v_proj.weight", None)
     return t
 
 

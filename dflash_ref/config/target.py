@@ -24,7 +24,12 @@ from dflash_ref.config.fields import (
     _is_int,
     _read_json,
 )
-from dflash_ref.config.gemma import GEMMA3_TEXT_HF_DEFAULTS, _parse_gemma3, _parse_gemma4
+from dflash_ref.config.gemma import (
+    GEMMA3_TEXT_HF_DEFAULTS,
+    Gemma4Dims,
+    _parse_gemma3,
+    _parse_gemma4,
+)
 from dflash_ref.config.qwen import GDNDims, MoEDims, _parse_qwen3, _parse_qwen_hybrid
 from dflash_ref.config.rope import RopeSpec
 from dflash_ref.errors import ConfigError
@@ -87,6 +92,7 @@ class TargetConfig:
     lm_head_name: str
     gdn: GDNDims | None
     moe: MoEDims | None
+    gemma4: Gemma4Dims | None
     max_position_embeddings: int | None
     defaults_used: tuple[str, ...] = ()
     raw: Mapping = field(default_factory=dict, repr=False, compare=False)
@@ -166,6 +172,22 @@ class TargetConfig:
                 and self.num_global_key_value_heads is not None):
             return self.num_global_key_value_heads
         return self.num_key_value_heads
+
+    def kv_source_for(self, layer_idx: int) -> int | None:
+        """The layer whose K/V cache layer ``layer_idx`` attends over (Gemma 4 KV sharing), or
+        None when it keeps its own."""
+        self._check_layer(layer_idx)
+        return None if self.gemma4 is None else self.gemma4.kv_sources[layer_idx]
+
+    def mlp_width_for(self, layer_idx: int) -> int | None:
+        """Dense MLP width of a layer (Gemma 4 double-wide MLP on KV-sharing layers); None when
+        the layer has no dense MLP (a Qwen MoE layer)."""
+        self._check_layer(layer_idx)
+        if self.moe is not None and self.moe.kind == "qwen" and self.moe.is_moe_layer(layer_idx):
+            return None
+        if self.gemma4 is None:
+            return self.intermediate_size
+        return self.gemma4.mlp_width(layer_idx, self.intermediate_size)
 
     @property
     def partial_rotary_factor(self) -> float:

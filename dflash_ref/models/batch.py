@@ -36,8 +36,13 @@ class RaggedKV:
             keys.append(ki)
             values.append(vi)
             masks.append(mi)
-        return (xp.concatenate(keys, axis=0), xp.concatenate(values, axis=0),
-                _block_diagonal(masks))
+        self.last = (xp.concatenate(keys, axis=0), xp.concatenate(values, axis=0),
+                     _block_diagonal(masks))
+        return self.last
+
+    def read(self):
+        """What the last ``update`` returned (a KV-sharing layer reads its source's)."""
+        return self.last
 
 
 def _block_diagonal(masks: list[MaskSpec]) -> MaskSpec:

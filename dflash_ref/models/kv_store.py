@@ -49,8 +49,25 @@ class KVStore(Protocol):
         """
         ...
 
+    def read(self) -> tuple[object, object, MaskSpec]:
+        """What the last :meth:`update` of this batch returned (a Gemma 4 KV-sharing layer
+        attends over its source layer's K/V with the same mask)."""
+        ...
 
-class CacheKV:
+
+class _Remember:
+    """``read()`` returns what ``update`` returned last."""
+
+    last = None
+
+    def read(self):
+        if self.last is None:
+            raise ValueError("read() before update(): the KV-sharing source layer has not run "
+                             "in this batch")
+        return self.last
+
+
+class CacheKV(_Remember):
     """A chain batch over a plain :class:`KVCache`: append, then causal (or sliding) mask.
 
     Args:
@@ -65,10 +82,11 @@ class CacheKV:
     def update(self, k, v):
         self.cache.append(k, v)
         mask = causal_mask(self.positions, np.arange(self.cache.length), window=self.window)
-        return self.cache.k, self.cache.v, mask
+        self.last = (self.cache.k, self.cache.v, mask)
+        return self.last
 
 
-class TreeKV:
+class TreeKV(_Remember):
     """A tree verify batch over a plain :class:`KVCache`.
 
     The nodes' K/V are appended after the committed rows in node order; node i (at position
@@ -88,10 +106,12 @@ class TreeKV:
     def update(self, k, v):
         base = self.cache.length
         self.cache.append(k, v)
-        return self.cache.k, self.cache.v, tree_mask(self.parents, base, window=self.window)
+        self.last = (self.cache.k, self.cache.v, tree_mask(self.parents, base,
+                                                           window=self.window))
+        return self.last
 
 
-class PooledKVStore:
+class PooledKVStore(_Remember):
     """A chain batch whose K/V live in the KVFlash pager's pool (docs/kvflash.md).
 
     The batch's rows are written into the slots of their positions first; then every query sees
@@ -112,10 +132,11 @@ class PooledKVStore:
         self.pager.write(self.layer, self.positions, k, v)
         keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
         mask = committed_prefix_mask(self.positions, k_pos, base_pos=int(self.positions[0]))
-        return keys, values, mask
+        self.last = (keys, values, mask)
+        return self.last
 
 
-class PooledTreeKV:
+class PooledTreeKV(_Remember):
     """A tree verify batch over the KVFlash pool: the nodes' K/V stay beside the pool.
 
     Tree nodes at one depth share a position, so they cannot live in the slots of their
@@ -146,5 +167,6 @@ class PooledTreeKV:
         node_pos = self.base + tree_depths(self.parents)  # [n]
         all_pos = np.concatenate([self.pager.be.to_numpy(k_pos).astype(np.int64), node_pos])
         mask = tree_mask(self.parents, self.base, k_pos=all_pos, node_slots=P + np.arange(n))
-        return (xp.concatenate([keys, k], axis=0), xp.concatenate([values, v], axis=0),
-                mask)  # [P + n, Hkv, D] x2
+        self.last = (xp.concatenate([keys, k], axis=0), xp.concatenate([values, v], axis=0),
+                     mask)  # [P + n, Hkv, D] x2
+        return self.last

@@ -1,14 +1,24 @@
-"""The target's decoder layer and its parts: norms, attention, the GDN mixer, the gated MLP.
+"""The target's decoder layer and its parts: norms, attention, the GDN mixer, the feed-forward.
 
 A decoder layer reads like picoGPT's block, for every supported family::
 
     x = x + post_mix_norm(mixer(input_norm(x)))        # mixer: attention or Gated DeltaNet
-    x = x + post_mlp_norm(mlp(pre_mlp_norm(x)))
+    x = x + post_mlp_norm(feed_forward(x))             # norm + MLP, or an MoE block
+    x = (x + per_layer_input(x, ple_i)) * layer_scalar # Gemma 4 only (PLE, layer scalar)
 
 Qwen3 / Qwen3.5 have no post norms (identity) and call their pre-MLP norm
-``post_attention_layernorm``; Gemma 3 norms both sides of each sub-block ("sandwich" norms:
+``post_attention_layernorm``; Gemma 3 / 4 norm both sides of each sub-block ("sandwich" norms:
 ``post_attention_layernorm``, ``pre_feedforward_layernorm``, ``post_feedforward_layernorm``).
 Norm weights are stored raw; (1 + w) families pass ``offset=1.0`` (``config.norm_offset``).
+The feed-forward is ``mlp(pre_mlp_norm(x))``, Qwen3.5 MoE's sparse block in the MLP's place, or
+Gemma 4's dense MLP plus its experts (:mod:`dflash_ref.models.moe`); per-layer embeddings are
+:mod:`dflash_ref.models.gemma4`'s.
+
+Gemma 4 attention (huggingface/transformers ``models/gemma4/modeling_gemma4.py``,
+``Gemma4TextAttention``): ``v = v_proj(u)``, or the raw ``k_proj(u)`` on full layers with
+attention_k_eq_v; q and k get their RMS norms (weight w) before RoPE, v a weightless RMS norm;
+full layers use proportional RoPE; the scale is 1. A KV-sharing layer has no k/v of its own: it
+attends over the K/V its source layer stored in this batch (``batch.kv[source].read()``).
 
 Where K/V live and which mask applies is the batch's KV store's business
 (:mod:`dflash_ref.models.kv_store`); where a GDN layer's state lives, its GDN store's
@@ -17,9 +27,9 @@ Where K/V live and which mask applies is the batch's KV store's business
 
 from __future__ import annotations
 
-import numpy as np
-
 from dflash_ref.models.gdn_layer import PROJECTION_LAYOUTS, GDNConfig, GDNLayer
+from dflash_ref.models.gemma4 import PerLayerInput, proportional_rope
+from dflash_ref.models.moe import Gemma4MoE, QwenSparseMoE, gelu_tanh
 
 # config.gdn.projection_layout -> GDNConfig.layout (the inverse of PROJECTION_LAYOUTS)
 GDN_LAYOUTS = {v: k for k, v in PROJECTION_LAYOUTS.items()}
@@ -60,6 +70,11 @@ class Attention:
         self.output_gate = cfg.attn_output_gate
         self.scale, self.softcap = cfg.attention_scale, cfg.attn_logit_softcapping
         self.rope_spec = cfg.rope_for(idx)  # theta, rotary_dim, linear factor of this layer
+        self.kv_source = cfg.kv_source_for(idx)  # Gemma 4 KV sharing: read that layer's K/V
+        self.v_norm = RMSNorm(be, None, 0.0, 0.0)
+        if cfg.v_norm:  # Gemma 4: RMS over d without a weight
+            self.v_norm = RMSNorm(be, be.xp.ones(self.d, dtype=be.xp.float32), cfg.rms_norm_eps,
+                                  0.0)
         qk_norm = cfg.qk_norm
         self.q_norm = RMSNorm(be, w.get("self_attn.q_norm.weight") if qk_norm else None,
                               cfg.rms_norm_eps, cfg.norm_offset)
@@ -68,6 +83,8 @@ class Attention:
 
     def rope(self, x, positions):
         r = self.rope_spec
+        if r.rope_type == "proportional":
+            return proportional_rope(self.be.xp, x, positions, r)
         return self.be.ops.rope(self.be.xp.ascontiguousarray(x), positions, r.theta,
                                 r.rotary_dim, r.factor)
 
@@ -75,7 +92,7 @@ class Attention:
         """q [T, nh, d], k and v [T, nkv, d] (post-norm, post-RoPE), output gate [T, nh*d]|None.
 
         ``tap`` sees q and k after the q/k norms, before RoPE ("q", "k") and after it
-        ("q_rope", "k_rope"), and v ("v").
+        ("q_rope", "k_rope"), and v ("v"). A KV-sharing layer returns k = v = None.
         """
         w, T, nh, nkv, d = self.w, u.shape[0], self.n_heads, self.n_kv, self.d
         q = u @ w["self_attn.q_proj.weight"].T  # [T, nh*d] (x2 with an output gate)
@@ -84,9 +101,15 @@ class Attention:
             q = q.reshape(T, nh, 2 * d)
             q, gate = q[..., :d], q[..., d:].reshape(T, nh * d)
         q = self.q_norm(q.reshape(T, nh, d))  # per head over d, before RoPE
-        k = self.k_norm((u @ w["self_attn.k_proj.weight"].T).reshape(T, nkv, d))
-        v = (u @ w["self_attn.v_proj.weight"].T).reshape(T, nkv, d)
         tap(self.idx, "q", q)
+        if self.kv_source is not None:
+            q = self.rope(q, positions)
+            tap(self.idx, "q_rope", q)
+            return q, None, None, gate
+        k = (u @ w["self_attn.k_proj.weight"].T).reshape(T, nkv, d)
+        v = k if "self_attn.v_proj.weight" not in w else (
+            (u @ w["self_attn.v_proj.weight"].T).reshape(T, nkv, d))  # k_eq_v: the raw k
+        k, v = self.k_norm(k), self.v_norm(v)
         tap(self.idx, "k", k)
         q, k = self.rope(q, positions), self.rope(k, positions)
         tap(self.idx, "q_rope", q)
@@ -98,7 +121,10 @@ class Attention:
         """u [T, H] -> [T, H] over the layer's KV store in ``batch``."""
         xp = self.be.xp
         q, k, v, gate = self.qkv(u, batch.positions, batch.tap)
-        keys, values, mask = batch.kv[self.idx].update(k, v)  # everything the batch may read
+        if self.kv_source is not None:  # what the source layer stored for this batch
+            keys, values, mask = batch.kv[self.kv_source].read()
+        else:
+            keys, values, mask = batch.kv[self.idx].update(k, v)  # everything the batch reads
         o = self.be.ops.attention(q, keys, values, mask, scale=self.scale,
                                   softcap=self.softcap)  # [T, nh, d]
         o = o.reshape(o.shape[0], -1)  # [T, nh*d]
@@ -131,11 +157,38 @@ class GatedMLP:
         up = u @ w["mlp.up_proj.weight"].T
         if self.act == "silu":
             a = be.ops.swiglu(g, up)
-        else:  # gelu_pytorch_tanh (Gemma): 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up
-            xp = be.xp
-            c = xp.float32(np.sqrt(2.0 / np.pi))
-            a = 0.5 * g * (1.0 + xp.tanh(c * (g + xp.float32(0.044715) * g * g * g))) * up
+        else:  # gelu_pytorch_tanh (Gemma)
+            a = gelu_tanh(be.xp, g) * up
         return a @ w["mlp.down_proj.weight"].T  # [T, H]
+
+
+class FeedForward:
+    """The MLP sub-block before its post norm, for every family (module docstring):
+
+    - dense: ``mlp(pre_mlp_norm(x))``;
+    - Qwen3.5 MoE: ``moe(pre_mlp_norm(x))`` (routed + shared experts in the MLP's place);
+    - Gemma 4 MoE: ``post_norm_1(mlp(pre_mlp_norm(x))) + experts(x)`` (the experts route on x).
+    """
+
+    def __init__(self, cfg, be, idx: int, w: dict, norm, pre_mlp_norm):
+        self.pre_mlp_norm, self.mlp, self.moe, self.post_norm_1 = pre_mlp_norm, None, None, None
+        sparse = cfg.moe is not None and cfg.moe.is_moe_layer(idx)
+        if sparse and cfg.moe.kind == "qwen":
+            self.moe = QwenSparseMoE(cfg, be, idx, w)
+            return
+        self.mlp = GatedMLP(cfg, be, w)  # its width is the tensors' (Gemma 4 double-wide too)
+        if sparse:
+            self.moe = Gemma4MoE(cfg, be, idx, w, norm)
+            self.post_norm_1 = norm("post_feedforward_layernorm_1.weight")
+
+    def __call__(self, x, tap):
+        """x [T, H] (the residual stream) -> [T, H]."""
+        if self.mlp is None:
+            return self.moe(self.pre_mlp_norm(x), tap)
+        y = self.mlp(self.pre_mlp_norm(x))
+        if self.moe is None:
+            return y
+        return self.post_norm_1(y) + self.moe(x, tap)
 
 
 class DecoderLayer:
@@ -158,9 +211,15 @@ class DecoderLayer:
             self.post_mlp_norm = RMSNorm(be, None, 0.0, 0.0)
         self.mixer = (GDNMixer(cfg, be, idx, w) if self.kind == "linear_attention"
                       else Attention(cfg, be, idx, w))
-        self.mlp = GatedMLP(cfg, be, w)
+        self.feed_forward = FeedForward(cfg, be, idx, w, norm, self.pre_mlp_norm)
+        self.per_layer_input = (PerLayerInput(be, w, norm)
+                                if "per_layer_input_gate.weight" in w else None)
+        self.layer_scalar = w.get("layer_scalar")  # Gemma 4: [1]
 
-    def __call__(self, x, batch):
-        """x [T, H] -> [T, H]."""
+    def __call__(self, x, batch, ple_i=None):
+        """x [T, H] -> [T, H]; ``ple_i`` [T, P]: this layer's per-layer embeddings (Gemma 4)."""
         x = x + self.post_mix_norm(self.mixer(self.input_norm(x), batch))
-        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+        x = x + self.post_mlp_norm(self.feed_forward(x, batch.tap))
+        if self.per_layer_input is not None:
+            x = x + self.per_layer_input(x, ple_i)
+        return x if self.layer_scalar is None else x * self.layer_scalar

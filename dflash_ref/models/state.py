@@ -150,13 +150,16 @@ class TargetState:
         self.length = 0
         kinds = config.layer_types
         self.pager = pager
-        pooled = [i for i, t in enumerate(kinds) if t == "full_attention"]
+        # Gemma 4 KV-sharing layers keep no K/V: they read their source layer's.
+        own_kv = [i for i, t in enumerate(kinds)
+                  if t != "linear_attention" and config.kv_source_for(i) is None]
+        pooled = [i for i in own_kv if kinds[i] == "full_attention"]
         if pager is not None:
             self._attach(pager, pooled)
         self.pooled_layers = frozenset(pooled if pager is not None else ())
         self.kv: dict[int, KVCache] = {
             i: KVCache(be, config.num_key_value_heads_for(i), config.head_dim_for(i))
-            for i, t in enumerate(kinds) if t != "linear_attention" and i not in self.pooled_layers
+            for i in own_kv if i not in self.pooled_layers
         }
         self.gdn: dict[int, object] = {i: None for i, t in enumerate(kinds)
                                        if t == "linear_attention"}

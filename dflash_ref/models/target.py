@@ -1,12 +1,15 @@
 """The target model: a causal LM whose forward also captures hidden states for the drafter.
 
-One class serves every supported layout (Qwen3 dense, Qwen3.5 / Qwen3-Next hybrid, Gemma 3 text),
-read from a Hugging Face directory (``config.json`` + ``*.safetensors``, sharded or not) with HF
-tensor names, or from a llama.cpp GGUF. The forward is written once against a Backend::
+One class serves every supported layout (Qwen3 dense, Qwen3.5 / Qwen3-Next hybrid, Qwen3.5 MoE,
+Gemma 3 text, Gemma 4 text: dense, PLE + KV sharing, MoE; docs/target.md, "Families"), read
+from a Hugging Face directory (``config.json`` + ``*.safetensors``, sharded or not) with HF
+tensor names, or from a llama.cpp GGUF (not yet for Gemma 4 or MoE). The forward is written
+once against a Backend::
 
     h = embed(ids)                          # [T, H] (Gemma: times its embedding scale)
+    ple = per_layer_embeddings(ids, h)      # [T, L, P], Gemma 4 small variants only
     for layer in layers:                    # models/layers.py: norm, mixer, residual, norm, MLP
-        h = layer(h, batch)                 # batch: positions + a KV / GDN store per layer
+        h = layer(h, batch, ple[:, i])      # batch: positions + a KV / GDN store per layer
         if layer in target_layer_ids: capture h
     logits = lm_head(final_norm(h))         # [T, vocab] (Gemma: final softcap)
 
@@ -34,7 +37,9 @@ from dflash_ref.backend import Backend, as_backend
 from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
+from dflash_ref.models.gemma4 import PerLayerEmbeddings
 from dflash_ref.models.layers import DecoderLayer
+from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.state import TargetState
 
 
@@ -55,6 +60,7 @@ class TargetModel:
         self.be: Backend = as_backend(backend)
         self.target_layer_ids: list[int] = []
         self.set_target_layer_ids(target_layer_ids)
+        weights = fuse_expert_tensors(weights) if config.moe is not None else weights
         self._check_weights(weights)
         xp = self.be.xp
         w = {name: xp.asarray(arr, dtype=xp.float32) for name, arr in weights.items()}
@@ -69,6 +75,9 @@ class TargetModel:
                                               if k.startswith(f"{p}layers.{i}.")})
             for i in range(config.num_hidden_layers)
         ]
+        g = config.gemma4
+        self.per_layer_embeddings = (PerLayerEmbeddings(config, self.be, w)
+                                     if g is not None and g.hidden_size_per_layer_input else None)
 
     # ------------------------------------------------------------------ construction
 
@@ -167,7 +176,8 @@ class TargetModel:
 
         Returns logits [T, vocab] and, when capture layers are set, features [T, C*hidden].
         ``tap(layer, name, x)``, if given, sees intermediate tensors (the attention layers' q/k
-        before and after RoPE and v: names "q", "k", "q_rope", "k_rope", "v"); the KVFlash
+        before and after RoPE and v: names "q", "k", "q_rope", "k_rope", "v"; MoE layers'
+        "router_logits" [T, E], "experts" [T, k], "expert_weights" [T, k]); the KVFlash
         scorer's Q/K probe is one.
         """
         ids = self._check_ids(ids)
@@ -210,9 +220,10 @@ class TargetModel:
     def _run(self, ids, batch, state: TargetState) -> TargetOutput:
         """The forward itself (module docstring), then hand the batch back to the state."""
         h = self.embed(ids)  # [T, H]
+        ple = None if self.per_layer_embeddings is None else self.per_layer_embeddings(ids, h)
         captured = {}
         for layer in self.layers:
-            h = layer(h, batch)
+            h = layer(h, batch, None if ple is None else ple[:, layer.idx])
             if layer.idx in self.target_layer_ids:
                 captured[layer.idx] = h  # the residual stream after layer i, un-normed
         features = None
@@ -257,24 +268,21 @@ def _match_weight_prefix(cfg: TargetConfig, weights) -> TargetConfig:
 def _check_supported(cfg: TargetConfig) -> None:
     """Refuse, by name, config features the model code does not implement (never run them wrong)."""
     problems = []
-    if cfg.family == "gemma4":
-        problems.append("Gemma 4 model code (config parsing only; see docs/target.md)")
-    if cfg.moe is not None:
-        problems.append(f"mixture-of-experts MLPs ({cfg.moe.num_experts} experts)")
-    if cfg.v_norm or cfg.attention_k_eq_v:
-        problems.append("v_norm / shared k=v attention")
+    if cfg.moe is not None and cfg.family == "qwen3_next":
+        problems.append(f"Qwen3-Next mixture-of-experts MLPs ({cfg.moe.num_experts} experts; "
+                        f"the block is implemented and checked for Qwen3.5 MoE and Gemma 4 only)")
     if cfg.attention_bias:
         problems.append("attention_bias")
     if cfg.hidden_act not in ("silu", "gelu_pytorch_tanh"):
         problems.append(f"hidden_act {cfg.hidden_act!r} (silu and gelu_pytorch_tanh are)")
     for i in range(cfg.num_hidden_layers):
         if cfg.layer_types[i] != "linear_attention" and cfg.rope_for(i).rope_type not in (
-                "default", "linear"):
+                "default", "linear", "proportional"):
             problems.append(f"rope_type {cfg.rope_for(i).rope_type!r} (layer {i})")
             break
     if problems:
         raise ConfigError(
             f"{cfg.family} target uses features the reference model does not implement: "
             f"{'; '.join(problems)}. Supported: Qwen3 dense, Qwen3.5 / Qwen3-Next dense-MLP "
-            f"hybrids, Gemma 3 text."
+            f"hybrids, Qwen3.5 MoE, Gemma 3 text, Gemma 4 text (dense, PLE + KV sharing, MoE)."
         )

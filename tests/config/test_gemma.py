@@ -126,26 +126,64 @@ def test_gemma4_31b():
     assert cfg.hidden_act == "gelu_pytorch_tanh" and cfg.tie_word_embeddings
 
 
-def test_gemma4_small_models_refused_by_feature_name():
+def test_gemma4_small_models_ple_and_kv_sharing():
+    # E2B-like: the last 20 layers reuse the K/V of the last earlier layer of their type (HF
+    # Gemma4TextConfig.kv_sharing_modes); PLE and the double-wide MLP of the sharing layers.
     raw = gemma4_31b()
-    raw["text_config"].update(hidden_size_per_layer_input=256, num_kv_shared_layers=20)
-    with pytest.raises(ConfigError) as exc:
+    raw["text_config"].update(hidden_size_per_layer_input=256, num_kv_shared_layers=20,
+                              vocab_size_per_layer_input=262144, use_double_wide_mlp=True)
+    cfg = TargetConfig.from_hf(raw)
+    g = cfg.gemma4
+    assert g.hidden_size_per_layer_input == 256 and g.num_kv_shared_layers == 20
+    # layers 0..39 own their K/V; 40..59 read layer 35 (last full < 40) or 39 (last sliding)
+    assert g.kv_sources[:40] == (None,) * 40
+    assert {cfg.kv_source_for(i) for i in range(40, 60)} == {35, 39}
+    # full layers are 5, 11, ..., 59 (every 6th): 41 and 53 are full, 40 and 42 sliding
+    assert (cfg.kv_source_for(40), cfg.kv_source_for(41), cfg.kv_source_for(42)) == (39, 35, 39)
+    assert cfg.kv_source_for(53) == 35 and cfg.kv_source_for(59) == 35
+    assert (cfg.mlp_width_for(39), cfg.mlp_width_for(40)) == (21504, 2 * 21504)
+
+
+def test_gemma4_bidirectional_attention_refused():
+    raw = gemma4_31b()
+    raw["text_config"]["use_bidirectional_attention"] = "all"
+    with raises("use_bidirectional_attention='all' is not implemented"):
         TargetConfig.from_hf(raw)
-    msg = str(exc.value)
-    assert "per-layer embeddings" in msg and "KV sharing" in msg and "gemma-4-31B" in msg
 
 
 def test_gemma4_missing_ple_key_means_transformers_default_256():
     raw = gemma4_31b()
     del raw["text_config"]["hidden_size_per_layer_input"]
-    with raises("transformers' default 256.*set it to 0"):
-        TargetConfig.from_hf(raw)
+    cfg = TargetConfig.from_hf(raw)
+    assert cfg.gemma4.hidden_size_per_layer_input == 256
+    assert any("hidden_size_per_layer_input=256 (Gemma4TextConfig default; set it to 0"
+               in d for d in cfg.defaults_used)
 
 
-def test_gemma4_moe_refused():
+def test_gemma4_moe_block():
     raw = gemma4_31b()
     raw["text_config"]["enable_moe_block"] = True
-    with raises("enable_moe_block=true .*mixture of experts"):
+    with raises("'num_experts' is missing"):
+        TargetConfig.from_hf(raw)
+    raw["text_config"].update(num_experts=128, top_k_experts=8, moe_intermediate_size=704)
+    m = TargetConfig.from_hf(raw).moe
+    assert (m.kind, m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (
+        "gemma4", 128, 8, 704)
+
+
+def test_gemma4_per_layer_config_as_transformers_5_saves_it():
+    # transformers 5.x writes the resolved per_layer_config (layer -> head_dim, KV heads)
+    # instead of global_head_dim / num_global_key_value_heads; it wins when present.
+    raw = gemma4_31b()
+    t = raw["text_config"]
+    del t["global_head_dim"], t["num_global_key_value_heads"]
+    t["per_layer_config"] = {str(i): {"head_dim": 384, "num_key_value_heads": 2}
+                             for i in range(5, 60, 6)}
+    cfg = TargetConfig.from_hf(raw)
+    assert (cfg.head_dim_for(5), cfg.num_key_value_heads_for(5)) == (384, 2)
+    assert (cfg.head_dim_for(0), cfg.num_key_value_heads_for(0)) == (256, 16)
+    t["per_layer_config"]["0"] = {"head_dim": 128}
+    with raises("per_layer_config overrides"):
         TargetConfig.from_hf(raw)
 
 

@@ -1,4 +1,5 @@
-"""An independent float64 forward for the dense targets (Qwen3, Gemma 3), written for the tests.
+"""Independent float64 forwards of the targets (Qwen3, Gemma 3, Qwen3.5 dense or MoE) and the
+drafter, written for the tests (Gemma 4 and the MoE blocks: tests/models/oracle_gemma4_moe.py).
 
 It re-derives the HF computation directly from the config dict and the tensor dict, with explicit
 loops over heads and full-sequence attention (no cache, no ops from dflash_ref), and returns the
@@ -11,6 +12,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from tests.models.oracle_gemma4_moe import qwen35_moe_block
 
 
 def _rms(x, w, eps, offset):
@@ -223,8 +226,11 @@ def qwen35_forward(config: dict, tensors: dict, ids) -> tuple[list, np.ndarray]:
             a = o.reshape(T, Hv * dv) @ W[A + "out_proj.weight"].T
         x = x + a
         u = _rms(x, W[L + "post_attention_layernorm.weight"], eps, 1.0)
-        gt, up = u @ W[L + "mlp.gate_proj.weight"].T, u @ W[L + "mlp.up_proj.weight"].T
-        x = x + (gt / (1 + np.exp(-gt)) * up) @ W[L + "mlp.down_proj.weight"].T
+        if L + "mlp.gate.weight" in W:  # Qwen3.5 MoE (tests/models/oracle_gemma4_moe.py)
+            x = x + qwen35_moe_block(c, W, L, u)
+        else:
+            gt, up = u @ W[L + "mlp.gate_proj.weight"].T, u @ W[L + "mlp.up_proj.weight"].T
+            x = x + (gt / (1 + np.exp(-gt)) * up) @ W[L + "mlp.down_proj.weight"].T
         hs.append(x)
     logits = _rms(x, W["model.norm.weight"], eps, 1.0) @ W["lm_head.weight"].T
     return hs, logits
