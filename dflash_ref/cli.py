@@ -3,6 +3,8 @@
 Subcommands:
     demo    the main job: plain vs speculative decoding on the shipped tiny target + drafter
             (real HF / z-lab layouts, no download), or on ``--target DIR --drafter DIR``.
+    generate  text in, text out: ``--target`` (directory or GGUF), ``--prompt``, optional
+            ``--drafter`` (dflash_ref/cli_generate.py).
     info    package version, the backends available here, and for CuPy the device or the
             precise reason it is unavailable; the NVRTC version used by the compile check.
     convert SRC OUT   a z-lab drafter directory -> GGUF (``--naming llama.cpp|lucebox``), or a
@@ -304,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.set_defaults(func=cmd_demo)
     p_info = sub.add_parser("info", help="version, available backends, CUDA device")
     p_info.set_defaults(func=cmd_info)
+    from dflash_ref.cli_generate import add_parser as add_generate
+
+    add_generate(sub)
 
     from dflash_ref.io.convert_common import QTYPES
 

@@ -95,7 +95,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
              seed=None, stop_token_ids: Sequence[int] | None = None,
              cost_model: CostModel | None = None,
              tree_options: DDTreeOptions | None = None,
-             on_tokens=None, state=None) -> GenerationResult:
+             on_tokens=None, state=None, on_ids=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see the module docstring).
 
     Args:
@@ -125,6 +125,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         tree_options: DDTree build options (authors' defaults when None).
         on_tokens: optional callback ``f(n)`` called with the number of tokens each step emits
             (for progress bars).
+        on_ids: optional callback ``f(ids)`` with the token ids each step emits, cut at
+            max_new_tokens (for streaming text).
         state: a :class:`~dflash_ref.models.state.TargetState` that already holds the first n
             prompt tokens (n < N; restored from a snapshot or a prompt cache,
             :mod:`dflash_ref.models.prompt_cache`): only ``prompt_ids[n:]`` is prefilled. Made
@@ -134,7 +136,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
     B = _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block_size,
                          verify, seed, pager)
     run = _Decoding(target, drafter, B, max_new_tokens, temperature, seed, pager,
-                    stop_token_ids, cost_model, tree_options, on_tokens, state)
+                    stop_token_ids, cost_model, tree_options, on_tokens, state, on_ids)
     run.prefill(prompt)
     speculate = run.draft_cache is not None
     if gate is not None:  # e.g. the commit-EMA gate's t_ar measurement
@@ -219,12 +221,12 @@ class _Decoding:
     """
 
     def __init__(self, target, drafter, B, max_new_tokens, temperature, seed, pager, stops,
-                 cost_model, tree_options, on_tokens, state=None):
+                 cost_model, tree_options, on_tokens, state=None, on_ids=None):
         self.target, self.drafter, self.B, self.be = target, drafter, B, target.be
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.sampled = temperature >= GREEDY_BELOW_TEMPERATURE
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        self.pager, self.cost, self.on_tokens = pager, cost_model, on_tokens
+        self.pager, self.cost, self.on_tokens, self.on_ids = pager, cost_model, on_tokens, on_ids
         self.tree_options = tree_options
         self.stops = {int(t) for t in (stops or ())}
         self.clock = _Clock(self.be, cost_model)
@@ -256,9 +258,12 @@ class _Decoding:
         """Append committed tokens; report them (cut at max_new_tokens) and re-page KVFlash."""
         self.emitted.extend(tokens)
         self.anchor = tokens[-1]
+        before = len(self.emitted) - len(tokens)
+        n_new = min(len(tokens), max(0, self.max_new_tokens - before))
         if self.on_tokens is not None:
-            before = len(self.emitted) - len(tokens)
-            self.on_tokens(min(len(tokens), max(0, self.max_new_tokens - before)))
+            self.on_tokens(n_new)
+        if self.on_ids is not None and n_new:
+            self.on_ids([int(t) for t in tokens[:n_new]])
         if self.pager is not None and self.pager.scorer is not None and not self.done():
             # KVFlash relevance (docs/kvflash.md): rescore and re-page when the cadence
             # max(tau, history // 45) is due.

@@ -1,0 +1,57 @@
+"""``dflash-ref generate``: prompt text in, the greedy continuation's text out, then statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_ref.cli import main
+from dflash_ref.io.tokenizer import load_tokenizer
+from dflash_ref.models.drafter import DFlashDrafter
+from dflash_ref.models.target import TargetModel
+from dflash_ref.spec_decode.loop import generate
+from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def _word_tokenizer(path):
+    """A word-level tokenizer over the tiny target's 256 ids: 'w0' .. 'w255', space-separated."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(path / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_generate")
+    t = write_tiny_target(root / "t", "qwen3", seed=5, tie_word_embeddings=False)
+    d = write_tiny_drafter(root / "d", t, seed=6)
+    _word_tokenizer(t)
+    return t, d
+
+
+@pytest.mark.parametrize("with_drafter", [False, True])
+def test_generate_prints_the_continuation_text_then_stats(pair, capsys, with_drafter):
+    t, d = pair
+    argv = ["generate", "--target", str(t), "--prompt", "w3 w17 w42", "--max-new-tokens", "6",
+            "--backend", "numpy"] + (["--drafter", str(d)] if with_drafter else [])
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    # Expected: the same greedy continuation, decoded by the tokenizer, after the prompt.
+    target = TargetModel.from_pretrained(t)
+    drafter = DFlashDrafter.from_pretrained(d, target) if with_drafter else None
+    tok = load_tokenizer(t)
+    ids = generate(target, drafter, tok.encode("w3 w17 w42"), 6).tokens
+    prompt = tok.encode("w3 w17 w42")
+    assert out[0] == tok.decode(prompt + ids)
+    assert out[0].split() == ["w3", "w17", "w42"] + [f"w{i}" for i in ids]
+    assert out[1].startswith("[6 tokens, tau ")
+
+
+def test_generate_refuses_sampling_without_a_seed(pair, capsys):
+    t, _ = pair
+    assert main(["generate", "--target", str(t), "--prompt", "w1", "--temperature", "1"]) == 2
+    assert "--seed" in capsys.readouterr().err
