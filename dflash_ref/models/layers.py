@@ -161,6 +161,17 @@ class DecoderLayer:
         self.mlp = GatedMLP(cfg, be, w)
 
     def __call__(self, x, batch):
-        """x [T, H] -> [T, H]."""
-        x = x + self.post_mix_norm(self.mixer(self.input_norm(x), batch))
-        return x + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(x)))
+        """x [T, H] -> [T, H]; ``batch.tap`` sees each intermediate (names in the comments)."""
+        tap = batch.tap
+        u = self.input_norm(x)
+        tap(self.idx, "attn_norm", u)  # input of the mixer (attention or GDN)
+        m = self.post_mix_norm(self.mixer(u, batch))
+        tap(self.idx, "attn_out", m)  # what the mixer adds to the residual stream
+        x = x + m
+        u = self.pre_mlp_norm(x)
+        tap(self.idx, "mlp_norm", u)
+        m = self.post_mlp_norm(self.mlp(u))
+        tap(self.idx, "mlp_out", m)  # what the MLP adds to the residual stream
+        x = x + m
+        tap(self.idx, "h", x)  # the layer's output (the captured feature when i is a capture id)
+        return x

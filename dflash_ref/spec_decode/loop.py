@@ -95,7 +95,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
              seed=None, stop_token_ids: Sequence[int] | None = None,
              cost_model: CostModel | None = None,
              tree_options: DDTreeOptions | None = None,
-             on_tokens=None) -> GenerationResult:
+             on_tokens=None, on_commit=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see the module docstring).
 
     Args:
@@ -125,12 +125,17 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         tree_options: DDTree build options (authors' defaults when None).
         on_tokens: optional callback ``f(n)`` called with the number of tokens each step emits
             (for progress bars).
+        on_commit: optional callback ``f(tokens)`` called with the ids each step commits (the
+            prefill's first token, a plain step's token, or a speculative step's accepted drafts
+            and bonus), after the state's rollback / commit and before the max_new_tokens cut
+            (the golden-vector recorder, dflash_ref/oracle, is one).
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     B = _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block_size,
                          verify, seed, pager)
     run = _Decoding(target, drafter, B, max_new_tokens, temperature, seed, pager,
                     stop_token_ids, cost_model, tree_options, on_tokens)
+    run.on_commit = on_commit
     run.prefill(prompt)
     speculate = run.draft_cache is not None
     if gate is not None:  # e.g. the commit-EMA gate's t_ar measurement
@@ -225,6 +230,7 @@ class _Decoding:
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.pager, self.cost, self.on_tokens = pager, cost_model, on_tokens
         self.tree_options = tree_options
+        self.on_commit = None  # generate(on_commit=...): sees each step's committed ids
         self.stops = {int(t) for t in (stops or ())}
         self.clock = _Clock(self.be, cost_model)
         self.result = GenerationResult(tokens=[])
@@ -249,6 +255,8 @@ class _Decoding:
 
     def _emit(self, tokens: list[int]) -> None:
         """Append committed tokens; report them (cut at max_new_tokens) and re-page KVFlash."""
+        if self.on_commit is not None:
+            self.on_commit(list(tokens))
         self.emitted.extend(tokens)
         self.anchor = tokens[-1]
         if self.on_tokens is not None:
