@@ -175,7 +175,7 @@ def export_case(out, target_dir, drafter_dir, prompt_ids, max_new_tokens: int = 
         "tolerances": {k: dataclasses.asdict(t) for k, t in TOLERANCES.items()},
         "tolerance_rule": "per element |other - ref| <= atol + rtol * |ref|; NaN equals NaN "
                           "only; shapes must be equal; integer tensors exact",
-        "steps": [{k: v for k, v in s.items() if k not in ("forward_done", "closed")}
+        "steps": [{k: v for k, v in s.items() if k != "forward_done"}
                   for s in rec.steps],
         "tensors": order,
     }

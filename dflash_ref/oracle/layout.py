@@ -129,7 +129,7 @@ def write_tensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     from safetensors.numpy import save_file
 
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path),
-              metadata={"format": "dflash-ref golden vectors", "layout": str(LAYOUT_VERSION)})
+              metadata={"format": f"dflash-ref golden vectors, layout {LAYOUT_VERSION}"})
 
 
 def read_case(path) -> tuple[dict | None, dict[str, np.ndarray]]:

@@ -91,7 +91,7 @@ class Recorder:
             self.put_int("target", "tree_parents", parents)
         capture = list(self.target.target_layer_ids)
         self._feature_keys = {}
-        if self.step in self.detail_steps:
+        if self.step in self.detail_steps and parents is None:  # a tree forward takes no tap
             self.put("target", "embed", self.target.embed(np.asarray(ids)))
             return self._tap
         for layer in capture:  # placeholders: filled with the committed rows at on_commit
@@ -144,9 +144,7 @@ class Recorder:
         if self.pager is not None:
             self.put_int("pager", "chunk_blocks", self.pager.chunk_blocks())
             self.put_int("pager", "slot_positions", self.pager.fill_slot_pos())
-        info.pop("forward_done", None)
-        info["closed"] = True
-        self.steps[-1]["forward_done"] = True
+        info["forward_done"] = True  # the next event opens a new step
 
     def finished(self) -> dict[str, np.ndarray]:
         """The recorded tensors (placeholders never filled are dropped: uncommitted forwards)."""

@@ -187,3 +187,39 @@ def test_cli_export_compare_and_exit_codes(tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit, match="needs a tokenizer.*pass --ids"):
         main(args[:7] + ["--prompt", "hello"])
+
+
+def test_commit_ema_gate_on_a_cost_model_is_reproducible(tmp_path):
+    from dflash_ref.oracle.cases import DEMO_PROMPT, case_models
+    from dflash_ref.oracle.export import export_case
+
+    target_dir, drafter_dir = case_models("demo", tmp_path)
+    kw = dict(max_new_tokens=8, block_size=4, gate="commit-ema,version=v2,warmup=1", gguf=False)
+    a = export_case(tmp_path / "a", target_dir, drafter_dir, DEMO_PROMPT, **kw)
+    export_case(tmp_path / "b", target_dir, drafter_dir, DEMO_PROMPT, **kw)
+    assert a["run"]["gate"]["cost_model"]["target_fixed"] == 1.0
+    assert any(t["key"].endswith(".gate.ema") for t in a["tensors"])
+    assert compare_cases(tmp_path / "a", tmp_path / "b").equal
+
+
+def test_bad_gate_and_pager_specs_name_the_fix():
+    from dflash_ref.errors import ConfigError
+    from dflash_ref.oracle.export import make_gate, make_pager
+
+    with pytest.raises(ConfigError, match="entropy or commit-ema"):
+        make_gate("speedy", sampled=False)
+    with pytest.raises(ConfigError, match="pool=P"):
+        make_pager("chunk=4")
+    pager, spec = make_pager("pool=64,chunk=8")
+    assert spec == {"pool_tokens": 64, "chunk_tokens": 8} and pager.chunk_tokens == 8
+
+
+def test_detail_on_a_tree_step_keeps_its_features(tmp_path):
+    from dflash_ref.oracle.cases import DEMO_PROMPT, case_models
+    from dflash_ref.oracle.export import export_case
+
+    target_dir, drafter_dir = case_models("demo", tmp_path)
+    m = export_case(tmp_path / "t", target_dir, drafter_dir, DEMO_PROMPT, max_new_tokens=4,
+                    block_size=4, verify="tree", detail_steps=[1], gguf=False)
+    keys = [t["key"] for t in m["tensors"]]
+    assert "step0001.target.layer00.features" in keys and "step0001.target.tree_parents" in keys
