@@ -46,10 +46,10 @@ def _prompt_ids(args) -> list[int]:
         return [int(t) for t in args.ids.replace(",", " ").split()]
     try:
         from dflash_ref.io.tokenizer import load_tokenizer
-    except ImportError:
-        raise SystemExit("error: --prompt needs a tokenizer, which this dflash-ref does not "
-                         "have; pass --ids") from None
-    return list(load_tokenizer(args.target).encode(args.prompt))
+
+        return list(load_tokenizer(args.target).encode(args.prompt))
+    except ImportError as exc:  # no tokenizer module here, or its backend is not installed
+        raise SystemExit(f"error: --prompt needs a tokenizer ({exc}); pass --ids") from None
 
 
 def cmd_oracle(args: argparse.Namespace) -> int:
