@@ -12,6 +12,7 @@ Subcommands:
     inspect PATH      a GGUF file or checkpoint directory: metadata, tensors, the derived
             config, and warnings where metadata and weights disagree.
     compare-weights A B   per-tensor relative RMS / max-abs table; exit 1 on any flagged row.
+    oracle export OUT | compare REF OTHER   golden vectors (docs/golden_vectors.md).
 """
 
 from __future__ import annotations
@@ -341,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--threshold-factor", type=float, default=1.0,
                        help="flag rows with rel. RMS above factor x the type's budget")
     p_cmp.set_defaults(func=cmd_compare_weights)
+    from dflash_ref.oracle.cli import add_oracle_arguments
+
+    add_oracle_arguments(sub.add_parser("oracle", help="golden vectors: export a case, compare "
+                                        "another stack's dump (docs/golden_vectors.md)"))
     return parser
 
 

@@ -171,6 +171,7 @@ class FeedForward:
     """
 
     def __init__(self, cfg, be, idx: int, w: dict, norm, pre_mlp_norm):
+        self.idx = idx
         self.pre_mlp_norm, self.mlp, self.moe, self.post_norm_1 = pre_mlp_norm, None, None, None
         sparse = cfg.moe is not None and cfg.moe.is_moe_layer(idx)
         if sparse and cfg.moe.kind == "qwen":
@@ -183,9 +184,11 @@ class FeedForward:
 
     def __call__(self, x, tap):
         """x [T, H] (the residual stream) -> [T, H]."""
+        u = self.pre_mlp_norm(x)
+        tap(self.idx, "mlp_norm", u)
         if self.mlp is None:
-            return self.moe(self.pre_mlp_norm(x), tap)
-        y = self.mlp(self.pre_mlp_norm(x))
+            return self.moe(u, tap)
+        y = self.mlp(u)
         if self.moe is None:
             return y
         return self.post_norm_1(y) + self.moe(x, tap)
@@ -217,9 +220,22 @@ class DecoderLayer:
         self.layer_scalar = w.get("layer_scalar")  # Gemma 4: [1]
 
     def __call__(self, x, batch, ple_i=None):
-        """x [T, H] -> [T, H]; ``ple_i`` [T, P]: this layer's per-layer embeddings (Gemma 4)."""
-        x = x + self.post_mix_norm(self.mixer(self.input_norm(x), batch))
-        x = x + self.post_mlp_norm(self.feed_forward(x, batch.tap))
+        """x [T, H] -> [T, H]; ``ple_i`` [T, P]: this layer's per-layer embeddings (Gemma 4).
+
+        ``batch.tap`` sees each intermediate (names in the comments).
+        """
+        tap = batch.tap
+        u = self.input_norm(x)
+        tap(self.idx, "attn_norm", u)  # input of the mixer (attention or GDN)
+        m = self.post_mix_norm(self.mixer(u, batch))
+        tap(self.idx, "attn_out", m)  # what the mixer adds to the residual stream
+        x = x + m
+        m = self.post_mlp_norm(self.feed_forward(x, tap))  # taps "mlp_norm" inside
+        tap(self.idx, "mlp_out", m)  # what the MLP adds to the residual stream
+        x = x + m
         if self.per_layer_input is not None:
             x = x + self.per_layer_input(x, ple_i)
-        return x if self.layer_scalar is None else x * self.layer_scalar
+        if self.layer_scalar is not None:
+            x = x * self.layer_scalar
+        tap(self.idx, "h", x)  # the layer's output (the captured feature when i is a capture id)
+        return x

@@ -95,7 +95,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
              seed=None, stop_token_ids: Sequence[int] | None = None,
              cost_model: CostModel | None = None,
              tree_options: DDTreeOptions | None = None,
-             on_tokens=None, state=None, on_ids=None) -> GenerationResult:
+             on_tokens=None, state=None, on_ids=None,
+             on_commit=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see the module docstring).
 
     Args:
@@ -131,12 +132,17 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
             prompt tokens (n < N; restored from a snapshot or a prompt cache,
             :mod:`dflash_ref.models.prompt_cache`): only ``prompt_ids[n:]`` is prefilled. Made
             with the same ``pager``. None: a fresh state.
+        on_commit: optional callback ``f(tokens)`` called with the ids each step commits (the
+            prefill's first token, a plain step's token, or a speculative step's accepted drafts
+            and bonus), after the state's rollback / commit and before the max_new_tokens cut
+            (the golden-vector recorder, dflash_ref/oracle, is one).
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     B = _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block_size,
                          verify, seed, pager)
     run = _Decoding(target, drafter, B, max_new_tokens, temperature, seed, pager,
                     stop_token_ids, cost_model, tree_options, on_tokens, state, on_ids)
+    run.on_commit = on_commit
     run.prefill(prompt)
     speculate = run.draft_cache is not None
     if gate is not None:  # e.g. the commit-EMA gate's t_ar measurement
@@ -228,6 +234,7 @@ class _Decoding:
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.pager, self.cost, self.on_tokens, self.on_ids = pager, cost_model, on_tokens, on_ids
         self.tree_options = tree_options
+        self.on_commit = None  # generate(on_commit=...): sees each step's committed ids
         self.stops = {int(t) for t in (stops or ())}
         self.clock = _Clock(self.be, cost_model)
         self.result = GenerationResult(tokens=[])
@@ -256,6 +263,8 @@ class _Decoding:
 
     def _emit(self, tokens: list[int]) -> None:
         """Append committed tokens; report them (cut at max_new_tokens) and re-page KVFlash."""
+        if self.on_commit is not None:
+            self.on_commit(list(tokens))
         self.emitted.extend(tokens)
         self.anchor = tokens[-1]
         before = len(self.emitted) - len(tokens)
