@@ -137,7 +137,8 @@ def _drafter_swa(config: Mapping, f: _Fields, layout: str, n_layers: int,
 
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-"""The DFlash 2 sizes (z-lab ``dflash`` 0.1.0, ``DFlash2DraftModel``; docs/drafter.md, "DFlash 2")."""
+"""The DFlash 2 sizes (z-lab ``dflash`` 0.1.0, ``DFlash2DraftModel``; docs/drafter.md,
+"DFlash 2")."""
 
 
 def _drafter_kind(config: Mapping, where: str) -> str:
