@@ -13,9 +13,12 @@ from types import MappingProxyType
 from typing import Any
 
 from dflash_ref.config.drafter_keys import (
+    _dflash2_sizes,
     _dflash_value,
+    _drafter_kind,
     _drafter_layout,
     _drafter_swa,
+    _head_keys,
     _pos_int,
     build_target_layer_ids,
 )
@@ -73,6 +76,10 @@ class DrafterConfig:
     docs/config.md): ``"causal_block"`` (default for zlab: the z-lab reference, vLLM and lucebox),
     ``"noncausal_window"``, ``"bidirectional"`` (default for hf_assistant) or ``"ignore"``.
     ``causal_override`` (``is_causal`` / ``dflash_config.causal``) sets causality for every layer.
+
+    ``kind`` is "dflash" or "dflash2" (``DFlash2DraftModel``: ``dflash2`` holds conv_kernel_size,
+    conv_group_size, selector_rank, selector_top_k). ``output_multiplier`` and
+    ``final_logit_softcapping`` are the release's draft-head keys (docs/drafter.md, "Head").
     """
 
     layout: str
@@ -101,6 +108,10 @@ class DrafterConfig:
     max_position_embeddings: int | None
     defaults_used: tuple[str, ...] = ()
     raw: Mapping = field(default_factory=dict, repr=False, compare=False)
+    kind: str = "dflash"
+    dflash2: Mapping[str, int] | None = None
+    output_multiplier: float | None = None
+    final_logit_softcapping: float | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -194,6 +205,9 @@ class DrafterConfig:
         if scale is not None:
             scale = _theta_value(scale, "input_embedding_scale", where)
         sink, _ = _dflash_value(config, where, "attention_sink_bias")
+        kind = _drafter_kind(config, where)
+        sizes = _dflash2_sizes(config, where, hidden, vocab) if kind == "dflash2" else None
+        multiplier, softcap = _head_keys(config, where)
         return cls(
             layout=layout, hidden_size=hidden, num_hidden_layers=n_layers,
             num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=head_dim,
@@ -206,7 +220,9 @@ class DrafterConfig:
             rope_by_type=MappingProxyType(rope), input_embedding_scale=scale,
             attention_sink_bias=bool(sink), max_position_embeddings=f.int(
                 "max_position_embeddings", None),
-            defaults_used=tuple(f.defaults_used), raw=MappingProxyType(dict(config)))
+            defaults_used=tuple(f.defaults_used), raw=MappingProxyType(dict(config)),
+            kind=kind, dflash2=None if sizes is None else MappingProxyType(sizes),
+            output_multiplier=multiplier, final_logit_softcapping=softcap)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> DrafterConfig:
@@ -385,7 +401,8 @@ class DrafterConfig:
         else:
             thetas = ", ".join(f"{t} {r.theta:g}" for t, r in self.rope_by_type.items())
         lines = [
-            f"DFlash drafter ({self.layout} layout): {self.num_hidden_layers} layers ({mix}), "
+            f"{'DFlash 2' if self.kind == 'dflash2' else 'DFlash'} drafter ({self.layout} layout): "
+            f"{self.num_hidden_layers} layers ({mix}), "
             f"hidden {self.hidden_size}, ffn {self.intermediate_size}",
             f"  attention: {self.num_attention_heads} q / {self.num_key_value_heads} kv heads x "
             f"{self.head_dim}; rope theta {thetas}",
@@ -400,6 +417,8 @@ class DrafterConfig:
             lines.append(f"  causal override: {self.causal_override} (all layers)")
         if self.input_embedding_scale is not None:
             lines.append(f"  input embedding scale {self.input_embedding_scale:g}")
+        if self.dflash2 is not None:
+            lines.append("  DFlash 2: " + ", ".join(f"{k} {v}" for k, v in self.dflash2.items()))
         if self.defaults_used:
             lines.append("  defaults used: " + "; ".join(self.defaults_used))
         return "\n".join(lines)

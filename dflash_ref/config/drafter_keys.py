@@ -78,10 +78,6 @@ def _dflash_value(config: Mapping, where: str, *keys: str) -> tuple[Any, str | N
 
 def _drafter_layout(config: Mapping, layout: str | None, where: str) -> str:
     archs = _architectures(config, where)
-    if "DFlash2DraftModel" in archs:
-        raise ConfigError(f"{where}: DFlash2DraftModel (selector / convolution heads) is not "
-                          f"supported; supported drafters: DFlashDraftModel (z-lab layout) and "
-                          f"transformers-native DFlash assistant models.")
     if any(a in _ARCHITECTURES for a in archs):
         raise ConfigError(f"{where}: architectures {archs} is a target model; parse it with "
                           f"TargetConfig.from_hf.")
@@ -138,3 +134,50 @@ def _drafter_swa(config: Mapping, f: _Fields, layout: str, n_layers: int,
     elif window is not None:
         window = _pos_int(window, window_key or "sliding_window", where)
     return layer_types, window
+
+
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+"""The DFlash 2 sizes (z-lab ``dflash`` 0.1.0, ``DFlash2DraftModel``; docs/drafter.md,
+"DFlash 2")."""
+
+
+def _drafter_kind(config: Mapping, where: str) -> str:
+    """"dflash2" for a ``DFlash2DraftModel`` architecture, else "dflash"."""
+    return "dflash2" if "DFlash2DraftModel" in _architectures(config, where) else "dflash"
+
+
+def _dflash2_sizes(config: Mapping, where: str, hidden: int,
+                   vocab: int | None) -> dict[str, int]:
+    """The four DFlash 2 sizes of :data:`DFLASH2_KEYS`, checked (``conv_group_size`` divides
+    hidden_size; ``selector_top_k`` at most the vocabulary)."""
+    out = {}
+    for key in DFLASH2_KEYS:
+        v, _ = _dflash_value(config, where, key)
+        if v is None:
+            raise ConfigError(f"{where}: DFlash2DraftModel needs {key} (looked in dflash_config "
+                              f"and at the top level); the release's DFlash 2 configs carry "
+                              f"all of {DFLASH2_KEYS}.")
+        out[key] = _pos_int(v, key, where)
+    if hidden % out["conv_group_size"]:
+        raise ConfigError(f"{where}: conv_group_size {out['conv_group_size']} does not divide "
+                          f"hidden_size {hidden}; the convolution kernel is per group of "
+                          f"channels.")
+    if vocab is not None and out["selector_top_k"] > vocab:
+        raise ConfigError(f"{where}: selector_top_k {out['selector_top_k']} exceeds vocab_size "
+                          f"{vocab}.")
+    return out
+
+
+def _head_keys(config: Mapping, where: str) -> tuple[float | None, float | None]:
+    """``output_multiplier`` and ``final_logit_softcapping`` of a drafter (None when absent).
+
+    The release multiplies the draft logits by the first, then caps them with the second when it
+    is positive (``DFlashDraftModel.compute_logits``); a cap of 0 or null means no cap.
+    """
+    out = []
+    for key in ("output_multiplier", "final_logit_softcapping"):
+        v, _ = _dflash_value(config, where, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ConfigError(f"{where}: {key} must be a number, got {v!r}.")
+        out.append(None if v is None else float(v))
+    return out[0], out[1]

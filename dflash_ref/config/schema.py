@@ -20,6 +20,7 @@ from dflash_ref.config.drafter import DrafterConfig
 from dflash_ref.config.fields import FULL, LINEAR
 from dflash_ref.config.qwen import GDNDims
 from dflash_ref.config.target import TargetConfig
+from dflash_ref.errors import ConfigError
 
 
 def gdn_expected_tensors(gdn: GDNDims, hidden_size: int) -> dict[str, tuple[int, ...]]:
@@ -177,4 +178,17 @@ def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
             L + "mlp.up_proj.weight": (F, H),
             L + "mlp.down_proj.weight": (H, F),
         })
+        if cfg.kind == "dflash2":
+            K, G = cfg.dflash2["conv_kernel_size"], H // cfg.dflash2["conv_group_size"]
+            for conv in ("attention_conv", "mlp_conv"):
+                t[L + conv + ".base_kernel"] = (2, K, H)
+                t[L + conv + ".kernel_projection.weight"] = (2 * K * G, H)
+    if cfg.kind == "dflash2":
+        r, V = cfg.dflash2["selector_rank"], cfg.vocab_size
+        if V is None:
+            raise ConfigError("a DFlash 2 drafter config needs vocab_size (the selector's "
+                              "codebooks have one row per token).")
+        t["candidate_selector.predecessor_codebook.weight"] = (V, r)
+        t["candidate_selector.successor_codebook.weight"] = (V, r)
+        t["candidate_selector.hidden_projection.weight"] = (r, H)
     return t

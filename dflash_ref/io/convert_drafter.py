@@ -135,6 +135,10 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
     if cfg.layout != "zlab":
         raise ConfigError(f"{where}: layout {cfg.layout!r} has no published GGUF naming; the "
                           f"converter takes z-lab DFlashDraftModel checkpoints")
+    if cfg.kind == "dflash2":
+        raise ConfigError(f"{where}: DFlash2DraftModel drafters have no GGUF writer yet (their "
+                          f"convolution and selector tensors would be dropped); load the "
+                          f"safetensors checkpoint with DFlashDrafter.from_pretrained")
     fc = shapes[cfg.fc_name]
     if target is not None:
         return cfg.validate_against(target, fc_shape=tuple(int(x) for x in fc))

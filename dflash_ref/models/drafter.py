@@ -16,6 +16,12 @@ nh / nkv heads, d head_dim, B block size, ctx context rows.
         h = h + W_down(swiglu(W_gate u', W_up u')),  u' = RMSNorm_post(h)
     logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   head
 
+DFlash 2 drafters (``DFlash2DraftModel``) add a grouped dynamic causal convolution before and
+after the attention and the MLP of every layer, and draft a path through a candidate selector
+instead of a per-row argmax: :mod:`dflash_ref.models.dflash2` has the equations. The head follows
+the release's draft-head keys: ``logits * output_multiplier``, then the drafter's
+``final_logit_softcapping`` when its config states one (else the target's cap).
+
 The context rows are never queries and are identical in every layer (each layer projects the
 same ``c`` with its own Wk / Wv / k_norm). The drafter owns no embedding or lm_head: it borrows the
 target's (never copies them). Binding to a target sets the target's capture layers to the
@@ -43,6 +49,12 @@ from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.cache import KVCache
+from dflash_ref.models.dflash2 import (
+    CandidateSelector,
+    conv_finish,
+    conv_prepare,
+    map_zlab_selector_keys,
+)
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
 from dflash_ref.ops.reductions import argmax_rows_checked
@@ -61,6 +73,8 @@ class DFlashDrafter:
         config = config.validate_against(target.config, fc_shape=tuple(weights[fc_name].shape))
         self.config, self.target = config, target
         self.be: Backend = target.be
+        if config.kind == "dflash2":
+            weights = map_zlab_selector_keys(weights)
         self._check_weights(weights)
         xp = self.be.xp
         w = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()}
@@ -72,6 +86,8 @@ class DFlashDrafter:
             for i in range(config.num_hidden_layers)
         ]
         self.embedding_scale = config.noise_embedding_scale(target.config)
+        self.selector = (CandidateSelector(self.be, w, config.dflash2["selector_top_k"])
+                         if config.kind == "dflash2" else None)
         self._bind(target)
 
     # ------------------------------------------------------------------ construction
@@ -140,6 +156,11 @@ class DFlashDrafter:
     def block_size(self) -> int:
         return self.config.block_size
 
+    @property
+    def is_dflash2(self) -> bool:
+        """Whether this is a DFlash 2 drafter (convolutions + candidate selector)."""
+        return self.config.kind == "dflash2"
+
     # ------------------------------------------------------------------ the pieces
 
     def encode(self, features):
@@ -153,9 +174,13 @@ class DFlashDrafter:
             )
         return self.be.ops.rms_norm(features @ self.fc.T, self.hidden_norm, cfg.rms_norm_eps)
 
-    def embed_block(self, anchor_token: int):
-        """Embed: the block [anchor, mask x (B-1)] through the target's embedding rows: [B, H]."""
-        B, m = self.block_size, self.config.mask_token_id
+    def embed_block(self, anchor_token: int, n_rows: int | None = None):
+        """Embed: the block [anchor, mask x (n-1)] through the target's embedding rows: [n, H].
+
+        ``n_rows`` defaults to the block size B; the release's loop drafts shorter blocks
+        (``verify_size``) near the end of a generation.
+        """
+        B, m = self._rows(n_rows), self.config.mask_token_id
         ids = np.full(B, m, dtype=np.int64)
         ids[0] = int(anchor_token)
         e = self.target.embed_tokens[self.be.xp.asarray(ids)]  # raw rows, including row m
@@ -202,6 +227,9 @@ class DFlashDrafter:
         xp, ops, eps = be.xp, be.ops, cfg.rms_norm_eps
         B, nh, nkv, d = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         u = ops.rms_norm(h, w["input_layernorm.weight"], eps)  # noise only
+        gs = cfg.dflash2["conv_group_size"] if cfg.kind == "dflash2" else None
+        if gs:  # DFlash 2: convolve along the block before the attention (models/dflash2.py)
+            u, dyn = conv_prepare(xp, w, "attention_conv", u, gs)
         q = (u @ w["self_attn.q_proj.weight"].T).reshape(B, nh, d)
         q = self._rope(i, ops.rms_norm(q, w["self_attn.q_norm.weight"], eps), noise_pos)
         nk = (u @ w["self_attn.k_proj.weight"].T).reshape(B, nkv, d)
@@ -211,20 +239,67 @@ class DFlashDrafter:
         v = xp.concatenate([ctx_v, nv], axis=0)
         mask = self.layer_mask(i, ctx_pos, noise_pos)
         o = ops.attention(q, k, v, mask, scale=d ** -0.5)  # [B, nh, d]
-        h = h + o.reshape(B, nh * d) @ w["self_attn.o_proj.weight"].T
+        o = o.reshape(B, nh * d) @ w["self_attn.o_proj.weight"].T
+        h = h + (conv_finish(xp, w, "attention_conv", o, dyn, gs) if gs else o)
         u = ops.rms_norm(h, w["post_attention_layernorm.weight"], eps)
+        if gs:
+            u, dyn = conv_prepare(xp, w, "mlp_conv", u, gs)
         g, up = u @ w["mlp.gate_proj.weight"].T, u @ w["mlp.up_proj.weight"].T
-        return h + ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
+        o = ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
+        return h + (conv_finish(xp, w, "mlp_conv", o, dyn, gs) if gs else o)
 
-    def head(self, h):
-        """Head: final norm, then the target's lm_head (with its softcap, if any)."""
-        z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
-        return self.target.lm_head(z)
+    def final_norm(self, h):
+        """``z = RMSNorm_norm(h)``: the rows the head and the DFlash 2 selector read."""
+        return self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
+
+    def logits(self, z):
+        """Draft logits from final-normed rows z [n, H] (docs/drafter.md, "Head").
+
+        ``l = z E_out^T * output_multiplier``, then ``cap * tanh(l / cap)`` with the drafter's
+        ``final_logit_softcapping`` when its config states one (0: none), else with the target's
+        (the target's ``lm_head``, unchanged when neither key is present).
+        """
+        cfg, xp = self.config, self.be.xp
+        if cfg.output_multiplier is None and cfg.final_logit_softcapping is None:
+            return self.target.lm_head(z)
+        logits = z @ self.target.lm_head_weight.T
+        if cfg.output_multiplier is not None:
+            logits = logits * xp.float32(cfg.output_multiplier)
+        cap = (cfg.final_logit_softcapping if cfg.final_logit_softcapping is not None
+               else self.target.config.final_logit_softcapping)
+        if cap:
+            logits = xp.float32(cap) * xp.tanh(logits / xp.float32(cap))
+        return logits
+
+    def head(self, h, with_hidden: bool = False):
+        """Head: final norm, then the draft logits; ``with_hidden`` also returns the normed rows."""
+        z = self.final_norm(h)
+        return (self.logits(z), z) if with_hidden else self.logits(z)
+
+    def _rows(self, n_rows: int | None) -> int:
+        if n_rows is None:
+            return self.block_size
+        if not 1 <= n_rows <= self.block_size:
+            raise ValueError(f"n_rows {n_rows} is outside 1..{self.block_size} (the block size)")
+        return int(n_rows)
+
+    def propose(self, hidden, logits, anchor_token: int, choose=None) -> np.ndarray:
+        """The drafts of rows 1..n-1 as host int64 [n-1]: the argmax per row (DFlash), or the
+        selector's path (DFlash 2; ``choose`` samples it, see
+        :meth:`~dflash_ref.models.dflash2.CandidateSelector.select`).
+
+        Args:
+            hidden, logits: :meth:`forward_block` with ``with_hidden=True`` ([n, H], [n, V]).
+        """
+        if self.selector is None:
+            return self.draft_tokens(logits)
+        return self.selector.select(hidden[1:], logits[1:], anchor_token, choose).tokens
 
     # ------------------------------------------------------------------ stateless entry point
 
     def forward_block(self, context_features, context_positions, anchor_token: int,
-                      anchor_position: int):
+                      anchor_position: int, n_rows: int | None = None,
+                      with_hidden: bool = False):
         """Draft logits for one block, recomputing context K/V from the features.
 
         Args:
@@ -232,8 +307,11 @@ class DFlashDrafter:
             context_positions: [ctx] absolute positions of those features.
             anchor_token: the last committed token t_s (the bonus not yet run by the target).
             anchor_position: s; the block occupies positions s .. s+B-1.
+            n_rows: a shorter block of n rows (default B).
+            with_hidden: also return the final-normed rows [n, H] (the DFlash 2 selector's input).
         Returns:
-            logits [B, vocab] float32 on the drafter's backend; rows 1..B-1 are the drafts.
+            logits [B, vocab] float32 on the drafter's backend; rows 1..B-1 are the drafts
+            (and the normed rows with ``with_hidden``).
         """
         xp = self.be.xp
         feats = xp.asarray(context_features, dtype=xp.float32)
@@ -242,13 +320,14 @@ class DFlashDrafter:
             raise ValueError(
                 f"context_positions has shape {ctx_pos.shape}, expected ({feats.shape[0]},)"
             )
-        noise_pos = np.arange(anchor_position, anchor_position + self.block_size)
+        n = self._rows(n_rows)
+        noise_pos = np.arange(anchor_position, anchor_position + n)
         c = self.encode(feats)
-        h = self.embed_block(anchor_token)
+        h = self.embed_block(anchor_token, n)
         for i in range(self.config.num_hidden_layers):
             ck, cv = self.context_kv(i, c, ctx_pos)
             h = self.decoder_layer(i, h, ck, cv, ctx_pos, noise_pos)
-        return self.head(h)
+        return self.head(h, with_hidden)
 
     def draft_tokens(self, logits) -> np.ndarray:
         """Greedy drafts = argmax of rows 1..B-1, as host int64 [B-1].
@@ -308,13 +387,16 @@ class DraftCache:
         for cache in self.kv:
             cache.truncate(min(n_keep, cache.length))
 
-    def forward_block(self, anchor_token: int, anchor_position: int):
-        """Draft logits [B, vocab] over the cached context (same result as the stateless form)."""
+    def forward_block(self, anchor_token: int, anchor_position: int, n_rows: int | None = None,
+                      with_hidden: bool = False):
+        """Draft logits [B, vocab] over the cached context (same result as the stateless form;
+        ``n_rows`` and ``with_hidden`` as in :meth:`DFlashDrafter.forward_block`)."""
         d = self.drafter
         lo = 0 if self.window is None else max(0, self.length - self.window)
         ctx_pos = np.arange(lo, self.length)
-        noise_pos = np.arange(anchor_position, anchor_position + d.block_size)
-        h = d.embed_block(anchor_token)
+        n = d._rows(n_rows)
+        noise_pos = np.arange(anchor_position, anchor_position + n)
+        h = d.embed_block(anchor_token, n)
         for i, cache in enumerate(self.kv):
             h = d.decoder_layer(i, h, cache.k[lo:], cache.v[lo:], ctx_pos, noise_pos)
-        return d.head(h)
+        return d.head(h, with_hidden)

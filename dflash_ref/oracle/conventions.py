@@ -47,6 +47,10 @@ def conventions_in_force(target, drafter, block_size: int) -> dict[str, dict]:
             "rule": "cap * tanh(logits / cap), once, in the target's lm_head; the drafter's head "
                     "calls it too", "final_logit_softcapping": tc.final_logit_softcapping,
             "attn_logit_softcapping": tc.attn_logit_softcapping},
+        "Sampled verify: which form each implementation uses": {
+            "rule": "temperature > 0: 'rejection' (the release: sampled drafts, rejection "
+                    "sampling with the residual, DFlash 2 on its candidates) unless the run asks "
+                    "for 'greedy_draft' (greedy drafts, one sample per target row)"},
         "Non-finite logits": {
             "rule": "argmax: NaN ranks above every number, the first NaN wins (NumPy's rule, on "
                     "every backend); verify and draft refuse NaN/inf logits with "

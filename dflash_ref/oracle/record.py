@@ -206,16 +206,18 @@ class RecordingDraftCache:
             rec.put("drafter", "encoder_out", self._drafter.encode(features))
         return self._cache.extend(features, positions)
 
-    def forward_block(self, anchor_token, anchor_position):
+    def forward_block(self, anchor_token, anchor_position, n_rows=None, with_hidden=False):
         rec, d = self._rec, self._drafter
         rec.open_step()
         rec.steps[-1]["drafted"] = True
-        B = d.block_size
+        B = d.block_size if n_rows is None else int(n_rows)
         rec.put_int("drafter", "block_ids", [anchor_token] + [d.config.mask_token_id] * (B - 1))
         rec.put_int("drafter", "block_positions", anchor_position + np.arange(B))
-        logits = self._cache.forward_block(anchor_token, anchor_position)
+        out = self._cache.forward_block(anchor_token, anchor_position, n_rows=n_rows,
+                                        with_hidden=with_hidden)
+        logits = out[0] if with_hidden else out
         rec.put("drafter", "draft_logits", logits[1:])
-        return logits
+        return out
 
 
 class RecordingDrafter:
@@ -233,6 +235,12 @@ class RecordingDrafter:
 
     def draft_tokens(self, logits):
         tokens = self._drafter.draft_tokens(logits)
+        self._rec.put_int("drafter", "draft_tokens", tokens)
+        return tokens
+
+    def propose(self, hidden, logits, anchor):
+        """The greedy draft (DFlash: argmax rows; DFlash 2: the selector's path), recorded."""
+        tokens = self._drafter.propose(hidden, logits, anchor)
         self._rec.put_int("drafter", "draft_tokens", tokens)
         return tokens
 

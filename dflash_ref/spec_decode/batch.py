@@ -62,13 +62,14 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int,
         if not active:
             break
         speculate = [r.draft_cache is not None for r in active]
-        blocks = [r.draft_block() if sp else np.array([r.anchor]) for r, sp in
-                  zip(active, speculate)]  # 2b. drafts, per sequence
         t0 = [r.clock.start() for r in active]
+        drafted = [r.draft_block() if sp else (np.array([r.anchor]), None) for r, sp in
+                   zip(active, speculate)]  # 2b. (block, draft), per sequence
+        blocks = [block for block, _ in drafted]
         outs = forward_batch(target, blocks, [r.state for r in active])  # 2c. one verify
-        for r, sp, block, out, t in zip(active, speculate, blocks, outs, t0):
+        for r, sp, (block, draft), out, t in zip(active, speculate, drafted, outs, t0):
             if sp:
-                r.accept_chain(block, out, t)  # 2d. keep rows 0..a, emit a + 1 tokens
+                r.accept_chain(block, draft, out, t)  # 2d. keep rows 0..a, emit a + 1 tokens
             else:
                 r.accept_plain(out)
     return [r.finish() for r in runs]

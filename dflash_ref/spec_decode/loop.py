@@ -38,15 +38,18 @@ from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.spec_decode.cost import CostModel
 from dflash_ref.spec_decode.ddtree import DDTreeOptions, build_ddtree, verify_tree
 from dflash_ref.spec_decode.gate import GateObservation, StepObservation
-from dflash_ref.spec_decode.stats import acceptance_rate as _acceptance_rate
-from dflash_ref.spec_decode.verify import (
-    GREEDY_BELOW_TEMPERATURE,
-    sample_tokens,
-    verify_chain_greedy,
-    verify_chain_sampled,
+from dflash_ref.spec_decode.sampling import (
+    SAMPLED_VERIFY_FORMS,
+    SamplingParams,
+    propose_block,
+    sample_next,
+    verify_sampled,
 )
+from dflash_ref.spec_decode.stats import acceptance_rate as _acceptance_rate
+from dflash_ref.spec_decode.verify import verify_chain_greedy
 
 VERIFY_MODES = ("chain", "tree")
+DRAFT_ROWS = ("trained", "verify")
 
 
 @dataclass
@@ -55,7 +58,8 @@ class GenerationResult:
 
     Attributes:
         tokens: the generated ids (prompt excluded), at most max_new_tokens, cut after a stop id.
-        acceptance_lengths: a + 1 per verify step (speculative steps only).
+        acceptance_lengths: tokens produced per verify step (speculative steps only): a + 1, or
+            fewer when max_new_tokens or a stop token cuts the step (as the release counts).
         drafted: drafts offered per speculative step (B - 1 chain, tree nodes - 1 tree).
         per_position_accepted: [B-1] how often draft position j (1-based j = index + 1) was
             accepted.
@@ -95,8 +99,9 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
              seed=None, stop_token_ids: Sequence[int] | None = None,
              cost_model: CostModel | None = None,
              tree_options: DDTreeOptions | None = None,
-             on_tokens=None, state=None, on_ids=None,
-             on_commit=None) -> GenerationResult:
+             on_tokens=None, top_p: float = 1.0, top_k: int = 0,
+             sampled_verify: str = "rejection", draft_rows: str = "trained", state=None,
+             on_ids=None, on_commit=None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (see the module docstring).
 
     Args:
@@ -105,8 +110,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
             None for plain decoding.
         prompt_ids: [N] token ids, N >= 1.
         max_new_tokens: tokens to generate (the output is cut to this length).
-        temperature: 0 (or < 1e-5) is greedy; otherwise the target samples and chain verify is
-            lossless rejection sampling with the greedy draft (docs/spec_decode.md).
+        temperature: 0 (or < 1e-5) is greedy; otherwise tokens are sampled and chain verify is
+            lossless (``sampled_verify``; docs/spec_decode.md, "Sampling").
         block_size: drafter block size B (default: the drafter's); 1 means plain decoding.
         verify: "chain" or "tree" (DDTree, greedy only).
         gate: an :class:`~dflash_ref.spec_decode.gate.EntropyGate` or
@@ -126,6 +131,14 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         tree_options: DDTree build options (authors' defaults when None).
         on_tokens: optional callback ``f(n)`` called with the number of tokens each step emits
             (for progress bars).
+        top_p, top_k: applied to the target's and the drafter's rows alike at temperature > 0
+            (the release's order; :func:`~dflash_ref.spec_decode.sampling.sampling_probs`).
+        sampled_verify: "rejection" (the release: sampled drafts, rejection sampling with the
+            residual; DFlash 2 on its candidates) or "greedy_draft" (greedy drafts, one sample
+            per target row, accept on equality: the older reference).
+        draft_rows: "trained" runs the drafter on its trained block and uses the first B rows;
+            "verify" runs it on exactly the verify block, min(B, remaining + 1) rows, as the
+            release's ``verify_size`` (acceptance lengths then match the release's).
         on_ids: optional callback ``f(ids)`` with the token ids each step emits, cut at
             max_new_tokens (for streaming text).
         state: a :class:`~dflash_ref.models.state.TargetState` that already holds the first n
@@ -140,8 +153,14 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     B = _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block_size,
                          verify, seed, pager)
+    params = SamplingParams(float(temperature), float(top_p), int(top_k))
+    for name, value, allowed in (("sampled_verify", sampled_verify, SAMPLED_VERIFY_FORMS),
+                                 ("draft_rows", draft_rows, DRAFT_ROWS)):
+        if value not in allowed:
+            raise ConfigError(f"{name}={value!r} is unknown; expected one of {allowed}")
     run = _Decoding(target, drafter, B, max_new_tokens, temperature, seed, pager,
                     stop_token_ids, cost_model, tree_options, on_tokens, state, on_ids)
+    run.params, run.form, run.draft_rows = params, sampled_verify, draft_rows
     run.on_commit = on_commit
     run.prefill(prompt)
     speculate = run.draft_cache is not None
@@ -175,7 +194,7 @@ def _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify={verify!r} is unknown; expected one of {VERIFY_MODES}")
-    sampled = temperature >= GREEDY_BELOW_TEMPERATURE
+    sampled = not SamplingParams(float(temperature)).greedy
     if sampled and seed is None:
         raise ValueError("temperature > 0 needs a seed (int or np.random.Generator) so that the "
                          "sampled output is reproducible")
@@ -230,7 +249,9 @@ class _Decoding:
                  cost_model, tree_options, on_tokens, state=None, on_ids=None):
         self.target, self.drafter, self.B, self.be = target, drafter, B, target.be
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.sampled = temperature >= GREEDY_BELOW_TEMPERATURE
+        self.params = SamplingParams(float(temperature))  # generate() sets top-p / top-k
+        self.form, self.draft_rows = "rejection", "trained"
+        self.sampled = not self.params.greedy
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.pager, self.cost, self.on_tokens, self.on_ids = pager, cost_model, on_tokens, on_ids
         self.tree_options = tree_options
@@ -303,8 +324,7 @@ class _Decoding:
     def accept_prefill(self, out) -> None:
         self.result.target_forward_passes += 1
         self.last_logits = out.logits[-1:]
-        self._emit([int(sample_tokens(self.be, self.last_logits, self.temperature,
-                                      self.rng)[0])])
+        self._emit([int(sample_next(self.be, self.last_logits, self.params, self.rng)[0])])
 
     def plain_step(self) -> float:
         """One plain decode step: run the anchor, sample the next token. Returns its wall."""
@@ -320,40 +340,55 @@ class _Decoding:
             self.clock.modelled += self.cost.t_ar
         self.last_logits = out.logits
         self.s += 1
-        self._emit([int(sample_tokens(self.be, out.logits, self.temperature, self.rng)[0])])
+        self._emit([int(sample_next(self.be, out.logits, self.params, self.rng)[0])])
 
     def draft(self):
         """2b. Draft logits [B_drafter, V] from the committed features 0..s-1 and the anchor."""
-        cache, s = self.draft_cache, self.s
         t0 = self.clock.start()
-        cache.extend(self.state.features.rows(cache.length, s), np.arange(cache.length, s))
-        logits = cache.forward_block(self.anchor, s)
+        self._extend_draft_cache()
+        logits = self.draft_cache.forward_block(self.anchor, self.s)
         self.clock.stop("draft", t0)
         return logits
 
+    def _extend_draft_cache(self) -> None:
+        cache, s = self.draft_cache, self.s
+        cache.extend(self.state.features.rows(cache.length, s), np.arange(cache.length, s))
+
     def chain_step(self) -> StepObservation:
-        """2b-d with chain verify: draft B-1 tokens, verify the block, keep rows 0..a."""
+        """2b-d with chain verify: draft n-1 tokens, verify the block, keep rows 0..a."""
         step_t0 = self.clock.start()
-        block = self.draft_block()
+        block, drafts = self.draft_block()
         t0 = self.clock.start()
-        out = self.target.forward(block, self.state)  # c. positions s..s+B-1
+        out = self.target.forward(block, self.state)  # c. positions s..s+n-1
         self.clock.stop("verify", t0)
-        return self.accept_chain(block, out, step_t0)
+        return self.accept_chain(block, drafts, out, step_t0)
 
-    def draft_block(self) -> np.ndarray:
-        """2b. The block [anchor, d_1 .. d_{B-1}] to verify."""
-        drafts = self.drafter.draft_tokens(self.draft())[: self.B - 1]
-        return np.concatenate([[self.anchor], drafts])
+    def draft_block(self):
+        """2b. The block [anchor, d_1 .. d_{n-1}] to verify and the draft it came from.
 
-    def accept_chain(self, block, out, step_t0: float) -> StepObservation:
+        n = B, or with ``draft_rows="verify"`` at most the tokens still wanted + 1 (the
+        release's verify_size). Drafts are greedy, or sampled (``sampled_verify="rejection"``).
+        """
+        n = self.B
+        if self.draft_rows == "verify":  # the release's verify_size
+            n = min(n, self.max_new_tokens - len(self.emitted) + 1)
+        t0 = self.clock.start()
+        self._extend_draft_cache()
+        drafts = propose_block(self.drafter, self.draft_cache, self.anchor, self.s, n,
+                               self.params, self.form, self.rng)
+        self.clock.stop("draft", t0)
+        block = np.concatenate([[self.anchor], drafts.tokens[: n - 1]]).astype(np.int64)
+        return block, drafts
+
+    def accept_chain(self, block, drafts, out, step_t0: float) -> StepObservation:
         """2c-d. Verify the block's logits, keep rows 0..a, emit the accepted drafts + bonus."""
-        B = self.B
-        res = (verify_chain_sampled(self.be, block, out.logits, self.temperature, self.rng)
+        n = len(block)
+        res = (verify_sampled(self.be, block, out.logits, drafts, self.params, self.form,
+                              self.rng)
                if self.sampled else verify_chain_greedy(self.be, block, out.logits))
         self.state.rollback(self.s + res.a + 1)  # d. keep rows 0..a: KV, features, GDN
         self.last_logits = out.logits[res.a: res.a + 1]  # the bonus token's row
-        self.result.per_position_accepted[: res.a] += 1
-        return self._commit(res, width=B, drafted=B - 1, step_t0=step_t0)
+        return self._commit(res, width=n, drafted=n - 1, step_t0=step_t0)
 
     def tree_step(self) -> StepObservation:
         """2b-d with DDTree: build a tree from the draft, verify it in one pass, keep the path."""
@@ -370,18 +405,29 @@ class _Decoding:
         return self._commit(res, width=tree.n_nodes, drafted=tree.n_nodes - 1, step_t0=step_t0)
 
     def _commit(self, res, width: int, drafted: int, step_t0: float) -> StepObservation:
-        """2d. Emit a + 1 tokens (accepted drafts + bonus); record the step's statistics."""
+        """2d. Emit the a + 1 tokens (accepted drafts + bonus) the step produced; record it.
+
+        As the release counts: a step cut by max_new_tokens or by a stop token produces (and
+        counts in acceptance_lengths) only the tokens up to the cut, the stop token included.
+        """
         self.result.target_forward_passes += 1
-        self.s += len(res.committed)
-        self._emit([int(t) for t in res.committed])
-        self.result.acceptance_lengths.append(res.a + 1)
+        tokens = [int(t) for t in res.committed][: self.max_new_tokens - len(self.emitted)]
+        for i, t in enumerate(tokens):
+            if t in self.stops:
+                tokens = tokens[: i + 1]
+                break
+        produced = len(tokens)
+        self.s += produced
+        self._emit(tokens)
+        self.result.per_position_accepted[: produced - 1] += 1
+        self.result.acceptance_lengths.append(produced)
         self.result.drafted.append(drafted)
         wall = self.clock.elapsed(step_t0)  # the gate's step_wall, not a phase of its own
         if self.cost is None:
-            return StepObservation(commit_n=res.a + 1, step_wall=wall)
+            return StepObservation(commit_n=produced, step_wall=wall)
         modelled = self.cost.spec_step(self.B, width)
         self.clock.modelled += modelled
-        return StepObservation(commit_n=res.a + 1, step_wall=modelled, t_ar=self.cost.t_ar)
+        return StepObservation(commit_n=produced, step_wall=modelled, t_ar=self.cost.t_ar)
 
     def finish(self) -> GenerationResult:
         """3. Cut after max_new_tokens and after the first stop token."""
