@@ -84,8 +84,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '7 commit-EMA commit count without the bonus',
         'dflash_ref/spec_decode/loop.py',
-        'StepObservation(commit_n=res.a + 1, step_wall=modelled',
-        'StepObservation(commit_n=res.a, step_wall=modelled',
+        'StepObservation(commit_n=produced, step_wall=modelled',
+        'StepObservation(commit_n=produced - 1, step_wall=modelled',
         'tests/spec_decode/test_gate_wiring.py',
     ),
     (
