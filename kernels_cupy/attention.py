@@ -2,6 +2,9 @@
 
 The MaskSpec is never materialised: its positions and scalars go to the kernel, which evaluates
 the predicate per (row, key slot) inline and skips key tiles that no row of a block can see.
+K and V tiles are staged in shared memory together, with float4 loads when d % 4 == 0 and the
+arrays are 16-byte aligned, and double-buffered where shared memory allows (one barrier per key
+tile; :func:`plan_launch`).
 Long contexts are split over the key axis (flash-decoding style) when the (query, head) grid
 alone would leave the GPU mostly idle; a second kernel combines the splits.
 """
@@ -23,7 +26,11 @@ WARPS = 4  # ATT_WARPS: threads per block = 128
 KEY_TILE = 32  # ATT_KT: one key slot per lane
 MAX_RPW = 4  # ATT_MAX_RPW
 MAX_HEAD_DIM = 256  # ATT_MAX_D
-SHARED_LIMIT = 48 * 1024  # default dynamic shared memory limit (no opt-in needed)
+SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
+# Shared memory per block the plan may use (opting in above SHARED_DEFAULT): fits sm_80 (163 KiB
+# opt-in), sm_86 / sm_89 (99 KiB) and sm_90 (227 KiB), and leaves room for two blocks per SM on
+# an A100 and an H100. The wrapper lowers it to the device's opt-in maximum if that is smaller.
+SHARED_LIMIT = 96 * 1024
 COMBINE_BLOCK = 128
 
 # Split the keys only while the grid has fewer than BLOCKS_PER_SM blocks per SM, and never into
@@ -33,15 +40,22 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 128
 
 
-def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int) -> dict:
-    """The launch geometry of ``attention_fwd_f32`` (pure: tested on CPU).
+def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int,
+                vec4: bool | None = None, shared_limit: int = SHARED_LIMIT) -> dict:
+    """The launch geometry of ``attention_fwd_f32`` / ``attention_fwd_vec4_f32`` (pure: tested
+    on CPU).
 
-    Returns a dict with rpw (rows per warp), R (rows per block), grid (x, y, z), keys_per_split,
-    n_splits and shared_mem (bytes).
+    ``vec4`` (default: ``d % 4 == 0``) selects the float4 kernel; the caller also needs q, k, v
+    16-byte aligned (:func:`can_use_vec4`). Returns a dict with rpw (rows per warp), R (rows per
+    block), grid (x, y, z), keys_per_split, n_splits, vec4, ld (shared row stride in floats),
+    nbuf (K/V buffers: 2 = one barrier per key tile, 1 = two) and shared_mem (bytes).
     """
+    vec4 = d % 4 == 0 if vec4 is None else vec4
+    if vec4 and d % 4:
+        raise ValueError(f"plan_launch: the float4 kernel needs d % 4 == 0, got d={d}")
     g = nh // nkv
     rows = Tq * g  # (query, head) rows per kv head
-    rpw_max = MAX_RPW if d <= 128 else 2  # keeps shared memory <= 48 KiB up to d = 256
+    rpw_max = MAX_RPW if d <= 128 else 2  # keeps sQ <= 8 KiB up to d = 256
     rpw = max(1, min(rpw_max, math.ceil(rows / WARPS)))
     R = WARPS * rpw
     gx = max(1, math.ceil(rows / R))
@@ -54,16 +68,50 @@ def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int) -> d
         n_splits = max(1, n_splits)
     tiles_per_split = math.ceil(n_tiles / n_splits)
     n_splits = math.ceil(n_tiles / tiles_per_split)  # no empty split
-    shared_mem = (R * d + KEY_TILE * (d + 1)) * 4
+    ld = d + 4 if vec4 else d + 1
+    nbuf = 2
+    while nbuf > 1 and shared_bytes(R, d, ld, nbuf) > shared_limit:
+        nbuf -= 1
+    shared_mem = shared_bytes(R, d, ld, nbuf)
+    if shared_mem > shared_limit:
+        raise ValueError(f"attention: head dim {d} needs {shared_mem} bytes of shared memory per "
+                         f"block, more than this device's {shared_limit}")
     return {
         "rpw": rpw, "R": R, "grid": (gx, nkv, n_splits), "n_splits": n_splits,
-        "keys_per_split": tiles_per_split * KEY_TILE, "shared_mem": shared_mem,
+        "keys_per_split": tiles_per_split * KEY_TILE, "vec4": vec4, "ld": ld, "nbuf": nbuf,
+        "shared_mem": shared_mem,
     }
+
+
+def shared_bytes(R: int, d: int, ld: int, nbuf: int) -> int:
+    """Dynamic shared memory of the forward kernels: sQ [R, d] + nbuf x (K, V) [KEY_TILE, ld]."""
+    return (R * d + nbuf * 2 * KEY_TILE * ld) * 4
+
+
+def can_use_vec4(d: int, *ptrs: int) -> bool:
+    """float4 loads need d % 4 == 0 and every base address 16-byte aligned (a CuPy view into a
+    larger buffer can start anywhere)."""
+    return d % 4 == 0 and all(p % 16 == 0 for p in ptrs)
 
 
 @functools.cache
 def _sm_count(device_id: int) -> int:
     return int(cp.cuda.Device(device_id).attributes["MultiProcessorCount"])
+
+
+@functools.cache
+def _shared_limit(device_id: int) -> int:
+    optin = int(cp.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+    return min(SHARED_LIMIT, optin)
+
+
+@functools.cache
+def _forward_kernel(vec4: bool, shared_mem: int, device_id: int):
+    """The forward kernel, its dynamic shared memory limit raised to ``shared_mem`` if needed."""
+    kernel = get_kernel("attention", "attention_fwd_vec4_f32" if vec4 else "attention_fwd_f32")
+    if shared_mem > SHARED_DEFAULT and kernel.max_dynamic_shared_size_bytes < shared_mem:
+        kernel.max_dynamic_shared_size_bytes = shared_mem  # cudaFuncAttributeMaxDynamicShared...
+    return kernel
 
 
 def _mask_args(mask: MaskSpec | None, Tq: int, Tk: int) -> tuple:
@@ -100,8 +148,10 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     if Tq == 0 or nh == 0 or d == 0 or Tk == 0:
         return cp.zeros((Tq, nh, d), cp.float32)  # no key at all: every row is empty -> 0
     scale = d ** -0.5 if scale is None else scale
-    plan = plan_launch(Tq, nh, nkv, d, Tk, _sm_count(cp.cuda.Device().id))
-    assert plan["shared_mem"] <= SHARED_LIMIT, plan
+    dev = cp.cuda.Device().id
+    vec4 = can_use_vec4(d, q.data.ptr, k.data.ptr, v.data.ptr)
+    plan = plan_launch(Tq, nh, nkv, d, Tk, _sm_count(dev), vec4=vec4,
+                       shared_limit=_shared_limit(dev))
     out = cp.empty((Tq, nh, d), cp.float32)
     n_splits = plan["n_splits"]
     if n_splits == 1:
@@ -114,9 +164,10 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
         q, k, v, *margs[:3], out, part_o, part_ml,
         i32(Tq), i32(Tk), i32(nh), i32(nkv), i32(d), fp32(scale),
         fp32(0.0 if softcap is None else softcap), *margs[3:],
-        i32(plan["rpw"]), i32(plan["keys_per_split"]), i32(n_splits),
+        i32(plan["rpw"]), i32(plan["keys_per_split"]), i32(n_splits), i32(plan["ld"]),
+        i32(plan["nbuf"]),
     )
-    get_kernel("attention", "attention_fwd_f32")(
+    _forward_kernel(plan["vec4"], plan["shared_mem"], dev)(
         plan["grid"], (WARPS * 32,), args, shared_mem=plan["shared_mem"]
     )
     if n_splits > 1:

@@ -1,10 +1,12 @@
 """CuPy twins of :mod:`dflash_ref.ops.gdn` (kernels in cuda/gdn.cu).
 
-- :func:`gdn_recurrent`: one fused kernel over all T tokens; the state stays in registers
-  (decode and verify batches; ``return_trace`` writes the state after every token).
-- :func:`gdn_chunked`: prefill. cuBLAS batched GEMMs for the dense in-chunk products
-  (Q K^T, K K^T and the outputs), and kernels for the masked decay scores, the triangular solve
-  and the sequential inter-chunk state pass.
+- :func:`gdn_recurrent`: one fused kernel over all T tokens; the state stays in registers, lanes
+  along the contiguous value axis (decode and verify batches; the state after every token is
+  written only with ``return_trace``).
+- :func:`gdn_chunked`: prefill, in blocks of whole chunks (memory O(block), not O(T)). Per
+  block: cuBLAS batched GEMMs for the dense in-chunk products (Q K^T, K K^T and the outputs),
+  and kernels for the masked decay scores, the triangular solve and the sequential inter-chunk
+  state pass.
 - :func:`causal_conv1d`: two grid-stride kernels (outputs, rolled state).
 """
 
@@ -13,16 +15,26 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from dflash_ref.ops.gdn import _check_gdn_inputs, _check_log_decay, check_conv_args
+from dflash_ref.ops.gdn import (
+    CHUNKS_PER_BLOCK,
+    _check_gdn_inputs,
+    _check_log_decay,
+    check_conv_args,
+)
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32, i64, launch_elementwise
 
-RECURRENT_WARPS = 4  # value columns per block of gdn_recurrent_f32 (one warp each)
-MAX_K_RECURRENT = 256  # 32 lanes x GDN_MAX_ROWS_PER_LANE (gdn.cu)
+REC_COLS, REC_WARPS = 32, 8  # GDN_REC_COLS, GDN_REC_WARPS: block of gdn_recurrent_f32
+MAX_K_RECURRENT = 256  # GDN_REC_WARPS x GDN_REC_MAX_ROWS (gdn.cu)
 MAX_C = 64  # GDN_MAX_C
 MAX_K_CHUNK = 256  # GDN_MAX_K
 STATE_COLS, STATE_ROWS = 32, 8  # GDN_STATE_COLS, GDN_STATE_ROWS
 SOLVE_THREADS = 256
+# Device bytes one block of gdn_chunked may use for its temporaries (chunks_per_block_for). At
+# HV = 32, K = V = 128, C = 64 a chunk costs about 16 MB over all heads, so 512 MiB gives 32
+# chunks (2048 tokens: 1024 (head, chunk) pairs per launch), HV = 16 gives 64; independent of
+# T. The whole prompt at once was about 7 GB per layer at 32k tokens.
+BLOCK_BYTES = 512 * 2**20
 
 
 def _inputs(op, q, k, v, g, beta, state):
@@ -45,17 +57,72 @@ def gdn_recurrent(q, k, v, g, beta, state=None, scale=None, return_trace: bool =
     o = cp.empty((T, HV, V), cp.float32)
     out_state = cp.empty((HV, K, V), cp.float32)
     trace = cp.empty((T, HV, K, V), cp.float32) if return_trace else cp.empty((1,), cp.float32)
-    grid = (HV, -(-V // RECURRENT_WARPS))
+    grid = (HV, -(-V // REC_COLS))  # lanes along the contiguous V axis: coalesced state I/O
     get_kernel("gdn", "gdn_recurrent_f32")(
-        grid, (32, RECURRENT_WARPS),
+        grid, (REC_COLS, REC_WARPS),
         (q, k, v, g, beta, state, out_state, o, trace, i32(T), i32(H), i32(HV), i32(K), i32(V),
          i32(kda), i32(return_trace), fp32(scale)),
     )
     return (o, out_state, trace) if return_trace else (o, out_state)
 
 
+def chunk_bytes_per_chunk(HV: int, K: int, V: int, C: int, kda: bool) -> int:
+    """Device bytes of :func:`gdn_chunked`'s temporaries per chunk of C tokens (all heads).
+
+    Counted from the block body below (float32): the chunked inputs Qc, Kc, Vc, beta, G; the
+    score matrices (Q K^T, K K^T, P, A); W, U, Kdec, dC; the saved chunk-start states S0s and
+    Delta; Q e^G and the two output products. An upper bound, so a block never exceeds it.
+    """
+    gk = K if kda else 1
+    per_head = (
+        3 * C * K + C * V + C + 2 * C * gk  # Qc, Kc, Kdec; Vc; beta; G and its cumsum
+        + 4 * C * C  # Q K^T, K K^T, P, A
+        + C * K + C * V + K  # W, U, dC
+        + K * V + C * V  # S0s, Delta
+        + C * K + 3 * C * V  # Q e^G; (Q e^G) S0, P Delta, their sum
+    )
+    return 4 * HV * per_head
+
+
+def plan_chunk_blocks(T: int, C: int, chunks_per_block: int) -> list[tuple[int, int]]:
+    """Token ranges ``[(t0, t1), ...]`` of the blocks :func:`gdn_chunked` processes in order.
+
+    Every block but the last holds exactly ``chunks_per_block`` whole chunks, so chunk
+    boundaries fall where they would in one pass over T (only the last chunk is padded), and the
+    blocks tile [0, T) without gaps or overlap. Pure: tested on CPU.
+    """
+    if C < 1 or chunks_per_block < 1:
+        raise ValueError(f"plan_chunk_blocks: C={C} and chunks_per_block={chunks_per_block} "
+                         f"must be >= 1")
+    step = C * chunks_per_block
+    return [(t0, min(T, t0 + step)) for t0 in range(0, T, step)]
+
+
+def chunks_per_block_for(HV: int, K: int, V: int, C: int, kda: bool,
+                         budget: int | None = None) -> int:
+    """Chunks per block so that one block's temporaries fit in ``budget`` bytes
+    (:data:`BLOCK_BYTES` when None).
+
+    At least :data:`dflash_ref.ops.gdn.CHUNKS_PER_BLOCK` (the reference's block, 1024 tokens at
+    C = 64) so the batched GEMMs and the solve keep enough (head, chunk) pairs to fill the GPU;
+    beyond that as many as the budget allows, rounded down to a power of two.
+    """
+    budget = BLOCK_BYTES if budget is None else budget  # read at call time (tests lower it)
+    fit = max(1, budget // chunk_bytes_per_chunk(HV, K, V, C, kda))
+    n = CHUNKS_PER_BLOCK
+    while 2 * n <= fit:
+        n *= 2
+    return n
+
+
 def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
-    """Twin of :func:`dflash_ref.ops.gdn.gdn_chunked` (chunk_size <= 64, K <= 256)."""
+    """Twin of :func:`dflash_ref.ops.gdn.gdn_chunked` (chunk_size <= 64, K <= 256).
+
+    Works in blocks of whole chunks (:func:`plan_chunk_blocks`), the state carried from block to
+    block exactly as from chunk to chunk, so device memory beyond the inputs and the output is
+    O(block), not O(T): at most max(:data:`BLOCK_BYTES`, one block of the reference's 16 chunks)
+    (:func:`chunk_bytes_per_chunk`).
+    """
     q, k, v, g, beta, state, (T, H, HV, K, V, kda) = _inputs(
         "gdn_chunked", q, k, v, g, beta, state)
     if not 1 <= chunk_size <= MAX_C:
@@ -67,7 +134,20 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     scale = float(K ** -0.5 if scale is None else scale)
     if T == 0:
         return cp.zeros((0, HV, V), cp.float32), state.copy()
-    C = chunk_size
+    o = cp.empty((T, HV, V), cp.float32)
+    S = state
+    for t0, t1 in plan_chunk_blocks(T, chunk_size, chunks_per_block_for(HV, K, V, chunk_size,
+                                                                         kda)):
+        blk = slice(t0, t1)
+        o[blk], S = _chunked_block(q[blk], k[blk], v[blk], g[blk], beta[blk], S, scale,
+                                   chunk_size, kda)
+    return o, S
+
+
+def _chunked_block(q, k, v, g, beta, state, scale: float, C: int, kda: bool):
+    """:func:`gdn_chunked` on one block of tokens from ``state``; returns (o [T, HV, V], S)."""
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
     N = -(-T // C)
     B = HV * N  # number of (head, chunk) pairs
     r = HV // H
@@ -94,12 +174,14 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
         KKt = cp.ascontiguousarray(cp.matmul(Kc, KT))
         launch_elementwise("gdn", "gdn_chunk_scores_f32", total,
                            (QKt, KKt, G, bc, P, A, i64(total), i32(C), fp32(scale)))
+        del QKt, KKt
 
     # [W | U] = (I + A)^-1 [beta e^G K | beta V]: one block per (head, chunk).
     W = cp.empty((HV, N, C, K), cp.float32)
     U = cp.empty((HV, N, C, V), cp.float32)
     get_kernel("gdn", "gdn_chunk_solve_f32")(
         (B,), (SOLVE_THREADS,), (A, Kc, Vc, G, bc, W, U, i32(C), i32(K), i32(V), i32(gk)))
+    del A
 
     # Decays for the state pass: Kd = K e^(G_C - G) (non-positive exponents), dC = e^(G_C).
     GC = G[:, :, -1:, :]  # [HV, N, 1, gk]
@@ -117,7 +199,7 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     Qg = Qc * (np.float32(scale) * cp.exp(G))  # [HV, N, C, K]
     O = cp.matmul(Qg, S0s) + cp.matmul(P, Delta)  # [HV, N, C, V]
     o = O.reshape(HV, N * C, V)[:, :T].transpose(1, 0, 2)  # [T, HV, V]
-    return cp.ascontiguousarray(o), out_state
+    return o, out_state
 
 
 def _chunks(x, N: int, C: int):

@@ -2,8 +2,11 @@
 
 The copies move 32-bit words, so they are bit-exact for any dtype whose rows are a whole number of
 words (float32; float16 / bfloat16 with an even row width). The argument checks of the reference
-(slots in range, distinct slots for writes, distinct blocks) are repeated here on the device: an
-out-of-range slot would otherwise read or corrupt unrelated memory instead of raising.
+(slots in range, distinct slots for writes, distinct blocks) are repeated here: host slots (the
+per-step path: the pager computes slots on the host) with the reference's own check before the
+upload, so no KV write waits for the GPU; device slots on the device, with one synchronisation
+(see :func:`_check_slots`). The kernels also skip any slot outside [0, P), so an unchecked slot
+can never read or corrupt unrelated memory.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from dflash_ref.ops.pager import _check_slots as check_host_slots
 from kernels_cupy._launch import i32, launch_elementwise
 
 
@@ -37,13 +41,43 @@ def _words(a: cp.ndarray) -> cp.ndarray:
 
 
 def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> cp.ndarray:
-    """``slots`` as a contiguous int32 device array, checked like the reference does."""
-    slots = cp.asarray(slots)
+    """``slots`` as a contiguous int32 device array, checked like the reference does.
+
+    Host slots (a NumPy array or a list: what the pager computes, once per step, on the host)
+    are checked on the host with the reference's own check and then uploaded; CuPy copies a
+    host array through pinned memory asynchronously, so nothing waits for the GPU. This is the
+    per-step path (KV writes, page-in). Slots already on the device are checked on the device
+    with one host synchronisation (``cp.unique`` and a copy of three numbers), the price of an
+    error at the call rather than corrupted memory; skip that with ``check_device_slots(False)``
+    once a caller is trusted. Either way the kernels also drop out-of-range slots themselves.
+    """
+    if not isinstance(slots, cp.ndarray):
+        host = check_host_slots(slots, n_slots, op, distinct=distinct)  # [n] int64, validated
+        return cp.asarray(host.astype(np.int32))
     if slots.ndim != 1 or not (slots.size == 0 or cp.issubdtype(slots.dtype, cp.integer)):
         raise ValueError(f"{op}: slots must be a 1-D integer array, "
                          f"got {slots.dtype} {slots.shape}")
     if slots.size == 0:
         return cp.zeros(0, dtype=cp.int32)
+    if _CHECK_DEVICE_SLOTS[0]:
+        _check_device_slots(slots, n_slots, op, distinct=distinct)
+    return cp.ascontiguousarray(slots.astype(cp.int32, copy=False))
+
+
+_CHECK_DEVICE_SLOTS = [True]
+
+
+def check_device_slots(enabled: bool) -> bool:
+    """Turn the synchronising check of device-resident slots on or off; returns the old setting.
+
+    On by default. Host slots are always checked (on the host, without synchronising).
+    """
+    old, _CHECK_DEVICE_SLOTS[0] = _CHECK_DEVICE_SLOTS[0], bool(enabled)
+    return old
+
+
+def _check_device_slots(slots: cp.ndarray, n_slots: int, op: str, *, distinct: bool) -> None:
+    """The reference's range and distinctness checks for device slots (one host sync)."""
     uniq = cp.unique(slots)  # sorted
     lo, hi, n_uniq = (int(v) for v in cp.asnumpy(cp.stack([uniq[0], uniq[-1],
                                                            cp.asarray(uniq.size, uniq.dtype)])))
@@ -57,7 +91,6 @@ def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> cp.ndarray:
             f"{op}: slots must be distinct (two rows written to one slot would race on the GPU); "
             f"got {slots.size} slots, {n_uniq} distinct"
         )
-    return cp.ascontiguousarray(slots.astype(cp.int32, copy=False))
 
 
 def gather_rows(pool, slots, out=None) -> cp.ndarray:

@@ -5,30 +5,42 @@
 // Kernels (all float32, contiguous; q [Tq, nh, d], k / v [Tk, nkv, d], q_pos [Tq] int32,
 // k_pos [Tk] int32 with -1 = invalid slot, anc [Tq, Tk] uint8 or a dummy when has_anc == 0):
 //   attention_fwd_f32      flash-style forward. grid = (ceil(Tq*g / R), nkv, n_splits),
-//                          block = ATT_WARPS * 32 threads. A block owns R = ATT_WARPS * rpw
+//   attention_fwd_vec4_f32 block = ATT_WARPS * 32 threads. A block owns R = ATT_WARPS * rpw
 //                          "rows" = (query i, query head h) pairs that share one kv head kvh
 //                          (blockIdx.y): flattened row index rg = i * g + (h - kvh * g), block x
 //                          takes rg in [x*R, (x+1)*R). Row r of the block belongs to warp
 //                          r % ATT_WARPS (slot r / ATT_WARPS), so a few rows spread over warps.
 //                          blockIdx.z is a split of the key slots ([z*keys_per_split, ...)).
 //                          Per key tile of ATT_KT = 32 slots (lane j <-> slot t0 + j):
-//                            1. each warp evaluates the mask for its rows (ballot -> 32-bit
-//                               visibility word per row); if no row of the block sees any key
-//                               of the tile, the tile is skipped (__syncthreads_or);
-//                            2. K tile -> shared memory; lane j scores slot t0+j for each of
-//                               its warp's rows (scale, optional softcap tanh, then the mask);
-//                            3. V tile -> the same shared buffer; online softmax update of the
-//                               row's running (m, l, acc), acc accumulating only visible slots.
+//                            1. K and V tiles -> shared memory, both at once (float4 loads and
+//                               stores in the vec4 kernel), unless the tile is skipped;
+//                            2. each warp evaluates the mask of the NEXT tile for its rows
+//                               (ballot -> 32-bit visibility word per row); the tile's barrier
+//                               is __syncthreads_or over those words: it publishes this tile's
+//                               K/V and decides whether the next tile is loaded at all (a tile
+//                               no row of the block can see costs no K/V traffic);
+//                            3. lane j scores its slot for each of its warp's rows (scale,
+//                               optional softcap tanh, then the mask);
+//                            4. online softmax update of the row's running (m, l, acc), acc
+//                               accumulating only visible slots from the shared V tile.
+//                          With nbuf = 2 the K/V buffers alternate between tiles and step 2 is
+//                          the tile's only barrier; with nbuf = 1 (large d) one more barrier
+//                          guards the next load.
 //                          n_splits == 1: writes out = acc / l (0 when l == 0, no visible key).
 //                          n_splits > 1: writes unnormalised acc to part_o [S, Tq*nh, d] and
 //                          (m, l) to part_ml [S, Tq*nh, 2]; attention_combine_f32 finishes.
+//                          The vec4 kernel needs d % 4 == 0 and q, k, v 16-byte aligned; both
+//                          kernels sum q.k in the same order (dd = 0, 1, ...).
 //   attention_combine_f32  one block per (i, h) row (grid = Tq*nh); threads stride over d.
 //                          M = max over splits with l > 0; L = sum l_s e^(m_s - M);
 //                          out = sum acc_s e^(m_s - M) / L, or 0 when L == 0.
-// Launch assumptions: blockDim.x == ATT_WARPS * 32 for attention_fwd_f32 (any multiple of 32
+// Launch assumptions: blockDim.x == ATT_WARPS * 32 for the forward kernels (any multiple of 32
 // for the combine); 1 <= d <= ATT_MAX_D; rpw <= ATT_MAX_RPW; keys_per_split a multiple of
-// ATT_KT; dynamic shared memory = (R * d + ATT_KT * (d + 1)) * 4 bytes (<= 48 KiB: the wrapper
-// uses rpw = 2 for d > 128). Positions are int32; indices into q / k / v / anc are 64-bit.
+// ATT_KT; nbuf in {1, 2}; shared row stride ld = d + 4 (vec4: keeps rows 16-byte aligned and
+// a quarter-warp's float4 reads on distinct banks) or d + 1 (scalar: lane-strided reads on
+// distinct banks); dynamic shared memory = (R * d + nbuf * 2 * ATT_KT * ld) * 4 bytes
+// (kernels_cupy/attention.py plan_launch; above 48 KiB the wrapper raises the kernel's
+// opt-in limit). Positions are int32; indices into q / k / v / anc are 64-bit.
 
 #define ATT_WARPS 4
 #define ATT_KT 32
@@ -69,7 +81,59 @@ __device__ __forceinline__ float att_warp_sum(float v) {
     return v;
 }
 
-extern "C" __global__ void attention_fwd_f32(
+// Mask bits of the key tile starting at t0 for this warp's rows (one ballot per row) and their
+// OR. Lane j evaluates slot t0 + j; slots at or past j_end are invisible.
+__device__ __forceinline__ unsigned att_tile_mask(
+    unsigned* bits, const long long t0, const long long j_end, const int lane, const int* k_pos,
+    const unsigned char* anc, const int Tk, const bool* row_ok, const int* qp,
+    const long long* qi, const int causal, const int window, const int window_mode,
+    const int has_base, const int base_pos, const int has_anc) {
+    const long long j = t0 + lane;
+    const bool in = j < j_end;
+    const int kp = in ? k_pos[j] : -1;
+    unsigned any = 0u;
+#pragma unroll
+    for (int s = 0; s < ATT_MAX_RPW; ++s) {
+        bool vis = false;
+        if (row_ok[s] && in) {
+            const unsigned char* anc_row = has_anc ? anc + qi[s] * (long long)Tk : anc;
+            vis = att_key_visible(qp[s], kp, anc_row, j, causal, window, window_mode, has_base,
+                                  base_pos, has_anc);
+        }
+        bits[s] = __ballot_sync(ATT_FULL, vis);
+        any |= bits[s];
+    }
+    return any;
+}
+
+// One [ATT_KT, d] tile of k or v (kv head kvh, slots t0 ..) -> shared rows of ld floats; rows at
+// or past j_end are zero. VEC4: 16-byte loads and stores (d % 4 == 0, src 16-byte aligned,
+// ld % 4 == 0; the wrapper checks), consecutive threads on consecutive float4 of a row.
+template <bool VEC4>
+__device__ __forceinline__ void att_load_tile(float* __restrict__ dst,
+                                              const float* __restrict__ src, const long long t0,
+                                              const long long j_end, const int nkv,
+                                              const int kvh, const int d, const int ld) {
+    if (VEC4) {
+        const int d4 = d >> 2;
+        for (int idx = threadIdx.x; idx < ATT_KT * d4; idx += blockDim.x) {
+            const int jj = idx / d4, c4 = idx - jj * d4;
+            const long long jg = t0 + jj;
+            float4 val = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (jg < j_end) val = reinterpret_cast<const float4*>(src + (jg * nkv + kvh) * d)[c4];
+            reinterpret_cast<float4*>(dst + jj * ld)[c4] = val;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < ATT_KT * d; idx += blockDim.x) {
+            const int jj = idx / d, dd = idx - jj * d;
+            const long long jg = t0 + jj;
+            dst[jj * ld + dd] = (jg < j_end) ? src[(jg * nkv + kvh) * d + dd] : 0.0f;
+        }
+    }
+}
+
+template <bool VEC4>
+__device__ __forceinline__ void attention_fwd_body(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const int* __restrict__ q_pos, const int* __restrict__ k_pos,
     const unsigned char* __restrict__ anc, float* __restrict__ out,
@@ -78,13 +142,11 @@ extern "C" __global__ void attention_fwd_f32(
     const float scale, const float softcap,
     const int causal, const int window, const int window_mode, const int has_base,
     const int base_pos, const int has_anc,
-    const int rpw, const int keys_per_split, const int n_splits) {
-    extern __shared__ float att_smem[];
+    const int rpw, const int keys_per_split, const int n_splits, const int ld, const int nbuf) {
+    extern __shared__ __align__(16) float att_smem[];
     const int R = ATT_WARPS * rpw;
     float* sQ = att_smem;            // [R, d]
-    float* sKV = att_smem + R * d;   // [ATT_KT, d + 1] (padded: lane-strided reads hit
-                                     // different banks)
-    const int ldkv = d + 1;
+    float* sKV = att_smem + R * d;   // nbuf x { K [ATT_KT, ld], V [ATT_KT, ld] }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = nh / nkv, kvh = blockIdx.y, split = blockIdx.z;
     const long long rows_total = (long long)Tq * g;
@@ -119,90 +181,99 @@ extern "C" __global__ void attention_fwd_f32(
 #pragma unroll
         for (int c = 0; c < ATT_MAX_DC; ++c) acc[s][c] = 0.0f;
     }
-    __syncthreads();
 
     const long long j_begin = (long long)split * keys_per_split;
     const long long j_end = min((long long)Tk, j_begin + keys_per_split);
+    // Pipeline: the mask of tile t + 1 is evaluated before tile t's barrier, so that barrier
+    // (__syncthreads_or) both publishes tile t's K/V and decides whether tile t + 1 is loaded.
+    // With two buffers (nbuf == 2) it is the tile's only barrier: the load of tile t + 2 into
+    // this buffer comes after every thread has passed tile t + 1's barrier, hence after every
+    // read of tile t. With one buffer a second barrier guards the next load.
+    unsigned bits[ATT_MAX_RPW], next_bits[ATT_MAX_RPW];
+    bool vis = __syncthreads_or(  // also publishes sQ
+        att_tile_mask(bits, j_begin, j_end, lane, k_pos, anc, Tk, row_ok, qp, qi, causal,
+                      window, window_mode, has_base, base_pos, has_anc) != 0u);
+    int buf = 0;
     for (long long t0 = j_begin; t0 < j_end; t0 += ATT_KT) {
-        // 1. Inline mask for (row, slot t0 + lane); skip the tile if nothing is visible.
-        const long long j = t0 + lane;
-        const bool in = j < j_end;
-        const int kp = in ? k_pos[j] : -1;
-        unsigned bits[ATT_MAX_RPW];
-        unsigned any = 0u;
-#pragma unroll
-        for (int s = 0; s < ATT_MAX_RPW; ++s) {
-            bool vis = false;
-            if (row_ok[s] && in) {
-                const unsigned char* anc_row = has_anc ? anc + qi[s] * (long long)Tk : anc;
-                vis = att_key_visible(qp[s], kp, anc_row, j, causal, window, window_mode,
-                                      has_base, base_pos, has_anc);
-            }
-            bits[s] = __ballot_sync(ATT_FULL, vis);
-            any |= bits[s];
+        float* sK = sKV + buf * 2 * ATT_KT * ld;
+        float* sV = sK + ATT_KT * ld;
+        // 1. K and V tiles -> shared (skipped when no row of the block sees any of its keys).
+        if (vis) {
+            att_load_tile<VEC4>(sK, k, t0, j_end, nkv, kvh, d, ld);
+            att_load_tile<VEC4>(sV, v, t0, j_end, nkv, kvh, d, ld);
         }
-        if (!__syncthreads_or(any != 0u)) continue;  // fully masked tile: no K/V traffic
-
-        // 2. K tile -> shared; lane scores its slot for every row that sees it.
-        for (int idx = tid; idx < ATT_KT * d; idx += blockDim.x) {
-            const int jj = idx / d, dd = idx - jj * d;
-            const long long jg = t0 + jj;
-            sKV[jj * ldkv + dd] = (jg < j_end) ? k[(jg * nkv + kvh) * d + dd] : 0.0f;
-        }
-        __syncthreads();
-        float sc[ATT_MAX_RPW];
+        // 2. The next tile's mask, then the barrier.
+        const bool next_vis = __syncthreads_or(
+            att_tile_mask(next_bits, t0 + ATT_KT, j_end, lane, k_pos, anc, Tk, row_ok, qp, qi,
+                          causal, window, window_mode, has_base, base_pos, has_anc) != 0u);
+        if (vis) {
+            // 3. Lane j scores slot t0 + j for each of its warp's rows (scale, softcap, mask).
+            float sc[ATT_MAX_RPW];
 #pragma unroll
-        for (int s = 0; s < ATT_MAX_RPW; ++s) sc[s] = 0.0f;
-        {
-            const float* kr = sKV + lane * ldkv;
-            for (int dd = 0; dd < d; ++dd) {  // one K read serves all of the warp's rows
-                const float kval = kr[dd];
+            for (int s = 0; s < ATT_MAX_RPW; ++s) sc[s] = 0.0f;
+            if (VEC4) {
+                const float4* kr = reinterpret_cast<const float4*>(sK + lane * ld);
+                for (int c4 = 0; c4 < (d >> 2); ++c4) {  // one K read serves all the rows
+                    const float4 kv = kr[c4];
 #pragma unroll
-                for (int s = 0; s < ATT_MAX_RPW; ++s) {
-                    if (s < rpw) sc[s] = fmaf(sQ[(s * ATT_WARPS + warp) * d + dd], kval, sc[s]);
+                    for (int s = 0; s < ATT_MAX_RPW; ++s) {
+                        if (s < rpw) {
+                            const float4 qv = reinterpret_cast<const float4*>(
+                                sQ + (s * ATT_WARPS + warp) * d)[c4];  // broadcast
+                            sc[s] = fmaf(qv.x, kv.x, sc[s]);  // same order as the scalar loop
+                            sc[s] = fmaf(qv.y, kv.y, sc[s]);
+                            sc[s] = fmaf(qv.z, kv.z, sc[s]);
+                            sc[s] = fmaf(qv.w, kv.w, sc[s]);
+                        }
+                    }
+                }
+            } else {
+                const float* kr = sK + lane * ld;
+                for (int dd = 0; dd < d; ++dd) {
+                    const float kval = kr[dd];
+#pragma unroll
+                    for (int s = 0; s < ATT_MAX_RPW; ++s) {
+                        if (s < rpw) sc[s] = fmaf(sQ[(s * ATT_WARPS + warp) * d + dd], kval, sc[s]);
+                    }
                 }
             }
-        }
 #pragma unroll
-        for (int s = 0; s < ATT_MAX_RPW; ++s) {
-            float x = sc[s] * scale;
-            if (softcap > 0.0f) x = softcap * tanhf(x / softcap);  // before the mask
-            sc[s] = ((bits[s] >> lane) & 1u) ? x : ATT_NEG_INF;
-        }
-        __syncthreads();
-
-        // 3. V tile -> the same buffer; online softmax update.
-        for (int idx = tid; idx < ATT_KT * d; idx += blockDim.x) {
-            const int jj = idx / d, dd = idx - jj * d;
-            const long long jg = t0 + jj;
-            sKV[jj * ldkv + dd] = (jg < j_end) ? v[(jg * nkv + kvh) * d + dd] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int s = 0; s < ATT_MAX_RPW; ++s) {
-            const unsigned b0 = bits[s];
-            if (b0 == 0u) continue;  // warp-uniform (a ballot result)
-            const float m_new = fmaxf(m[s], att_warp_max(sc[s]));  // finite: >= 1 visible
-            const float corr = expf(m[s] - m_new);                  // 0 when m was -inf
-            const float p = ((b0 >> lane) & 1u) ? expf(sc[s] - m_new) : 0.0f;
-            l[s] = l[s] * corr + att_warp_sum(p);
-#pragma unroll
-            for (int c = 0; c < ATT_MAX_DC; ++c) acc[s][c] *= corr;
-            unsigned b = b0;
-            while (b) {  // visible slots only; the loop is warp-uniform
-                const int jj = __ffs(b) - 1;
-                b &= b - 1u;
-                const float pj = __shfl_sync(ATT_FULL, p, jj);
-                const float* vr = sKV + jj * ldkv;
-#pragma unroll
-                for (int c = 0; c < ATT_MAX_DC; ++c) {
-                    const int dd = lane + 32 * c;
-                    if (dd < d) acc[s][c] = fmaf(pj, vr[dd], acc[s][c]);
-                }
+            for (int s = 0; s < ATT_MAX_RPW; ++s) {
+                float x = sc[s] * scale;
+                if (softcap > 0.0f) x = softcap * tanhf(x / softcap);  // before the mask
+                sc[s] = ((bits[s] >> lane) & 1u) ? x : ATT_NEG_INF;
             }
-            m[s] = m_new;
+            // 4. Online softmax update; acc accumulates the visible slots' V rows.
+#pragma unroll
+            for (int s = 0; s < ATT_MAX_RPW; ++s) {
+                const unsigned b0 = bits[s];
+                if (b0 == 0u) continue;  // warp-uniform (a ballot result)
+                const float m_new = fmaxf(m[s], att_warp_max(sc[s]));  // finite: >= 1 visible
+                const float corr = expf(m[s] - m_new);                  // 0 when m was -inf
+                const float p = ((b0 >> lane) & 1u) ? expf(sc[s] - m_new) : 0.0f;
+                l[s] = l[s] * corr + att_warp_sum(p);
+#pragma unroll
+                for (int c = 0; c < ATT_MAX_DC; ++c) acc[s][c] *= corr;
+                unsigned b = b0;
+                while (b) {  // visible slots only; the loop is warp-uniform
+                    const int jj = __ffs(b) - 1;
+                    b &= b - 1u;
+                    const float pj = __shfl_sync(ATT_FULL, p, jj);
+                    const float* vr = sV + jj * ld;
+#pragma unroll
+                    for (int c = 0; c < ATT_MAX_DC; ++c) {
+                        const int dd = lane + 32 * c;
+                        if (dd < d) acc[s][c] = fmaf(pj, vr[dd], acc[s][c]);
+                    }
+                }
+                m[s] = m_new;
+            }
         }
-        __syncthreads();
+        if (nbuf == 1 && next_vis) __syncthreads();  // block-uniform: the next load reuses sK/sV
+        buf = (nbuf == 2) ? buf ^ 1 : 0;
+        vis = next_vis;
+#pragma unroll
+        for (int s = 0; s < ATT_MAX_RPW; ++s) bits[s] = next_bits[s];
     }
 
     // Write the rows: final output, or this split's partial state.
@@ -233,6 +304,28 @@ extern "C" __global__ void attention_fwd_f32(
             }
         }
     }
+}
+
+#define ATT_FWD_PARAMS                                                                        \
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,      \
+        const int* __restrict__ q_pos, const int* __restrict__ k_pos,                           \
+        const unsigned char* __restrict__ anc, float* __restrict__ out,                         \
+        float* __restrict__ part_o, float* __restrict__ part_ml, const int Tq, const int Tk,    \
+        const int nh, const int nkv, const int d, const float scale, const float softcap,       \
+        const int causal, const int window, const int window_mode, const int has_base,          \
+        const int base_pos, const int has_anc, const int rpw, const int keys_per_split,         \
+        const int n_splits, const int ld, const int nbuf
+#define ATT_FWD_ARGS                                                                          \
+    q, k, v, q_pos, k_pos, anc, out, part_o, part_ml, Tq, Tk, nh, nkv, d, scale, softcap,       \
+        causal, window, window_mode, has_base, base_pos, has_anc, rpw, keys_per_split,          \
+        n_splits, ld, nbuf
+
+extern "C" __global__ void attention_fwd_f32(ATT_FWD_PARAMS) {
+    attention_fwd_body<false>(ATT_FWD_ARGS);
+}
+
+extern "C" __global__ void attention_fwd_vec4_f32(ATT_FWD_PARAMS) {
+    attention_fwd_body<true>(ATT_FWD_ARGS);
 }
 
 extern "C" __global__ void attention_combine_f32(const float* __restrict__ part_o,

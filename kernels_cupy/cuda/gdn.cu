@@ -7,11 +7,15 @@
 //
 // Kernels:
 //   gdn_recurrent_f32      the per-token recurrence (decode and verify batches), optional trace.
-//       Parallelises over (value head, value column): grid (HV, ceil(V / warps)), block
-//       (32, warps). Each warp owns one column of one head's state; lane l holds the rows
-//       k = l, l + 32, ... (K <= 32 * GDN_MAX_ROWS_PER_LANE = 256) in registers for all T
-//       tokens. Columns are independent in the delta rule, so no block-level sync is needed;
-//       the two dot products per token (S^T k, S^T q) are warp shuffles.
+//       Parallelises over (value head, tile of GDN_REC_COLS value columns): grid
+//       (HV, ceil(V / GDN_REC_COLS)), block (GDN_REC_COLS = 32, GDN_REC_WARPS = 8). Lane x of
+//       warp y owns column tile * 32 + x and the rows k = y, y + 8, ... (K <= 8 *
+//       GDN_REC_MAX_ROWS = 256) of one head's state, in registers for all T tokens. Lanes run
+//       along the contiguous V axis, so every state load / store and every trace write is one
+//       128-byte transaction per warp; k_t, q_t and a KDA g_t are read at one address per warp
+//       (broadcast). The two dot products per token (S^T k, S^T q) sum a thread's rows, then
+//       the 8 warps' partials through shared memory in a fixed order: two __syncthreads per
+//       token. The trace is written only when write_trace != 0.
 //   gdn_chunk_scores_f32   scalar gate: P = scale * QK^T * Gamma (i >= j), A = beta_i KK^T * Gamma
 //       (i > j) from cuBLAS products; the mask is applied before exp. One thread per element of
 //       the [B, C, C] score matrices (grid-stride).
@@ -28,10 +32,13 @@
 //   causal_conv1d_f32      y[t, c] = silu(sum_j w[c, j] xx[t + j, c]), xx = concat(state^T, x).
 //   conv_state_update_f32  new_state[c, j] = xx[T + j, c]: the last W - 1 raw inputs.
 //       Both conv kernels are grid-stride elementwise.
-// Launch assumptions: blockDim.x == 32 for the recurrent and state kernels; every pointer is
+// Launch assumptions: blockDim == (GDN_REC_COLS, GDN_REC_WARPS) for the recurrent kernel,
+// blockDim.x == 32 for the state kernel; every pointer is
 // contiguous float32; int arguments are 32-bit (the wrappers cast with np.int32).
 
-#define GDN_MAX_ROWS_PER_LANE 8  // K <= 256 for the recurrent kernel
+#define GDN_REC_COLS 32          // value columns per block of the recurrent kernel (= lanes)
+#define GDN_REC_WARPS 8          // row groups (warps) per block of the recurrent kernel
+#define GDN_REC_MAX_ROWS 32      // rows per thread: K <= GDN_REC_WARPS * GDN_REC_MAX_ROWS = 256
 #define GDN_MAX_C 64             // chunk size limit of the chunk kernels
 #define GDN_MAX_K 256            // key dim limit of the chunk state kernel
 #define GDN_STATE_COLS 32        // value columns per block in gdn_chunk_state_f32
@@ -43,61 +50,77 @@ extern "C" __global__ void gdn_recurrent_f32(
     const float* __restrict__ state_in, float* __restrict__ state_out, float* __restrict__ o,
     float* __restrict__ trace, const int T, const int H, const int HV, const int K, const int V,
     const int kda, const int write_trace, const float scale) {
+    // Partial sums over each warp's rows, one per (warp, column), for the two dot products.
+    __shared__ float part_rd[GDN_REC_WARPS][GDN_REC_COLS];
+    __shared__ float part_out[GDN_REC_WARPS][GDN_REC_COLS];
     const int hv = blockIdx.x;
-    const int col = blockIdx.y * blockDim.y + threadIdx.y;
-    const int lane = threadIdx.x;
-    if (col >= V) return;  // whole warp leaves together: no shuffles are left unmatched
+    const int lane = threadIdx.x;  // column within the tile: consecutive lanes, consecutive floats
+    const int wy = threadIdx.y;    // row group: rows wy, wy + GDN_REC_WARPS, ...
+    const int col = blockIdx.y * GDN_REC_COLS + lane;
+    const bool live = col < V;     // dead lanes still reach every __syncthreads
     const int hk = hv / (HV / H);  // grouped GQA mapping
 
-    float s[GDN_MAX_ROWS_PER_LANE];
+    float s[GDN_REC_MAX_ROWS];
 #pragma unroll
-    for (int i = 0; i < GDN_MAX_ROWS_PER_LANE; ++i) {
-        const int kk = lane + 32 * i;
-        s[i] = (kk < K) ? state_in[((long long)hv * K + kk) * V + col] : 0.0f;
+    for (int i = 0; i < GDN_REC_MAX_ROWS; ++i) {
+        const int kk = wy + GDN_REC_WARPS * i;
+        s[i] = (live && kk < K) ? state_in[((long long)hv * K + kk) * V + col] : 0.0f;
     }
     for (int t = 0; t < T; ++t) {
-        const float* kt = k + ((long long)t * H + hk) * K;
-        const float* qt = q + ((long long)t * H + hk) * K;
+        const float* kt = k + ((long long)t * H + hk) * K;  // read by a whole warp at one
+        const float* qt = q + ((long long)t * H + hk) * K;  // address: a broadcast
         const long long th = (long long)t * HV + hv;
         const float decay = kda ? 0.0f : expf(g[th]);
         const float b = beta[th];
-        const float vt = v[th * V + col];
-        // 1. decay, 2. read with the decayed state
+        // 1. decay, 2. read with the decayed state (this thread's rows, then across warps)
         float rd = 0.0f;
 #pragma unroll
-        for (int i = 0; i < GDN_MAX_ROWS_PER_LANE; ++i) {
-            const int kk = lane + 32 * i;
+        for (int i = 0; i < GDN_REC_MAX_ROWS; ++i) {
+            const int kk = wy + GDN_REC_WARPS * i;
             if (kk < K) {
                 s[i] *= kda ? expf(g[th * K + kk]) : decay;
                 rd += s[i] * kt[kk];
             }
         }
-        rd = dfr_warp_sum(rd);
+        part_rd[wy][lane] = rd;
+        __syncthreads();  // (also: every thread has read part_out of token t - 1)
+        rd = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GDN_REC_WARPS; ++w) rd += part_rd[w][lane];  // same order everywhere
         // 3. delta, 4. rank-1 write, 5. output from the updated state
+        const float vt = live ? v[th * V + col] : 0.0f;
         const float delta = b * (vt - rd);
         float out = 0.0f;
 #pragma unroll
-        for (int i = 0; i < GDN_MAX_ROWS_PER_LANE; ++i) {
-            const int kk = lane + 32 * i;
+        for (int i = 0; i < GDN_REC_MAX_ROWS; ++i) {
+            const int kk = wy + GDN_REC_WARPS * i;
             if (kk < K) {
                 s[i] += kt[kk] * delta;
                 out += s[i] * qt[kk];
             }
         }
-        out = dfr_warp_sum(out);
-        if (lane == 0) o[th * V + col] = scale * out;
-        if (write_trace) {
+        part_out[wy][lane] = out;
+        __syncthreads();  // (also: every thread has read part_rd of token t)
+        if (wy == 0 && live) {
+            out = 0.0f;
 #pragma unroll
-            for (int i = 0; i < GDN_MAX_ROWS_PER_LANE; ++i) {
-                const int kk = lane + 32 * i;
+            for (int w = 0; w < GDN_REC_WARPS; ++w) out += part_out[w][lane];
+            o[th * V + col] = scale * out;
+        }
+        if (write_trace && live) {  // only when asked: T * HV * K * V floats
+#pragma unroll
+            for (int i = 0; i < GDN_REC_MAX_ROWS; ++i) {
+                const int kk = wy + GDN_REC_WARPS * i;
                 if (kk < K) trace[(th * K + kk) * V + col] = s[i];
             }
         }
     }
+    if (live) {
 #pragma unroll
-    for (int i = 0; i < GDN_MAX_ROWS_PER_LANE; ++i) {
-        const int kk = lane + 32 * i;
-        if (kk < K) state_out[((long long)hv * K + kk) * V + col] = s[i];
+        for (int i = 0; i < GDN_REC_MAX_ROWS; ++i) {
+            const int kk = wy + GDN_REC_WARPS * i;
+            if (kk < K) state_out[((long long)hv * K + kk) * V + col] = s[i];
+        }
     }
 }
 

@@ -8,7 +8,9 @@
 // Data is moved as 32-bit words whatever the dtype (float32, or two float16 per word): copies are
 // bit-exact. The wrapper views the arrays as uint32 and checks that a row is a whole number of
 // words. scatter needs distinct slots (the wrapper checks); fill_slot_pos needs distinct blocks
-// and an output pre-filled with -1 (the wrapper allocates it so).
+// and an output pre-filled with -1 (the wrapper allocates it so). A slot outside [0, P) is
+// skipped (gather writes 0 words for it), a guard that costs no synchronisation: the wrapper's
+// check raises first, but a device-slot check can be switched off for speed.
 // Parallelisation: one thread per copied word (gather/scatter: S * n * W) or per (chunk, offset)
 // pair (fill_slot_pos: n_chunks * T), grid-stride loops with 64-bit indices (a pool of
 // 64 layers x 16K slots x 1K words has 2^31 words).
@@ -24,7 +26,8 @@ extern "C" __global__ void gather_rows_u32(const unsigned int* __restrict__ pool
         const long long w = t % W;
         const long long i = (t / W) % n;
         const long long s = t / ((long long)W * n);
-        rows[t] = pool[(s * P + slots[i]) * W + w];
+        const int p = slots[i];
+        rows[t] = (p >= 0 && p < P) ? pool[(s * P + p) * W + w] : 0u;  // guard: never out of bounds
     }
 }
 
@@ -38,7 +41,8 @@ extern "C" __global__ void scatter_rows_u32(unsigned int* __restrict__ pool,
         const long long w = t % W;
         const long long i = (t / W) % n;
         const long long s = t / ((long long)W * n);
-        pool[(s * P + slots[i]) * W + w] = rows[t];
+        const int p = slots[i];
+        if (p >= 0 && p < P) pool[(s * P + p) * W + w] = rows[t];  // guard: never out of bounds
     }
 }
 

@@ -1,0 +1,186 @@
+"""The CuPy GDN twins' launch plans and index arithmetic, checked on CPU (no GPU needed).
+
+- gdn_chunked works in blocks of whole chunks (kernels_cupy.gdn.plan_chunk_blocks) sized by a
+  byte budget (chunks_per_block_for): the plan must tile [0, T) on chunk boundaries, and the
+  temporaries of one block must stay bounded however long T is (128k tokens included).
+- gdn_recurrent_f32 gives lane x of warp y column ``tile * 32 + x`` and rows y, y + 8, ...: the
+  emulation below runs that ownership and summation order in NumPy float32 and is compared with
+  the reference; the address arithmetic is checked to be a bijection and coalesced.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from dflash_ref.ops.gdn import CHUNKS_PER_BLOCK, gdn_chunked, gdn_recurrent
+from dflash_ref.testing import assert_close
+from kernels_cupy import _build
+from kernels_cupy import gdn as kgdn
+from tests.ops.test_gdn import make_inputs
+
+
+def _define(name: str) -> int:
+    src = (_build.CUDA_DIR / "gdn.cu").read_text()
+    return int(re.search(rf"#define {name} (\d+)", src).group(1))
+
+
+def test_constants_match_the_cuda_source():
+    assert (kgdn.REC_COLS, kgdn.REC_WARPS) == (_define("GDN_REC_COLS"), _define("GDN_REC_WARPS"))
+    assert kgdn.MAX_K_RECURRENT == _define("GDN_REC_WARPS") * _define("GDN_REC_MAX_ROWS")
+    assert kgdn.MAX_C == _define("GDN_MAX_C") and kgdn.MAX_K_CHUNK == _define("GDN_MAX_K")
+    assert (kgdn.STATE_COLS, kgdn.STATE_ROWS) == (_define("GDN_STATE_COLS"),
+                                                  _define("GDN_STATE_ROWS"))
+
+
+# ---------------------------------------------------------------- gdn_chunked: the block plan
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 1023, 1024, 1025, 5000, 131072 + 17])
+@pytest.mark.parametrize(("C", "n"), [(64, 16), (16, 16), (1, 3), (64, 32)])
+def test_block_plan_tiles_the_sequence_on_chunk_boundaries(T, C, n):
+    plan = kgdn.plan_chunk_blocks(T, C, n)
+    assert plan[0][0] == 0 and plan[-1][1] == T
+    assert all(a[1] == b[0] for a, b in zip(plan, plan[1:]))  # no gap, no overlap
+    assert all(t1 - t0 == C * n for t0, t1 in plan[:-1])  # whole chunks: boundaries unchanged
+    assert 0 < plan[-1][1] - plan[-1][0] <= C * n
+    assert len(plan) == math.ceil(T / (C * n))
+
+
+def test_block_plan_of_an_empty_sequence_is_empty():
+    assert kgdn.plan_chunk_blocks(0, 64, 16) == []
+    with pytest.raises(ValueError, match="chunks_per_block"):
+        kgdn.plan_chunk_blocks(10, 64, 0)
+
+
+def test_per_chunk_bytes_hand_count():
+    # HV = 1, K = V = C = 2, scalar gate, counted by hand from the block body:
+    # Qc Kc Kdec 3*4, Vc 4, beta 2, G + cumsum 2*2 | scores 4*4 | W 4, U 4, dC 2 |
+    # S0s 4, Delta 4 | Q e^G 4, three [C, V] products 12  -> 12+4+2+4+16+4+4+2+4+4+4+12 = 72
+    assert kgdn.chunk_bytes_per_chunk(1, 2, 2, 2, kda=False) == 4 * 72
+    # KDA: G is [C, K], 2 more floats per G array
+    assert kgdn.chunk_bytes_per_chunk(1, 2, 2, 2, kda=True) == 4 * 76
+
+
+@pytest.mark.parametrize(("HV", "K", "V", "kda"), [(32, 128, 128, False), (16, 128, 128, False),
+                                                   (64, 128, 128, False), (4, 256, 64, True)])
+def test_one_block_stays_within_the_budget_and_does_not_grow_with_T(HV, K, V, kda):
+    C = 64
+    n = kgdn.chunks_per_block_for(HV, K, V, C, kda)
+    assert n >= CHUNKS_PER_BLOCK and n & (n - 1) == 0  # a power of two, at least the reference's
+    block = n * kgdn.chunk_bytes_per_chunk(HV, K, V, C, kda)
+    floor = CHUNKS_PER_BLOCK * kgdn.chunk_bytes_per_chunk(HV, K, V, C, kda)
+    assert block <= max(kgdn.BLOCK_BYTES, floor)
+    # At 128k tokens the one-pass wrapper needed every temporary over the whole prompt:
+    whole = math.ceil(131072 / C) * kgdn.chunk_bytes_per_chunk(HV, K, V, C, kda)
+    assert block * 16 <= whole, (block, whole)
+    assert block <= 2**30  # <= 1 GiB whatever T is
+
+
+def test_budget_is_read_at_call_time(monkeypatch):
+    monkeypatch.setattr(kgdn, "BLOCK_BYTES", 1)
+    assert kgdn.chunks_per_block_for(16, 128, 128, 64, False) == CHUNKS_PER_BLOCK
+
+
+def test_reference_blocking_is_exact_for_any_block_size(monkeypatch, rng):
+    # The premise of the blocked twin: carrying the state between blocks of whole chunks is the
+    # recurrence itself. Oracle: the recurrent form (the ground truth), float64.
+    import dflash_ref.ops.gdn as ref
+
+    args = make_inputs(rng, 200, 2, 4, 16, 12, gmin=-5.0)
+    o_r, S_r = gdn_recurrent(*args)
+    for n in (1, 3, 1000):
+        monkeypatch.setattr(ref, "CHUNKS_PER_BLOCK", n)
+        o_c, S_c = gdn_chunked(*args, chunk_size=16)
+        assert_close(o_c, o_r, "float64_gdn", op="gdn_chunked", case=f"{n} chunks per block")
+        assert_close(S_c, S_r, "float64_gdn", op="gdn_chunked", tensor="state", case=f"{n}")
+
+
+# ---------------------------------------------------------------- gdn_recurrent_f32: mapping
+
+
+def _thread_rows(K: int, wy: int) -> list[int]:
+    """Rows of warp wy in gdn_recurrent_f32: kk = wy + GDN_REC_WARPS * i, i < GDN_REC_MAX_ROWS."""
+    return [wy + kgdn.REC_WARPS * i for i in range(_define("GDN_REC_MAX_ROWS"))
+            if wy + kgdn.REC_WARPS * i < K]
+
+
+def emulate_recurrent_kernel(q, k, v, g, beta, state, scale):
+    """gdn_recurrent_f32 in NumPy float32, thread by thread (one value head, one column tile at
+    a time, lanes vectorised), with the kernel's summation order: a thread's rows in i order,
+    then the warps' partials in w order. Returns (o, final_state, addresses written)."""
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
+    W, L = kgdn.REC_WARPS, kgdn.REC_COLS
+    f = np.float32
+    o = np.zeros((T, HV, V), f)
+    S_out = np.zeros((HV, K, V), f)
+    state_addr, trace_addr = [], []
+    for hv in range(HV):
+        hk = hv // (HV // H)
+        for tile in range(-(-V // L)):
+            cols = tile * L + np.arange(L)
+            live = cols < V
+            c = np.where(live, cols, 0)
+            rows = [_thread_rows(K, wy) for wy in range(W)]
+            s = [np.stack([np.where(live, state[hv, kk, c], f(0)) for kk in r]) if r else
+                 np.zeros((0, L), f) for r in rows]  # s[wy]: [rows of wy, lanes]
+            for t in range(T):
+                decay = f(np.exp(g[t, hv])) if g.ndim == 2 else None
+                part = np.zeros((W, L), f)
+                for wy in range(W):
+                    for i, kk in enumerate(rows[wy]):
+                        d = f(np.exp(g[t, hv, kk])) if decay is None else decay
+                        s[wy][i] = s[wy][i] * d
+                        part[wy] = part[wy] + s[wy][i] * k[t, hk, kk]
+                rd = np.zeros(L, f)
+                for wy in range(W):
+                    rd = rd + part[wy]
+                delta = beta[t, hv] * (np.where(live, v[t, hv, c], f(0)) - rd)
+                part = np.zeros((W, L), f)
+                for wy in range(W):
+                    for i, kk in enumerate(rows[wy]):
+                        s[wy][i] = s[wy][i] + k[t, hk, kk] * delta
+                        part[wy] = part[wy] + s[wy][i] * q[t, hk, kk]
+                out = np.zeros(L, f)
+                for wy in range(W):
+                    out = out + part[wy]
+                o[t, hv, cols[live]] = (f(scale) * out)[live]
+                th = t * HV + hv
+                for wy in range(W):
+                    for kk in rows[wy]:
+                        trace_addr.append((th * K + kk) * V + cols[live])
+            for wy in range(W):
+                for i, kk in enumerate(rows[wy]):
+                    S_out[hv, kk, cols[live]] = s[wy][i][live]
+                    state_addr.append((hv * K + kk) * V + cols[live])
+    return o, S_out, state_addr, trace_addr
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 2, 16, 40, False), (2, 2, 4, 33, 7, False),
+                                   (2, 1, 1, 20, 33, True), (1, 1, 1, 256, 3, False)], ids=str)
+def test_recurrent_kernel_mapping_matches_the_reference(rng, shape):
+    T, H, HV, K, V, kda = shape
+    args = tuple(a.astype(np.float32) for a in make_inputs(rng, T, H, HV, K, V, kda=kda))
+    scale = K ** -0.5
+    o, S, state_addr, trace_addr = emulate_recurrent_kernel(*args, scale)
+    o_r, S_r = gdn_recurrent(*args)  # the reference, float32 (another summation order)
+    assert_close(o, o_r, "float32_gdn", op="gdn_recurrent_f32 (emulated)", case=str(shape))
+    assert_close(S, S_r, "float32_gdn", op="gdn_recurrent_f32 (emulated)", tensor="state")
+    # Every state element written exactly once; every trace element exactly once.
+    flat = np.concatenate(state_addr)
+    assert np.array_equal(np.sort(flat), np.arange(HV * K * V))
+    flat = np.concatenate(trace_addr)
+    assert np.array_equal(np.sort(flat), np.arange(T * HV * K * V))
+
+
+def test_recurrent_state_accesses_are_coalesced():
+    # For a fixed (head, row), the 32 lanes of a warp touch 32 consecutive floats of the state
+    # (one 128-byte transaction), where the old lane -> row mapping strode V floats (512 bytes).
+    K, V, hv, kk, tile = 128, 128, 3, 17, 2
+    lanes = np.arange(kgdn.REC_COLS)
+    addr = (hv * K + kk) * V + tile * kgdn.REC_COLS + lanes
+    assert np.all(np.diff(addr) == 1) and addr[0] % 32 == 0
