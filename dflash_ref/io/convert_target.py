@@ -99,8 +99,11 @@ LAYER_NAMES: dict[str, dict[str, str]] = {
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     },
 }
-GEMMA3_LLAMA_CPP_SWA_PATTERN = 6  # llama.cpp hard-codes it for gemma3
-GEMMA3_LLAMA_CPP_SWA_THETA = 10000.0
+GEMMA3_LLAMA_CPP_SWA_PATTERN = 6  # llama.cpp hard-codes it for gemma3 (set_swa_pattern(6))
+GEMMA3_LLAMA_CPP_SWA_THETA = 10000.0  # rope_freq_base_train_swa, hard-coded, no key read
+# The config-dict key under which target_config_dict_from_gguf lists the llama.cpp values it took
+# for absent keys; TargetModel.from_gguf appends them to TargetConfig.defaults_used.
+LLAMA_CPP_DEFAULTS_KEY = "dflash_ref_llama_cpp_defaults"
 
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -235,7 +238,8 @@ def target_metadata(cfg: TargetConfig, arch: str, ggml_type: str) -> dict[str, A
         if full.mrope_section:
             md[a + "rope.dimension_sections"] = (list(full.mrope_section) + [0, 0, 0, 0])[:4]
     if cfg.family == "gemma3":
-        md[a + "attention.sliding_window"] = cfg.sliding_window
+        if cfg.sliding_window:  # llama.cpp's converter also omits it without sliding layers
+            md[a + "attention.sliding_window"] = cfg.sliding_window
         md[a + "attention.sliding_window_pattern"] = [t == SLIDING for t in cfg.layer_types]
         if SLIDING in cfg.rope_by_type:
             md[a + "rope.freq_base_swa"] = cfg.rope_by_type[SLIDING].theta
@@ -308,10 +312,11 @@ def convert_target(src_dir, out_path, qtype: str = "f32", *, fallback: str | Non
 
 
 def _gemma3_embedding_dtype(g: GGUFFile, hidden: int) -> str | None:
-    """The torch_dtype whose rounding of sqrt(hidden) equals the file's embedding_scale."""
+    """The torch_dtype whose rounding of sqrt(hidden) equals the file's embedding_scale (None:
+    no such key, as in every file llama.cpp writes)."""
     scale = meta(g, "embedding_scale", "float", None)
     if scale is None:
-        return None  # TargetConfig records its bfloat16 default
+        return None
     for dtype in ("bfloat16", "float16", "float32"):
         if np.float32(embedding_scale_for(hidden, dtype)) == np.float32(scale):
             return dtype
@@ -332,24 +337,39 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
         raise FormatError(f"{name}: no token_embd.weight tensor")
     vocab, hidden = g.tensor_info("token_embd.weight").numpy_shape
     n_layers = meta(g, "block_count", "int")
-    head_dim = meta(g, "attention.key_length", "int")
+    n_embd, n_head = meta(g, "embedding_length", "int"), meta(g, "attention.head_count", "int")
+    taken: list[str] = []  # llama.cpp's values for absent keys (TargetConfig.defaults_used)
+    head_dim = meta(g, "attention.key_length", "int", None)
+    if head_dim is None:  # llama.cpp: n_embd_head_k = n_embd / n_head when the key is absent
+        head_dim = n_embd // n_head
+        taken.append(f"attention.key_length={head_dim} (llama.cpp: n_embd / n_head)")
+    n_kv = meta(g, "attention.head_count_kv", "int", None)
+    if n_kv is None:  # llama.cpp: "n_head_kv is optional, default to n_head"
+        n_kv = n_head
+        taken.append(f"attention.head_count_kv={n_kv} (llama.cpp: n_head)")
     config: dict[str, Any] = {
-        "hidden_size": meta(g, "embedding_length", "int"),
+        "hidden_size": n_embd,
         "num_hidden_layers": n_layers,
         "vocab_size": vocab,  # the rows llama.cpp kept (Gemma drops out-of-vocabulary rows)
-        "num_attention_heads": meta(g, "attention.head_count", "int"),
-        "num_key_value_heads": meta(g, "attention.head_count_kv", "int"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
         "head_dim": head_dim,
         "intermediate_size": meta(g, "feed_forward_length", "int"),
         "rms_norm_eps": meta(g, "attention.layer_norm_rms_epsilon", "float"),
         "max_position_embeddings": meta(g, "context_length", "int", None),
         "tie_word_embeddings": LM_HEAD not in g,
         "attention_bias": False,
+        LLAMA_CPP_DEFAULTS_KEY: taken,
     }
     if config["hidden_size"] != hidden:
         raise FormatError(f"{name}: embedding_length {config['hidden_size']} but token_embd.weight "
                           f"rows have {hidden} weights")
-    theta = meta(g, "rope.freq_base", "float")  # never defaulted
+    theta = meta(g, "rope.freq_base", "float", None)
+    if theta is None:  # never defaulted (llama.cpp would take 10000, wrong for every release)
+        raise FormatError(f"{name}: no key {g.arch_key('rope.freq_base')!r}; llama.cpp falls "
+                          f"back to 10000 (src/llama-model.cpp), which is not the base of any "
+                          f"Qwen3 or Gemma 3 release (1e6). dflash-ref never defaults a RoPE "
+                          f"base: add the key (gguf-set-metadata) with the model's rope_theta")
     scaling = None
     if meta(g, "rope.scaling.type", "str", "none") == "linear":
         scaling = {"rope_type": "linear", "factor": meta(g, "rope.scaling.factor", "float")}
@@ -373,10 +393,16 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
             linear_value_head_dim=inner // max(n_v, 1),
             linear_conv_kernel_dim=meta(g, "ssm.conv_kernel", "int"),
             rope_parameters=rope)
-    else:  # gemma3
+    else:  # gemma3: where a key is absent, llama.cpp's LLM_ARCH_GEMMA3 hparams (module doc)
+        window = meta(g, "attention.sliding_window", "int", 0)
         pattern = meta(g, "attention.sliding_window_pattern", "bools", None)
-        if pattern is None:  # llama.cpp's hard-coded rule: every 6th layer is global
+        if not window:  # llama.cpp: no window (or 0) -> LLAMA_SWA_TYPE_NONE, every layer global
+            pattern = [False] * n_layers
+            taken.append("attention.sliding_window absent: every layer global (llama.cpp)")
+        elif pattern is None:  # llama.cpp: set_swa_pattern(6), every 6th layer global
             pattern = [(i + 1) % GEMMA3_LLAMA_CPP_SWA_PATTERN != 0 for i in range(n_layers)]
+            taken.append(f"sliding pattern: every {GEMMA3_LLAMA_CPP_SWA_PATTERN}th layer global "
+                         f"(llama.cpp)")
         scale = meta(g, "attention.scale", "float", None)
         if scale is not None:
             qpas = 1.0 / scale ** 2
@@ -384,19 +410,26 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
         else:  # llama.cpp: n_embd / n_head for the 27B (62 layers), else head_dim
             qpas = (config["hidden_size"] / config["num_attention_heads"] if n_layers == 62
                     else float(head_dim))
+            taken.append(f"attention scale {qpas:g}^-0.5 (llama.cpp)")
+        theta_swa = meta(g, "rope.freq_base_swa", "float", None)
+        if theta_swa is None and any(pattern):
+            theta_swa = GEMMA3_LLAMA_CPP_SWA_THETA
+            taken.append(f"sliding-layer RoPE base {theta_swa:g} (llama.cpp)")
         config.update(
             architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
             hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=qpas,
             rope_theta=theta, rope_scaling=scaling,
-            rope_local_base_freq=meta(g, "rope.freq_base_swa", "float",
-                                      GEMMA3_LLAMA_CPP_SWA_THETA),
-            sliding_window=meta(g, "attention.sliding_window", "int"),
+            rope_local_base_freq=theta_swa if theta_swa is not None else theta,
+            sliding_window=window or None,
             layer_types=[SLIDING if s else FULL for s in pattern],
             final_logit_softcapping=meta(g, "final_logit_softcapping", "float", None),
             attn_logit_softcapping=None)
         dtype = _gemma3_embedding_dtype(g, config["hidden_size"])
-        if dtype is not None:
-            config["torch_dtype"] = dtype
+        if dtype is None:  # llama.cpp multiplies by sqrtf(n_embd), unrounded (gemma3.cpp)
+            dtype = "float32"
+            taken.append(f"embedding scale sqrt({n_embd}) in float32 (llama.cpp's "
+                         f"sqrtf(n_embd); no embedding_scale key)")
+        config["torch_dtype"] = dtype
     return config
 
 

@@ -265,13 +265,16 @@ class _Decoding:
     # ------------------------------------------------------------------ the steps
 
     def prefill(self, prompt) -> None:
-        """1. Run the prompt (capture on); sample the first token from its last row."""
+        """1. Run the prompt (capture on); sample the first token from its last row.
+
+        Only that row's logits are computed (``logits_rows``): the other N-1 rows would be
+        N x vocab floats that nothing reads. Verify steps still take every block row."""
         self.prompt, self.s = prompt, prompt.size  # s: position of the anchor
         t0 = self.clock.start()
-        out = self.target.forward(prompt, self.state)
+        out = self.target.forward(prompt, self.state, logits_rows=slice(-1, None))
         self.clock.stop("prefill", t0)
         self.result.target_forward_passes += 1
-        self.last_logits = out.logits[-1:]
+        self.last_logits = out.logits
         self._emit([int(sample_tokens(self.be, self.last_logits, self.temperature,
                                       self.rng)[0])])
 
