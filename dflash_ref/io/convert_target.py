@@ -32,7 +32,8 @@ tied lm_head           no ``output.weight``; the runtime uses ``token_embd``.
 Metadata that llama.cpp hard-codes for Gemma 3 (the sliding pattern 6, the local RoPE base 10000,
 the attention scale) is also written as keys (``attention.sliding_window_pattern``,
 ``rope.freq_base_swa``, ``attention.scale``, ``embedding_scale``) so that tiny models with other
-values survive the round trip; a file without them gets llama.cpp's values.
+values survive the round trip; a file without them gets llama.cpp's values
+(:mod:`dflash_ref.io.llama_cpp_defaults`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from dflash_ref.config import FULL, LINEAR, SLIDING, TargetConfig, embedding_scale_for
+from dflash_ref.config import FULL, LINEAR, SLIDING, TargetConfig
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.convert_common import (
     FILE_TYPE,
@@ -55,6 +56,7 @@ from dflash_ref.io.convert_common import (
     write_converted,
 )
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
+from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY, gemma3_config, head_dims
 from dflash_ref.io.safetensors_io import open_checkpoint
 
 # Our family -> llama.cpp arch (gguf.MODEL_ARCH_NAMES) and back.
@@ -99,11 +101,6 @@ LAYER_NAMES: dict[str, dict[str, str]] = {
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     },
 }
-GEMMA3_LLAMA_CPP_SWA_PATTERN = 6  # llama.cpp hard-codes it for gemma3 (set_swa_pattern(6))
-GEMMA3_LLAMA_CPP_SWA_THETA = 10000.0  # rope_freq_base_train_swa, hard-coded, no key read
-# The config-dict key under which target_config_dict_from_gguf lists the llama.cpp values it took
-# for absent keys; TargetModel.from_gguf appends them to TargetConfig.defaults_used.
-LLAMA_CPP_DEFAULTS_KEY = "dflash_ref_llama_cpp_defaults"
 
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -311,19 +308,6 @@ def convert_target(src_dir, out_path, qtype: str = "f32", *, fallback: str | Non
 # ---------------------------------------------------------------------------------- GGUF -> HF
 
 
-def _gemma3_embedding_dtype(g: GGUFFile, hidden: int) -> str | None:
-    """The torch_dtype whose rounding of sqrt(hidden) equals the file's embedding_scale (None:
-    no such key, as in every file llama.cpp writes)."""
-    scale = meta(g, "embedding_scale", "float", None)
-    if scale is None:
-        return None
-    for dtype in ("bfloat16", "float16", "float32"):
-        if np.float32(embedding_scale_for(hidden, dtype)) == np.float32(scale):
-            return dtype
-    raise FormatError(f"{g.path.name}: embedding_scale {scale:g} is not sqrt({hidden}) rounded to "
-                      f"bfloat16, float16 or float32; Gemma multiplies embeddings by that value")
-
-
 def target_config_dict_from_gguf(g: GGUFFile) -> dict:
     """An HF ``config.json`` dict (flat text config) describing a target GGUF."""
     family = FAMILY_OF_ARCH.get(g.arch)
@@ -339,14 +323,7 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
     n_layers = meta(g, "block_count", "int")
     n_embd, n_head = meta(g, "embedding_length", "int"), meta(g, "attention.head_count", "int")
     taken: list[str] = []  # llama.cpp's values for absent keys (TargetConfig.defaults_used)
-    head_dim = meta(g, "attention.key_length", "int", None)
-    if head_dim is None:  # llama.cpp: n_embd_head_k = n_embd / n_head when the key is absent
-        head_dim = n_embd // n_head
-        taken.append(f"attention.key_length={head_dim} (llama.cpp: n_embd / n_head)")
-    n_kv = meta(g, "attention.head_count_kv", "int", None)
-    if n_kv is None:  # llama.cpp: "n_head_kv is optional, default to n_head"
-        n_kv = n_head
-        taken.append(f"attention.head_count_kv={n_kv} (llama.cpp: n_head)")
+    head_dim, n_kv = head_dims(g, n_embd, n_head, taken)
     config: dict[str, Any] = {
         "hidden_size": n_embd,
         "num_hidden_layers": n_layers,
@@ -393,43 +370,9 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
             linear_value_head_dim=inner // max(n_v, 1),
             linear_conv_kernel_dim=meta(g, "ssm.conv_kernel", "int"),
             rope_parameters=rope)
-    else:  # gemma3: where a key is absent, llama.cpp's LLM_ARCH_GEMMA3 hparams (module doc)
-        window = meta(g, "attention.sliding_window", "int", 0)
-        pattern = meta(g, "attention.sliding_window_pattern", "bools", None)
-        if not window:  # llama.cpp: no window (or 0) -> LLAMA_SWA_TYPE_NONE, every layer global
-            pattern = [False] * n_layers
-            taken.append("attention.sliding_window absent: every layer global (llama.cpp)")
-        elif pattern is None:  # llama.cpp: set_swa_pattern(6), every 6th layer global
-            pattern = [(i + 1) % GEMMA3_LLAMA_CPP_SWA_PATTERN != 0 for i in range(n_layers)]
-            taken.append(f"sliding pattern: every {GEMMA3_LLAMA_CPP_SWA_PATTERN}th layer global "
-                         f"(llama.cpp)")
-        scale = meta(g, "attention.scale", "float", None)
-        if scale is not None:
-            qpas = 1.0 / scale ** 2
-            qpas = float(round(qpas)) if abs(qpas - round(qpas)) < 1e-3 else qpas
-        else:  # llama.cpp: n_embd / n_head for the 27B (62 layers), else head_dim
-            qpas = (config["hidden_size"] / config["num_attention_heads"] if n_layers == 62
-                    else float(head_dim))
-            taken.append(f"attention scale {qpas:g}^-0.5 (llama.cpp)")
-        theta_swa = meta(g, "rope.freq_base_swa", "float", None)
-        if theta_swa is None and any(pattern):
-            theta_swa = GEMMA3_LLAMA_CPP_SWA_THETA
-            taken.append(f"sliding-layer RoPE base {theta_swa:g} (llama.cpp)")
-        config.update(
-            architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
-            hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=qpas,
-            rope_theta=theta, rope_scaling=scaling,
-            rope_local_base_freq=theta_swa if theta_swa is not None else theta,
-            sliding_window=window or None,
-            layer_types=[SLIDING if s else FULL for s in pattern],
-            final_logit_softcapping=meta(g, "final_logit_softcapping", "float", None),
-            attn_logit_softcapping=None)
-        dtype = _gemma3_embedding_dtype(g, config["hidden_size"])
-        if dtype is None:  # llama.cpp multiplies by sqrtf(n_embd), unrounded (gemma3.cpp)
-            dtype = "float32"
-            taken.append(f"embedding scale sqrt({n_embd}) in float32 (llama.cpp's "
-                         f"sqrtf(n_embd); no embedding_scale key)")
-        config["torch_dtype"] = dtype
+    else:  # gemma3: where a key is absent, llama.cpp's LLM_ARCH_GEMMA3 hparams
+        config.update(gemma3_config(g, n_layers, n_embd, n_head, head_dim, taken),
+                      rope_theta=theta, rope_scaling=scaling)
     return config
 
 

@@ -107,7 +107,8 @@ class TargetModel:
         unrounded float32 ``sqrtf(n_embd)`` (25.298 for the 640-wide 270M, not HF's bf16 25.25);
         a dtype name or a number overrides (docs/conventions.md).
         """
-        from dflash_ref.io.convert_target import LLAMA_CPP_DEFAULTS_KEY, read_gguf_target
+        from dflash_ref.io.convert_target import read_gguf_target
+        from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY
 
         config_dict, weights = read_gguf_target(path)
         config = TargetConfig.from_hf(config_dict)

@@ -15,12 +15,9 @@ import numpy as np
 import pytest
 
 from dflash_ref.errors import ConfigError, FormatError
-from dflash_ref.io.convert_target import (
-    LLAMA_CPP_DEFAULTS_KEY,
-    convert_target,
-    target_config_dict_from_gguf,
-)
+from dflash_ref.io.convert_target import convert_target, target_config_dict_from_gguf
 from dflash_ref.io.gguf_io import open_gguf
+from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY
 from dflash_ref.models.target import TargetModel
 from dflash_ref.tiny import write_tiny_target
 from tests.io.convert_helpers import rewrite
