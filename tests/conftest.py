@@ -33,6 +33,14 @@ ACTIVE_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(ACTIVE_PROFILE)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # ``real``: tests on a published checkpoint installed from the package index (tests/real);
+    # declared here unless pyproject.toml already declares it.
+    if not any(m.split(":")[0].strip() == "real" for m in config.getini("markers")):
+        config.addinivalue_line(
+            "markers", "real: a published checkpoint from the package index (install-or-skip)")
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is None:
         return

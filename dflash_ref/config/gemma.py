@@ -119,7 +119,9 @@ def _parse_gemma3(f: _Fields, family: str, outer: Mapping) -> dict:
         hidden_act=_activation(f, "hidden_activation", "hidden_act"),
         norm_offset=1.0,
         layer_types=layer_types,
-        sliding_window=f.int("sliding_window"),
+        # without sliding layers (a GGUF with no window key) the window is not needed
+        sliding_window=(f.int("sliding_window") if SLIDING in layer_types
+                        else f.int("sliding_window", None)),
         rope_by_type=MappingProxyType({t: rope[t] for t in dict.fromkeys(layer_types)}),
         attn_output_gate=False,
         qk_norm=True,

@@ -8,6 +8,7 @@ queries (layer type, RoPE, head dim, KV heads) and a human summary.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from typing import Any
 
 from dflash_ref.config.families import _locate_text_config
 from dflash_ref.config.fields import (
+    EMBEDDING_DTYPES,
     FULL,
     LAYER_TYPES,
     LINEAR,
@@ -23,6 +25,7 @@ from dflash_ref.config.fields import (
     _Fields,
     _is_int,
     _read_json,
+    embedding_scale_for,
 )
 from dflash_ref.config.gemma import (
     GEMMA3_TEXT_HF_DEFAULTS,
@@ -48,7 +51,8 @@ class TargetConfig:
     - ``attention_scale``: softmax scale; head_dim^-0.5 for Qwen, ``query_pre_attn_scalar^-0.5``
       for Gemma 3, 1.0 for Gemma 4 (its q/k norms take the place of the scale).
     - ``embedding_scale``: what the embedding rows are multiplied by, i.e. ``sqrt(hidden_size)``
-      rounded to ``embedding_dtype`` (Gemma); None for Qwen. ``embedding_scale_exact`` is the
+      rounded to ``embedding_dtype`` (Gemma; None after :meth:`with_embedding_scale` with a
+      number); None for Qwen. ``embedding_scale_exact`` is the
       unrounded sqrt, kept so the difference stays visible.
     - ``weight_prefix``: prefix of the decoder-stack tensors (``{prefix}layers.{i}.``,
       ``{prefix}embed_tokens.weight``, ``{prefix}norm.weight``); ``weight_prefix_candidates`` are
@@ -131,6 +135,33 @@ class TargetConfig:
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> TargetConfig:
         """:meth:`from_hf` on a config.json file, or on the config.json inside a directory."""
         return cls.from_hf(_read_json(path, "target"), **kwargs)
+
+    def with_embedding_scale(self, embedding_scale: float | str | None) -> TargetConfig:
+        """A copy with the Gemma embedding scale chosen explicitly (docs/conventions.md, "The
+        Gemma embedding scale and its rounding").
+
+        ``embedding_scale``: None keeps the source's rule (a GGUF: llama.cpp's unrounded
+        float32 sqrt(H); a safetensors checkpoint: sqrt(H) rounded to its ``torch_dtype``, as HF
+        computes in that dtype); a dtype name ("bfloat16", "float16", "float32") rounds
+        sqrt(hidden_size) to it; a number is used as it is. Only Gemma targets have a scale.
+        """
+        if embedding_scale is None:
+            return self
+        if self.embedding_scale is None:
+            raise ConfigError(f"embedding_scale={embedding_scale!r}: a {self.family} target has "
+                              f"no embedding scale (only Gemma multiplies its embeddings)")
+        if isinstance(embedding_scale, str):
+            if embedding_scale not in EMBEDDING_DTYPES:
+                raise ConfigError(f"embedding_scale={embedding_scale!r}: a string names the "
+                                  f"dtype sqrt(hidden_size) is rounded to, one of "
+                                  f"{EMBEDDING_DTYPES}; or pass a number")
+            return replace(self, embedding_dtype=embedding_scale,
+                           embedding_scale=embedding_scale_for(self.hidden_size,
+                                                               embedding_scale))
+        value = float(embedding_scale)
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"embedding_scale must be a finite positive number, got {value!r}")
+        return replace(self, embedding_scale=value, embedding_dtype=None)
 
     def with_weight_prefix(self, prefix: str) -> TargetConfig:
         """A copy with another decoder-stack prefix, after the loader has checked the tensors."""
@@ -249,9 +280,10 @@ class TargetConfig:
                      + (", pre/post ffn norms" if self.use_pre_post_ffn_norms else "")
                      + f"; tied embeddings: {'yes' if self.tie_word_embeddings else 'no'}")
         if self.embedding_scale is not None:
+            how = (f"rounded to {self.embedding_dtype}; the rounded value is used"
+                   if self.embedding_dtype else "the scale was set explicitly")
             lines.append(f"  embedding scale {self.embedding_scale:g} (sqrt({self.hidden_size}) = "
-                         f"{self.embedding_scale_exact:.4f} rounded to {self.embedding_dtype}; the "
-                         f"rounded value is used)")
+                         f"{self.embedding_scale_exact:.4f}; {how})")
         caps = [f"{n} {v:g}" for n, v in (("final logit softcap", self.final_logit_softcapping),
                                           ("attn logit softcap", self.attn_logit_softcapping))
                 if v is not None]

@@ -32,7 +32,8 @@ tied lm_head           no ``output.weight``; the runtime uses ``token_embd``.
 Metadata that llama.cpp hard-codes for Gemma 3 (the sliding pattern 6, the local RoPE base 10000,
 the attention scale) is also written as keys (``attention.sliding_window_pattern``,
 ``rope.freq_base_swa``, ``attention.scale``, ``embedding_scale``) so that tiny models with other
-values survive the round trip; a file without them gets llama.cpp's values.
+values survive the round trip; a file without them gets llama.cpp's values
+(:mod:`dflash_ref.io.llama_cpp_defaults`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from dflash_ref.config import FULL, LINEAR, SLIDING, TargetConfig, embedding_scale_for
+from dflash_ref.config import FULL, LINEAR, SLIDING, TargetConfig
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.convert_common import (
     FILE_TYPE,
@@ -55,6 +56,7 @@ from dflash_ref.io.convert_common import (
     write_converted,
 )
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
+from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY, gemma3_config, head_dims
 from dflash_ref.io.safetensors_io import open_checkpoint
 
 # Our family -> llama.cpp arch (gguf.MODEL_ARCH_NAMES) and back.
@@ -99,8 +101,6 @@ LAYER_NAMES: dict[str, dict[str, str]] = {
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     },
 }
-GEMMA3_LLAMA_CPP_SWA_PATTERN = 6  # llama.cpp hard-codes it for gemma3
-GEMMA3_LLAMA_CPP_SWA_THETA = 10000.0
 
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -235,7 +235,8 @@ def target_metadata(cfg: TargetConfig, arch: str, ggml_type: str) -> dict[str, A
         if full.mrope_section:
             md[a + "rope.dimension_sections"] = (list(full.mrope_section) + [0, 0, 0, 0])[:4]
     if cfg.family == "gemma3":
-        md[a + "attention.sliding_window"] = cfg.sliding_window
+        if cfg.sliding_window:  # llama.cpp's converter also omits it without sliding layers
+            md[a + "attention.sliding_window"] = cfg.sliding_window
         md[a + "attention.sliding_window_pattern"] = [t == SLIDING for t in cfg.layer_types]
         if SLIDING in cfg.rope_by_type:
             md[a + "rope.freq_base_swa"] = cfg.rope_by_type[SLIDING].theta
@@ -307,18 +308,6 @@ def convert_target(src_dir, out_path, qtype: str = "f32", *, fallback: str | Non
 # ---------------------------------------------------------------------------------- GGUF -> HF
 
 
-def _gemma3_embedding_dtype(g: GGUFFile, hidden: int) -> str | None:
-    """The torch_dtype whose rounding of sqrt(hidden) equals the file's embedding_scale."""
-    scale = meta(g, "embedding_scale", "float", None)
-    if scale is None:
-        return None  # TargetConfig records its bfloat16 default
-    for dtype in ("bfloat16", "float16", "float32"):
-        if np.float32(embedding_scale_for(hidden, dtype)) == np.float32(scale):
-            return dtype
-    raise FormatError(f"{g.path.name}: embedding_scale {scale:g} is not sqrt({hidden}) rounded to "
-                      f"bfloat16, float16 or float32; Gemma multiplies embeddings by that value")
-
-
 def target_config_dict_from_gguf(g: GGUFFile) -> dict:
     """An HF ``config.json`` dict (flat text config) describing a target GGUF."""
     family = FAMILY_OF_ARCH.get(g.arch)
@@ -332,24 +321,32 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
         raise FormatError(f"{name}: no token_embd.weight tensor")
     vocab, hidden = g.tensor_info("token_embd.weight").numpy_shape
     n_layers = meta(g, "block_count", "int")
-    head_dim = meta(g, "attention.key_length", "int")
+    n_embd, n_head = meta(g, "embedding_length", "int"), meta(g, "attention.head_count", "int")
+    taken: list[str] = []  # llama.cpp's values for absent keys (TargetConfig.defaults_used)
+    head_dim, n_kv = head_dims(g, n_embd, n_head, taken)
     config: dict[str, Any] = {
-        "hidden_size": meta(g, "embedding_length", "int"),
+        "hidden_size": n_embd,
         "num_hidden_layers": n_layers,
         "vocab_size": vocab,  # the rows llama.cpp kept (Gemma drops out-of-vocabulary rows)
-        "num_attention_heads": meta(g, "attention.head_count", "int"),
-        "num_key_value_heads": meta(g, "attention.head_count_kv", "int"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
         "head_dim": head_dim,
         "intermediate_size": meta(g, "feed_forward_length", "int"),
         "rms_norm_eps": meta(g, "attention.layer_norm_rms_epsilon", "float"),
         "max_position_embeddings": meta(g, "context_length", "int", None),
         "tie_word_embeddings": LM_HEAD not in g,
         "attention_bias": False,
+        LLAMA_CPP_DEFAULTS_KEY: taken,
     }
     if config["hidden_size"] != hidden:
         raise FormatError(f"{name}: embedding_length {config['hidden_size']} but token_embd.weight "
                           f"rows have {hidden} weights")
-    theta = meta(g, "rope.freq_base", "float")  # never defaulted
+    theta = meta(g, "rope.freq_base", "float", None)
+    if theta is None:  # never defaulted (llama.cpp would take 10000, wrong for every release)
+        raise FormatError(f"{name}: no key {g.arch_key('rope.freq_base')!r}; llama.cpp falls "
+                          f"back to 10000 (src/llama-model.cpp), which is not the base of any "
+                          f"Qwen3 or Gemma 3 release (1e6). dflash-ref never defaults a RoPE "
+                          f"base: add the key (gguf-set-metadata) with the model's rope_theta")
     scaling = None
     if meta(g, "rope.scaling.type", "str", "none") == "linear":
         scaling = {"rope_type": "linear", "factor": meta(g, "rope.scaling.factor", "float")}
@@ -373,30 +370,9 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
             linear_value_head_dim=inner // max(n_v, 1),
             linear_conv_kernel_dim=meta(g, "ssm.conv_kernel", "int"),
             rope_parameters=rope)
-    else:  # gemma3
-        pattern = meta(g, "attention.sliding_window_pattern", "bools", None)
-        if pattern is None:  # llama.cpp's hard-coded rule: every 6th layer is global
-            pattern = [(i + 1) % GEMMA3_LLAMA_CPP_SWA_PATTERN != 0 for i in range(n_layers)]
-        scale = meta(g, "attention.scale", "float", None)
-        if scale is not None:
-            qpas = 1.0 / scale ** 2
-            qpas = float(round(qpas)) if abs(qpas - round(qpas)) < 1e-3 else qpas
-        else:  # llama.cpp: n_embd / n_head for the 27B (62 layers), else head_dim
-            qpas = (config["hidden_size"] / config["num_attention_heads"] if n_layers == 62
-                    else float(head_dim))
-        config.update(
-            architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
-            hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=qpas,
-            rope_theta=theta, rope_scaling=scaling,
-            rope_local_base_freq=meta(g, "rope.freq_base_swa", "float",
-                                      GEMMA3_LLAMA_CPP_SWA_THETA),
-            sliding_window=meta(g, "attention.sliding_window", "int"),
-            layer_types=[SLIDING if s else FULL for s in pattern],
-            final_logit_softcapping=meta(g, "final_logit_softcapping", "float", None),
-            attn_logit_softcapping=None)
-        dtype = _gemma3_embedding_dtype(g, config["hidden_size"])
-        if dtype is not None:
-            config["torch_dtype"] = dtype
+    else:  # gemma3: where a key is absent, llama.cpp's LLM_ARCH_GEMMA3 hparams
+        config.update(gemma3_config(g, n_layers, n_embd, n_head, head_dim, taken),
+                      rope_theta=theta, rope_scaling=scaling)
     return config
 
 

@@ -45,7 +45,8 @@ from dflash_ref.models.state import TargetState
 
 @dataclass
 class TargetOutput:
-    """Result of one forward: ``logits`` [T, vocab] float32; ``features`` [T, C*hidden] or None."""
+    """Result of one forward: ``logits`` [T, vocab] float32 (or the rows ``logits_rows`` chose);
+    ``features`` [T, C*hidden] or None."""
 
     logits: object
     features: object | None
@@ -82,29 +83,47 @@ class TargetModel:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_pretrained(cls, path, backend="numpy", target_layer_ids=None) -> TargetModel:
-        """Load ``config.json`` + ``*.safetensors`` (single or sharded) from directory ``path``."""
+    def from_pretrained(cls, path, backend="numpy", target_layer_ids=None,
+                        embedding_scale=None) -> TargetModel:
+        """Load ``config.json`` + ``*.safetensors`` (single or sharded) from directory ``path``.
+
+        ``embedding_scale`` (Gemma only): None follows HF, sqrt(hidden_size) rounded to the
+        checkpoint's ``torch_dtype`` (HF casts its normaliser to the dtype it computes in); a
+        dtype name or a number overrides (:meth:`TargetConfig.with_embedding_scale
+        <dflash_ref.config.TargetConfig.with_embedding_scale>`; docs/conventions.md).
+        """
         path = Path(path)
         cfg_path = path / "config.json"
         if not cfg_path.exists():
             raise FormatError(f"{path} has no config.json; expected a Hugging Face model directory")
         config = TargetConfig.from_hf(json.loads(cfg_path.read_text()))
+        config = config.with_embedding_scale(embedding_scale)
         weights = load_checkpoint(path)
         config = _match_weight_prefix(config, weights)
         return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
 
     @classmethod
-    def from_gguf(cls, path, backend="numpy", target_layer_ids=None) -> TargetModel:
+    def from_gguf(cls, path, backend="numpy", target_layer_ids=None,
+                  embedding_scale=None) -> TargetModel:
         """Load a llama.cpp GGUF of arch ``qwen3``, ``qwen35`` or ``gemma3``.
 
         :func:`~dflash_ref.io.convert_target.read_gguf_target` undoes what llama.cpp's converter
         baked in (the +1 of (1+w) norms, ``ssm_a = -exp(A_log)``, the tiled GDN value heads) and
-        dequantizes, so the forward is the safetensors one up to the storage error.
+        dequantizes, so the forward is the safetensors one up to the storage error. Keys the
+        file lacks take llama.cpp's values, each listed in ``config.defaults_used``.
+
+        ``embedding_scale`` (Gemma only): None follows llama.cpp, whose format this is: the
+        unrounded float32 ``sqrtf(n_embd)`` (25.298 for the 640-wide 270M, not HF's bf16 25.25);
+        a dtype name or a number overrides (docs/conventions.md).
         """
         from dflash_ref.io.convert_target import read_gguf_target
+        from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY
 
         config_dict, weights = read_gguf_target(path)
         config = TargetConfig.from_hf(config_dict)
+        taken = tuple(config_dict.get(LLAMA_CPP_DEFAULTS_KEY, ()))
+        config = replace(config, defaults_used=config.defaults_used + taken)
+        config = config.with_embedding_scale(embedding_scale)
         return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
 
     def set_target_layer_ids(self, target_layer_ids) -> None:
@@ -171,22 +190,28 @@ class TargetModel:
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, ids, state: TargetState, tap=None) -> TargetOutput:
+    def forward(self, ids, state: TargetState, tap=None, logits_rows=None) -> TargetOutput:
         """Run ``ids`` [T] at positions state.length .. state.length+T-1; update ``state``.
 
-        Returns logits [T, vocab] and, when capture layers are set, features [T, C*hidden].
+        Returns logits and, when capture layers are set, features [T, C*hidden] (every row).
+        ``logits_rows`` chooses the logits rows: None (default) returns all of them, [T, vocab];
+        a slice or a 1-D integer index array (into 0..T-1) returns exactly those rows of that
+        result, ``full[logits_rows]`` [R, vocab], and only those rows go through the final
+        norm and the lm_head. Prefill asks for ``slice(-1, None)``: a 4k-token prompt on a
+        262k vocabulary would otherwise build a 4 GB float32 matrix to read one row of it.
         ``tap(layer, name, x)``, if given, sees intermediate tensors (the attention layers' q/k
         before and after RoPE and v: names "q", "k", "q_rope", "k_rope", "v"; MoE layers'
         "router_logits" [T, E], "experts" [T, k], "expert_weights" [T, k]); the KVFlash
         scorer's Q/K probe is one.
         """
         ids = self._check_ids(ids)
+        rows = _logits_rows(logits_rows, ids.size)
         pager = state.pager
         if pager is not None and ids.size > pager.chunk_tokens:
             # A span longer than a chunk may evict its own first chunks once the pool is full:
             # run it one chunk-aligned piece at a time, as the public pooled prefill does.
-            return self._forward_pieces(ids, state, tap)
-        return self._run(ids, state.begin_batch(ids, tap=tap), state)
+            return self._forward_pieces(ids, state, tap, rows)
+        return self._run(ids, state.begin_batch(ids, tap=tap), state, rows)
 
     def forward_tree(self, ids, parents, state: TargetState) -> TargetOutput:
         """Verify a draft tree in one pass (docs/spec_decode.md, DDTree).
@@ -217,8 +242,10 @@ class TargetModel:
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
         return ids
 
-    def _run(self, ids, batch, state: TargetState) -> TargetOutput:
-        """The forward itself (module docstring), then hand the batch back to the state."""
+    def _run(self, ids, batch, state: TargetState, rows=None) -> TargetOutput:
+        """The forward itself (module docstring), then hand the batch back to the state.
+
+        ``rows``: None, or an integer index array: the logits rows to compute."""
         h = self.embed(ids)  # [T, H]
         ple = None if self.per_layer_embeddings is None else self.per_layer_embeddings(ids, h)
         captured = {}
@@ -230,23 +257,45 @@ class TargetModel:
         if self.target_layer_ids:  # [T, C*H], in target_layer_ids order
             features = self.be.xp.concatenate([captured[i] for i in self.target_layer_ids],
                                               axis=1)
+        if rows is not None:
+            h = h[self.be.xp.asarray(rows)]  # the norm and lm_head act row by row
         logits = self.lm_head(self.final_norm_apply(h))
         state.end_batch(batch, features)
         return TargetOutput(logits=logits, features=features)
 
-    def _forward_pieces(self, ids, state: TargetState, tap) -> TargetOutput:
+    def _forward_pieces(self, ids, state: TargetState, tap, rows=None) -> TargetOutput:
         """Forward ``ids`` in chunk-aligned pieces through the pager; outputs concatenated."""
         xp, T = self.be.xp, state.pager.chunk_tokens
         cuts = [0]
         while cuts[-1] < ids.size:
             pos = state.length + cuts[-1]
             cuts.append(min(ids.size, cuts[-1] + T - pos % T))
-        outs = [self._run(ids[a:b], state.begin_batch(ids[a:b], tap=tap), state)
+        need = None if rows is None else np.unique(rows)  # sorted; each piece computes its own
+        outs = [self._run(ids[a:b], state.begin_batch(ids[a:b], tap=tap), state,
+                          None if need is None else need[(need >= a) & (need < b)] - a)
                 for a, b in zip(cuts, cuts[1:])]
         feats = (None if outs[0].features is None
                  else xp.concatenate([o.features for o in outs], axis=0))
-        return TargetOutput(logits=xp.concatenate([o.logits for o in outs], axis=0),
-                            features=feats)
+        logits = xp.concatenate([o.logits for o in outs], axis=0)
+        if need is not None:  # back to the caller's order (and repeats)
+            logits = logits[xp.asarray(np.searchsorted(need, rows))]
+        return TargetOutput(logits=logits, features=feats)
+
+
+def _logits_rows(logits_rows, n: int) -> np.ndarray | None:
+    """``forward``'s ``logits_rows`` as an index array into 0..n-1 (None: every row)."""
+    if logits_rows is None:
+        return None
+    if isinstance(logits_rows, slice):
+        return np.arange(n)[logits_rows]
+    rows = np.asarray(logits_rows)
+    if rows.ndim != 1 or (rows.size and not np.issubdtype(rows.dtype, np.integer)):
+        raise ValueError(f"logits_rows must be None, a slice or a 1-D integer array, got "
+                         f"{logits_rows!r}")
+    rows = rows.astype(np.int64)
+    if rows.size and (rows.min() < -n or rows.max() >= n):
+        raise ValueError(f"logits_rows {rows.tolist()} index outside the batch's {n} rows")
+    return np.where(rows < 0, rows + n, rows)
 
 
 def _match_weight_prefix(cfg: TargetConfig, weights) -> TargetConfig:

@@ -51,6 +51,10 @@ def conventions_in_force(target, drafter, block_size: int) -> dict[str, dict]:
             "rule": "temperature > 0: 'rejection' (the release: sampled drafts, rejection "
                     "sampling with the residual, DFlash 2 on its candidates) unless the run asks "
                     "for 'greedy_draft' (greedy drafts, one sample per target row)"},
+        "GGUF metadata a file leaves out: llama.cpp's values": {
+            "rule": "target.gguf states every key it needs; a GGUF that leaves one out is read "
+                    "with llama.cpp's value (listed in the config's defaults_used)",
+            "defaults_used": list(getattr(tc, "defaults_used", ()) or ())},
         "Non-finite logits": {
             "rule": "argmax: NaN ranks above every number, the first NaN wins (NumPy's rule, on "
                     "every backend); verify and draft refuse NaN/inf logits with "

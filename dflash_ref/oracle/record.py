@@ -165,7 +165,8 @@ class RecordingTarget:
         self._rec.state, self._rec.pager = state, kwargs.get("pager")
         return state
 
-    def forward(self, ids, state, tap=None):
+    def forward(self, ids, state, tap=None, logits_rows=None):
+        # logits_rows is ignored: the case records every row (the loop reads the rows it needs)
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         my_tap = self._rec.before_forward(ids, state.length + np.arange(ids.size))
         if tap is not None and my_tap is not None:

@@ -305,10 +305,13 @@ class _Decoding:
     # ------------------------------------------------------------------ the steps
 
     def prefill(self, prompt) -> None:
-        """1. Run the prompt (capture on); sample the first token from its last row."""
+        """1. Run the prompt (capture on); sample the first token from its last row.
+
+        Only that row's logits are computed (``logits_rows``): the other N-1 rows would be
+        N x vocab floats that nothing reads. Verify steps still take every block row."""
         rest = self.prefill_ids(prompt)
         t0 = self.clock.start()
-        out = self.target.forward(rest, self.state)
+        out = self.target.forward(rest, self.state, logits_rows=slice(-1, None))
         self.clock.stop("prefill", t0)
         self.accept_prefill(out)
 
