@@ -65,6 +65,8 @@ class GenerationResult:
         gate_decisions: the gate's decisions in order (empty without a gate).
         target_forward_passes: target forwards run, prefill included.
         floored_at: generated-token count when the gate floored (None: never).
+        from_draft: one flag per token of ``tokens``: True where the token is an accepted draft,
+            False for a bonus token, the first token and plain-decoded ones.
     """
 
     tokens: list[int]
@@ -76,6 +78,7 @@ class GenerationResult:
     gate_decisions: list = field(default_factory=list)
     target_forward_passes: int = 0
     floored_at: int | None = None
+    from_draft: list[bool] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -236,6 +239,7 @@ class _Decoding:
                               "(DFlashDrafter.from_pretrained(path, target) sets "
                               "target_layer_ids)")
         self.emitted: list[int] = []
+        self.emitted_from_draft: list[bool] = []
         self.t_total = self.clock.start()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -247,9 +251,11 @@ class _Decoding:
     def observation(self) -> GateObservation:
         return GateObservation(self.be, self.last_logits[-1], len(self.emitted))
 
-    def _emit(self, tokens: list[int]) -> None:
-        """Append committed tokens; report them (cut at max_new_tokens) and re-page KVFlash."""
+    def _emit(self, tokens: list[int], n_drafts: int = 0) -> None:
+        """Append committed tokens (the first ``n_drafts`` are accepted drafts); report them
+        (cut at max_new_tokens) and re-page KVFlash."""
         self.emitted.extend(tokens)
+        self.emitted_from_draft.extend(i < n_drafts for i in range(len(tokens)))
         self.anchor = tokens[-1]
         if self.on_tokens is not None:
             before = len(self.emitted) - len(tokens)
@@ -330,7 +336,7 @@ class _Decoding:
         """2d. Emit a + 1 tokens (accepted drafts + bonus); record the step's statistics."""
         self.result.target_forward_passes += 1
         self.s += len(res.committed)
-        self._emit([int(t) for t in res.committed])
+        self._emit([int(t) for t in res.committed], n_drafts=res.a)
         self.result.acceptance_lengths.append(res.a + 1)
         self.result.drafted.append(drafted)
         wall = self.clock.elapsed(step_t0)  # the gate's step_wall, not a phase of its own
@@ -348,6 +354,7 @@ class _Decoding:
                 tokens = tokens[: i + 1]
                 break
         self.result.tokens = [int(t) for t in tokens]
+        self.result.from_draft = self.emitted_from_draft[: len(tokens)]
         self.clock.stop("total", self.t_total)
         self.result.timings = self.clock.walls
         self.result.modelled_time = self.clock.modelled
