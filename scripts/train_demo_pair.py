@@ -139,7 +139,7 @@ class Target(nn.Module):
 
     def forward(self, ids, capture=(), past=None):
         """ids [b, t] at positions len(past)..; returns logits, {layer: raw output}, new past."""
-        c, eps = self.c, self.c["rms_norm_eps"]
+        eps = self.c["rms_norm_eps"]
         b, t = ids.shape
         p0 = 0 if past is None else past[0][0].shape[2]
         cos, sin = self.cos[p0:p0 + t], self.sin[p0:p0 + t]
@@ -185,7 +185,7 @@ class Drafter(nn.Module):
         Block k sits at positions s_k..s_k+B-1 and sees context positions < s_k plus its own
         rows. Returns logits [b, K, B, V] through the target's (tied) lm_head ``embed``.
         """
-        c, eps = self.c, self.c["rms_norm_eps"]
+        eps = self.c["rms_norm_eps"]
         b, L, _ = feats.shape
         _, K, B = block_ids.shape
         ctx = rms_norm(self.fc(feats), self.hidden_norm.weight, eps)  # [b, L, H]
