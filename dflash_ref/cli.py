@@ -58,8 +58,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 DEMO_PROMPT = (3, 17, 42, 99, 5, 128, 77, 64)  # for targets without a byte vocabulary
 # the shipped pair's default prompt: the start of a method of a module held out of training
-DEMO_TEXT = ("    def put(self, item, block=True, timeout=None):\n"
-             "        '''Put an item into the queue.\n")
+DEMO_TEXT = ("\tdef put(self, item, block=True, timeout=None):\n"
+             "\t\t'''Put an item into the queue.\n")  # indents are tabs, as in training
 
 
 def demo_dirs() -> tuple[Path, Path]:

@@ -25,9 +25,19 @@ VOCAB_SIZE = 259
 _HEADER = re.compile(rb"^# ==== (Lib/\S+) ====\n", re.MULTILINE)
 
 
+def indent_with_tabs(data: bytes) -> bytes:
+    """Each leading group of 4 spaces becomes one tab (still valid Python, same meaning).
+
+    A small byte-level model otherwise spends its capacity counting runs of up to 16 spaces, and
+    its greedy text falls into an endless run of spaces after the first deep indent."""
+    return re.sub(rb"^(?:    )+", lambda m: b"\t" * (len(m.group(0)) // 4), data,
+                  flags=re.MULTILINE)
+
+
 def load_files(path: Path = CORPUS) -> dict[str, bytes]:
-    """The corpus as {module path: its bytes}, header lines removed, in file order."""
-    data = Path(path).read_bytes()
+    """The corpus as {module path: its bytes}, header lines removed, indents as tabs, in file
+    order."""
+    data = indent_with_tabs(Path(path).read_bytes())
     heads = list(_HEADER.finditer(data))
     return {m.group(1).decode(): data[m.end(): (heads[i + 1].start() if i + 1 < len(heads)
                                                   else len(data))]

@@ -51,8 +51,8 @@ TARGET = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
 DRAFTER = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                intermediate_size=512, rope_theta=10000.0, rms_norm_eps=1e-6, block_size=8,
                target_layer_ids=[1, 2])
-KNOBS = dict(seed=15, threads=2, target_steps=500, target_batch=16, target_seq=256,
-             target_lr=3e-3, rollouts=384, rollout_new=160, drafter_steps=600,
+KNOBS = dict(seed=15, threads=2, target_steps=800, target_batch=16, target_seq=256,
+             target_lr=3e-3, rollouts=384, rollout_new=160, drafter_steps=500,
              drafter_batch=16, anchors=16, drafter_lr=2e-3, gamma=4.0, eval_prompts=24,
              eval_new_tokens=128)
 ROLLOUT_PROMPT_LENGTHS = (32, 48, 64, 80)  # one decode batch per length
@@ -367,6 +367,17 @@ def train_drafter(target: Target, ids, feats, plens, k: dict, log: dict) -> Draf
 
 # ---------------------------------------------------------------------------------- saving
 
+def load_target(path: Path) -> Target:
+    from safetensors.torch import load_file
+
+    model = Target(TARGET, demo_corpus.VOCAB_SIZE)
+    w = {k.removeprefix("model."): v.float() for k, v in load_file(str(path / "model.safetensors")
+                                                                   ).items()}
+    w["embed_tokens"] = w.pop("embed_tokens.weight")
+    model.load_state_dict(w)
+    return model
+
+
 def save_safetensors(tensors: dict, path: Path) -> None:
     from safetensors.torch import save_file
     save_file({n: t.detach().to(torch.bfloat16).contiguous() for n, t in tensors.items()},
@@ -509,6 +520,8 @@ def check_in_dflash_ref(tdir: Path, ddir: Path, torch_drafter: Drafter, target: 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", default=str(DEFAULT_OUT))
+    ap.add_argument("--reuse-target", metavar="DIR",
+                    help="load this trained target instead of training one (drafter experiments)")
     for name, value in KNOBS.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             ap.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
@@ -519,7 +532,8 @@ def main(argv=None) -> int:
     log = {"knobs": k, "target": TARGET, "drafter": DRAFTER, "torch": torch.__version__}
     t0 = time.time()
     tokens, held = demo_corpus.split_corpus()
-    target = train_target(tokens, k, log)
+    target = train_target(tokens, k, log) if args.reuse_target is None else load_target(
+        Path(args.reuse_target))
     log["target_held_out_bits_per_byte"] = round(held_out_bits_per_byte(target, held), 4)
     print(f"target held-out: {log['target_held_out_bits_per_byte']:.3f} bits/byte", flush=True)
     ids, feats, plens = rollouts(target, tokens, k, log)
