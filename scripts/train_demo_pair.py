@@ -52,7 +52,7 @@ DRAFTER = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2
                intermediate_size=512, rope_theta=10000.0, rms_norm_eps=1e-6, block_size=8,
                target_layer_ids=[1, 2])
 KNOBS = dict(seed=15, threads=2, target_steps=800, target_batch=16, target_seq=256,
-             target_lr=3e-3, rollouts=384, rollout_new=160, drafter_steps=500,
+             target_lr=3e-3, rollouts=1536, rollout_new=64, drafter_steps=1200,
              drafter_batch=16, anchors=16, drafter_lr=2e-3, gamma=4.0, eval_prompts=24,
              eval_new_tokens=128)
 ROLLOUT_PROMPT_LENGTHS = (32, 48, 64, 80)  # one decode batch per length
