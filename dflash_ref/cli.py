@@ -59,7 +59,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-DEMO_PROMPT = (3, 17, 42, 99, 5, 128, 77, 64)
+DEMO_PROMPT = (3, 17, 42, 99, 5, 128, 77, 64)  # for targets without a byte vocabulary
+# the shipped pair's default prompt: the start of a method of a module held out of training
+DEMO_TEXT = ("\tdef put(self, item, block=True, timeout=None):\n"
+             "\t\t'''Put an item into the queue.\n")  # indents are tabs, as in training
 
 
 def demo_dirs() -> tuple[Path, Path]:
@@ -84,7 +87,9 @@ def _run_timed(target, drafter, prompt, args, label):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Plain vs speculative decoding, with a table; exit 1 if the outputs differ."""
+    """Plain vs speculative decoding: the text with accepted drafts marked, then a table; exit 1
+    if the outputs differ."""
+    from dflash_ref import demo_text
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
 
@@ -96,27 +101,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                else demo_dirs())
     target = TargetModel.from_pretrained(target_dir, backend=args.backend)
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
-    prompt = [int(t) for t in args.prompt.split(",")] if args.prompt else list(DEMO_PROMPT)
+    as_bytes = demo_text.is_byte_vocabulary(target_dir)
+    if args.prompt:
+        prompt = [int(t) for t in args.prompt.split(",")]
+    elif args.text is not None and not as_bytes:
+        print(f"error: --text needs a byte-level target (a tokenizer.json mapping byte b to id "
+              f"b); {target_dir} has none, give --prompt ids", file=sys.stderr)
+        return 2
+    elif as_bytes:
+        prompt = demo_text.encode_text(DEMO_TEXT if args.text is None else args.text)
+    else:
+        prompt = list(DEMO_PROMPT)
     print(f"target  {target_dir}  ({target.config.family}, {target.config.num_hidden_layers} "
           f"layers, hidden {target.config.hidden_size}, vocab {target.config.vocab_size})")
     print(f"drafter {drafter_dir}  (block {drafter.block_size}, captures "
           f"{list(drafter.config.target_layer_ids)})")
-    print(f"backend {target.be.name}; prompt {prompt}; {args.max_new_tokens} new tokens; "
-          f"verify {args.verify}")
+    print(f"backend {target.be.name}; {len(prompt)} prompt tokens; {args.max_new_tokens} new "
+          f"tokens; verify {args.verify}")
     plain = _run_timed(target, None, prompt, args, "plain")
     speculative = _run_timed(target, drafter, prompt, args, "speculative")
-    rows = [("plain", plain), ("speculative", speculative)]
+    colour = sys.stdout.isatty()
+    print()
+    print("--- prompt ---")
+    print(demo_text.decode_bytes(prompt) if as_bytes else prompt)
+    print(f"--- continuation (accepted drafts {'highlighted' if colour else 'in [brackets]'}) ---")
+    print(demo_text.render_marked(speculative.tokens, speculative.from_draft, as_bytes, colour))
+    print("---")
     print()
     print(f"{'mode':<12} {'tokens':>6} {'tau':>6} {'accept':>7} {'target fwd':>10} "
-          f"{'wall s':>8} {'tok/s':>8}")
-    for name, r in rows:
+          f"{'wall s':>8} {'tok/s':>8} {'speedup':>8}")
+    base = plain.timings.get("total", 0.0)
+    for name, r in (("plain", plain), ("speculative", speculative)):
         wall = r.timings.get("total", 0.0)
         print(f"{name:<12} {len(r.tokens):>6} {r.tau:>6.2f} {r.acceptance_rate:>7.1%} "
-              f"{r.target_forward_passes:>10} {wall:>8.3f} {len(r.tokens) / max(wall, 1e-9):>8.1f}")
+              f"{r.target_forward_passes:>10} {wall:>8.3f} {len(r.tokens) / max(wall, 1e-9):>8.1f}"
+              f" {base / max(wall, 1e-9):>7.2f}x")
     same = plain.tokens == speculative.tokens
     print()
     print(f"identical output: {'yes' if same else 'NO'}")
-    print(f"tokens: {speculative.tokens}")
     return 0 if same else 1
 
 
@@ -304,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--block-size", type=int, default=None)
     p_demo.add_argument("--verify", default="chain", choices=["chain", "tree"])
     p_demo.add_argument("--prompt", help="comma-separated token ids (default: a fixed prompt)")
+    p_demo.add_argument("--text", help="prompt text, for byte-level targets such as the "
+                        "shipped one (default: a few lines of Python)")
     p_demo.set_defaults(func=cmd_demo)
     p_info = sub.add_parser("info", help="version, available backends, CUDA device")
     p_info.set_defaults(func=cmd_info)

@@ -1,6 +1,6 @@
 """Tiny checkpoints in the real layouts, built deterministically from a seed.
 
-Tests, notebooks and ``dflash-ref demo`` use these instead of downloads: each is a directory with
+Tests and notebooks use these instead of downloads: each is a directory with
 a Hugging Face ``config.json`` (the same fields a published checkpoint has) and
 ``model.safetensors`` (or shards with ``model.safetensors.index.json``) with HF tensor names,
 loaded through the same ``from_pretrained`` a real checkpoint goes through.
@@ -8,8 +8,8 @@ loaded through the same ``from_pretrained`` a real checkpoint goes through.
 Weights are random but well-conditioned: matrices ~ N(0, 1/fan_in), so activations keep unit
 scale through the layers and logits are decisive (few near-ties).
 
-The demo checkpoints shipped in ``dflash_ref/data/demo`` are built from these by
-``scripts/demo_fit.py`` (a damped target and a drafter fitted to it in closed form; docs/demo.md).
+The demo checkpoints shipped in ``dflash_ref/data/demo`` are not built here: they are trained by
+``scripts/train_demo_pair.py`` (docs/training.md).
 """
 
 from __future__ import annotations

@@ -61,3 +61,13 @@ def test_demo_default_runs_the_shipped_checkpoints(capsys):
     assert "identical output: yes" in out
     spec_row = next(line for line in out.splitlines() if line.startswith("speculative"))
     assert float(spec_row.split()[2]) > 1.5  # tau: the shipped drafter is accepted
+
+
+def test_demo_prints_text_with_the_accepted_drafts_in_brackets(capsys):
+    assert main(["demo", "--max-new-tokens", "48", "--text", "\tdef put(self, item):\n"]) == 0
+    out = capsys.readouterr().out
+    assert "--- prompt ---\n\tdef put(self, item):\n" in out  # bytes decoded back to text
+    continuation = out.split("in [brackets]) ---\n", 1)[1].split("\n---\n", 1)[0]
+    assert "[" in continuation and "]" in continuation  # not a terminal: brackets, no colour
+    assert "\x1b[" not in out.split("---", 1)[1]
+    assert "speedup" in out

@@ -28,14 +28,13 @@ the path's KV / features / GDN states (liranringel/ddtree ``ddtree.py``; docs/sp
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dflash_ref.errors import ConfigError, StateError
-from dflash_ref.spec_decode.cost import CostModel
+from dflash_ref.spec_decode.cost import Clock, CostModel
 from dflash_ref.spec_decode.ddtree import DDTreeOptions, build_ddtree, verify_tree
 from dflash_ref.spec_decode.gate import GateObservation, StepObservation
 from dflash_ref.spec_decode.sampling import (
@@ -69,6 +68,8 @@ class GenerationResult:
         gate_decisions: the gate's decisions in order (empty without a gate).
         target_forward_passes: target forwards run, prefill included.
         floored_at: generated-token count when the gate floored (None: never).
+        from_draft: one flag per token of ``tokens``: True where the token is an accepted draft,
+            False for a bonus token, the first token and plain-decoded ones.
     """
 
     tokens: list[int]
@@ -80,6 +81,7 @@ class GenerationResult:
     gate_decisions: list = field(default_factory=list)
     target_forward_passes: int = 0
     floored_at: int | None = None
+    from_draft: list[bool] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
@@ -210,33 +212,6 @@ def _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block
     return B
 
 
-class _Clock:
-    """Wall time per phase (synchronising the device on CuPy) plus optional modelled time."""
-
-    def __init__(self, be, cost: CostModel | None):
-        self.be, self.cost = be, cost
-        self.walls: dict[str, float] = {}
-        self.modelled = 0.0 if cost is not None else None
-
-    def sync(self):
-        if self.be.name == "cupy":
-            self.be.xp.cuda.Stream.null.synchronize()
-
-    def start(self) -> float:
-        self.sync()
-        return time.perf_counter()
-
-    def elapsed(self, t0: float) -> float:
-        self.sync()
-        return time.perf_counter() - t0
-
-    def stop(self, phase: str, t0: float) -> float:
-        """Add the time since ``t0`` to ``phase``; return it."""
-        dt = self.elapsed(t0)
-        self.walls[phase] = self.walls.get(phase, 0.0) + dt
-        return dt
-
-
 class _Decoding:
     """One request's decoding: the target state, the draft cache, the tokens, the bookkeeping.
 
@@ -257,7 +232,7 @@ class _Decoding:
         self.tree_options = tree_options
         self.on_commit = None  # generate(on_commit=...): sees each step's committed ids
         self.stops = {int(t) for t in (stops or ())}
-        self.clock = _Clock(self.be, cost_model)
+        self.clock = Clock(self.be, cost_model)
         self.result = GenerationResult(tokens=[])
         self.result.per_position_accepted = np.zeros(max(B - 1, 0), dtype=np.int64)
         if state is not None and state.pager is not pager:
@@ -271,6 +246,7 @@ class _Decoding:
                               "(DFlashDrafter.from_pretrained(path, target) sets "
                               "target_layer_ids)")
         self.emitted: list[int] = []
+        self.emitted_from_draft: list[bool] = []
         self.t_total = self.clock.start()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -282,11 +258,13 @@ class _Decoding:
     def observation(self) -> GateObservation:
         return GateObservation(self.be, self.last_logits[-1], len(self.emitted))
 
-    def _emit(self, tokens: list[int]) -> None:
-        """Append committed tokens; report them (cut at max_new_tokens) and re-page KVFlash."""
+    def _emit(self, tokens: list[int], n_drafts: int = 0) -> None:
+        """Append committed tokens (the first ``n_drafts`` are accepted drafts); report them
+        (cut at max_new_tokens) and re-page KVFlash."""
         if self.on_commit is not None:
             self.on_commit(list(tokens))
         self.emitted.extend(tokens)
+        self.emitted_from_draft.extend(i < n_drafts for i in range(len(tokens)))
         self.anchor = tokens[-1]
         before = len(self.emitted) - len(tokens)
         n_new = min(len(tokens), max(0, self.max_new_tokens - before))
@@ -421,7 +399,7 @@ class _Decoding:
                 break
         produced = len(tokens)
         self.s += produced
-        self._emit(tokens)
+        self._emit(tokens, n_drafts=min(res.a, produced))
         self.result.per_position_accepted[: produced - 1] += 1
         self.result.acceptance_lengths.append(produced)
         self.result.drafted.append(drafted)
@@ -440,6 +418,7 @@ class _Decoding:
                 tokens = tokens[: i + 1]
                 break
         self.result.tokens = [int(t) for t in tokens]
+        self.result.from_draft = self.emitted_from_draft[: len(tokens)]
         self.clock.stop("total", self.t_total)
         self.result.timings = self.clock.walls
         self.result.modelled_time = self.clock.modelled

@@ -78,6 +78,22 @@ def test_statistics_are_consistent_with_the_tokens(models):
     assert res.tau > 2.0  # the scripted drafter is right 70% of the time per row
 
 
+def test_from_draft_marks_the_accepted_drafts(models):
+    """Provenance: the prefill's token, then per verify step a accepted drafts and one bonus."""
+    target, _ = models["qwen3"]
+    prompt, n = PROMPTS[0], 40
+    truth = np.concatenate([prompt, _plain(target, prompt, n + 20)])
+    for verify in ("chain", "tree"):
+        d = ScriptedDrafter(target, truth, 8, error_rate=0.3, seed=5)
+        res = generate(target, d, prompt, n, verify=verify)
+        expected = [False]
+        for length in res.acceptance_lengths:
+            expected += [True] * (length - 1) + [False]
+        assert res.from_draft == expected[:n]
+        assert len(res.from_draft) == len(res.tokens)
+    assert generate(target, None, prompt, 10).from_draft == [False] * 10
+
+
 def test_perfect_drafter_accepts_whole_blocks_and_tree_matches_chain(models):
     target, _ = models["qwen3_5"]
     prompt, n = PROMPTS[2], 30
