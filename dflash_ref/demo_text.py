@@ -15,7 +15,7 @@ from pathlib import Path
 ACCEPTED_COLOUR, RESET = "\x1b[30;42m", "\x1b[0m"  # black on green
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's alphabet)."""
     bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
           + list(range(ord("®"), ord("ÿ") + 1)))
@@ -39,7 +39,7 @@ def is_byte_vocabulary(model_dir) -> bool:
         decoder = (tok.get("decoder") or {}).get("type")
     except (ValueError, KeyError, TypeError, AttributeError):
         return False
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
     return (decoder == "ByteLevel" and not merges and len(vocab) == 256
             and all(vocab.get(table[b]) == b for b in range(256)))
 

@@ -42,6 +42,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_corpus  # noqa: E402
 
+from dflash_ref.demo_text import bytes_to_unicode  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "dflash_ref" / "data" / "demo"
 
@@ -427,7 +429,7 @@ def write_tokenizer(out: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
-    alphabet = _bytes_to_unicode()
+    alphabet = bytes_to_unicode()  # the same table the demo decodes with
     tok = Tokenizer(models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
@@ -442,19 +444,6 @@ def write_tokenizer(out: Path) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
         "eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "mask_token": "<|mask|>",
         "add_bos_token": False, "model_max_length": 4096}, indent=2) + "\n")
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (the ByteLevel pre-tokenizer's alphabet)."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def save_pair(target: Target, drafter: Drafter, out: Path) -> tuple[Path, Path]:

@@ -38,8 +38,8 @@ def _byte_level_json(vocab):
 
 def test_is_byte_vocabulary(tmp_path):
     # GPT-2's table by hand for three bytes: "!" is itself, space is U+0120, byte 0 is U+0100
-    from dflash_ref.demo_text import _bytes_to_unicode
-    table = _bytes_to_unicode()
+    from dflash_ref.demo_text import bytes_to_unicode
+    table = bytes_to_unicode()
     assert (table[ord("!")], table[ord(" ")], table[0]) == ("!", "\u0120", "\u0100")
     assert not is_byte_vocabulary(tmp_path)  # no tokenizer.json
     good = {table[b]: b for b in range(256)}
