@@ -107,18 +107,11 @@ def forward_batch(model, ids_list, states: list[TargetState], tap=None) -> list:
     ids_list = [model._check_ids(ids) for ids in ids_list]
     batches = [s.begin_batch(ids, tap=tap) for ids, s in zip(ids_list, states)]
     ragged = RaggedBatch(batches, model.be)
-    h = model.embed(np.concatenate(ids_list))  # [sum T, H]
-    captured = {}
-    for layer in model.layers:
-        h = layer(h, ragged)
-        if layer.idx in model.target_layer_ids:
-            captured[layer.idx] = h
+    h, features = model.hidden_states(np.concatenate(ids_list), ragged)  # [sum T, H]
     logits = model.lm_head(model.final_norm_apply(h))  # [sum T, V]
-    xp, outs = model.be.xp, []
+    outs = []
     for (a, b), batch, state in zip(ragged.splits, batches, states):
-        feats = None
-        if model.target_layer_ids:
-            feats = xp.concatenate([captured[i][a:b] for i in model.target_layer_ids], axis=1)
+        feats = None if features is None else features[a:b]  # this sequence's rows only
         state.end_batch(batch, feats)
         outs.append(TargetOutput(logits=logits[a:b], features=feats))
     return outs

@@ -246,6 +246,20 @@ class TargetModel:
         """The forward itself (module docstring), then hand the batch back to the state.
 
         ``rows``: None, or an integer index array: the logits rows to compute."""
+        h, features = self.hidden_states(ids, batch)
+        if rows is not None:
+            h = h[self.be.xp.asarray(rows)]  # the norm and lm_head act row by row
+        logits = self.lm_head(self.final_norm_apply(h))
+        state.end_batch(batch, features)
+        return TargetOutput(logits=logits, features=features)
+
+    def hidden_states(self, ids, batch):
+        """Embed ``ids`` [T] and run every decoder layer over ``batch``'s stores.
+
+        Returns the last layer's output h [T, H] (before the final norm) and the captured
+        features [T, C*H] in target_layer_ids order (None without capture layers). Shared by
+        the single-sequence forward and the ragged one (models/batch.py).
+        """
         h = self.embed(ids)  # [T, H]
         ple = None if self.per_layer_embeddings is None else self.per_layer_embeddings(ids, h)
         captured = {}
@@ -257,11 +271,7 @@ class TargetModel:
         if self.target_layer_ids:  # [T, C*H], in target_layer_ids order
             features = self.be.xp.concatenate([captured[i] for i in self.target_layer_ids],
                                               axis=1)
-        if rows is not None:
-            h = h[self.be.xp.asarray(rows)]  # the norm and lm_head act row by row
-        logits = self.lm_head(self.final_norm_apply(h))
-        state.end_batch(batch, features)
-        return TargetOutput(logits=logits, features=features)
+        return h, features
 
     def _forward_pieces(self, ids, state: TargetState, tap, rows=None) -> TargetOutput:
         """Forward ``ids`` in chunk-aligned pieces through the pager; outputs concatenated."""
