@@ -26,6 +26,7 @@ import numpy as np
 from dflash_ref.errors import ConfigError
 from dflash_ref.models.batch import forward_batch
 from dflash_ref.spec_decode.loop import GenerationResult, _check_arguments, _Decoding
+from dflash_ref.spec_decode.sampling import SamplingParams
 
 
 def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int,
@@ -51,8 +52,9 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int,
     for p, seed in zip(prompts, seeds):
         B = _check_arguments(target, drafter, p, max_new_tokens, temperature, block_size,
                              "chain", seed, None)
-    runs = [_Decoding(target, drafter, B, max_new_tokens, temperature, seed, None,
-                      stop_token_ids, None, None, None) for seed in seeds]
+    params = SamplingParams(float(temperature))
+    runs = [_Decoding(target, drafter, B, max_new_tokens, params, seed, stops=stop_token_ids)
+            for seed in seeds]
     outs = forward_batch(target, [r.prefill_ids(p) for r, p in zip(runs, prompts)],
                          [r.state for r in runs])  # 1. one prefill for all
     for r, out in zip(runs, outs):

@@ -160,10 +160,10 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
                                  ("draft_rows", draft_rows, DRAFT_ROWS)):
         if value not in allowed:
             raise ConfigError(f"{name}={value!r} is unknown; expected one of {allowed}")
-    run = _Decoding(target, drafter, B, max_new_tokens, temperature, seed, pager,
-                    stop_token_ids, cost_model, tree_options, on_tokens, state, on_ids)
-    run.params, run.form, run.draft_rows = params, sampled_verify, draft_rows
-    run.on_commit = on_commit
+    run = _Decoding(target, drafter, B, max_new_tokens, params, seed, pager=pager,
+                    stops=stop_token_ids, cost_model=cost_model, tree_options=tree_options,
+                    on_tokens=on_tokens, on_ids=on_ids, on_commit=on_commit, state=state,
+                    form=sampled_verify, draft_rows=draft_rows)
     run.prefill(prompt)
     speculate = run.draft_cache is not None
     if gate is not None:  # e.g. the commit-EMA gate's t_ar measurement
@@ -220,17 +220,17 @@ class _Decoding:
     ``last_logits`` [1, V] is the target row that produced it (what a gate looks at).
     """
 
-    def __init__(self, target, drafter, B, max_new_tokens, temperature, seed, pager, stops,
-                 cost_model, tree_options, on_tokens, state=None, on_ids=None):
+    def __init__(self, target, drafter, B, max_new_tokens, params: SamplingParams, seed,
+                 pager=None, stops=None, cost_model=None, tree_options=None, on_tokens=None,
+                 on_ids=None, on_commit=None, state=None, form: str = "rejection",
+                 draft_rows: str = "trained"):
         self.target, self.drafter, self.B, self.be = target, drafter, B, target.be
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.params = SamplingParams(float(temperature))  # generate() sets top-p / top-k
-        self.form, self.draft_rows = "rejection", "trained"
+        self.max_new_tokens, self.params = max_new_tokens, params
+        self.form, self.draft_rows = form, draft_rows  # generate()'s sampled_verify, draft_rows
         self.sampled = not self.params.greedy
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.pager, self.cost, self.on_tokens, self.on_ids = pager, cost_model, on_tokens, on_ids
-        self.tree_options = tree_options
-        self.on_commit = None  # generate(on_commit=...): sees each step's committed ids
+        self.tree_options, self.on_commit = tree_options, on_commit
         self.stops = {int(t) for t in (stops or ())}
         self.clock = Clock(self.be, cost_model)
         self.result = GenerationResult(tokens=[])
