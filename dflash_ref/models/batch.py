@@ -37,7 +37,7 @@ class RaggedKV:
             values.append(vi)
             masks.append(mi)
         self.last = (xp.concatenate(keys, axis=0), xp.concatenate(values, axis=0),
-                     _block_diagonal(masks))
+                     _block_diagonal(masks, self.be))
         return self.last
 
     def read(self):
@@ -45,23 +45,20 @@ class RaggedKV:
         return self.last
 
 
-def _block_diagonal(masks: list[MaskSpec]) -> MaskSpec:
+def _block_diagonal(masks: list[MaskSpec], be) -> MaskSpec:
     """One mask over the joined keys: each sequence's visibility on its diagonal block."""
     shapes = [m.shape for m in masks]
     Tq, Tk = sum(s[0] for s in shapes), sum(s[1] for s in shapes)
     anc = np.zeros((Tq, Tk), dtype=bool)  # [sum Tq, sum Tk]
     r = c = 0
     for m, (tq, tk) in zip(masks, shapes):
-        anc[r:r + tq, c:c + tk] = np.asarray(visible(m))  # the sequence's own rule, evaluated
+        anc[r:r + tq, c:c + tk] = be.to_numpy(visible(m, xp=be.xp))  # the sequence's own rule
         r, c = r + tq, c + tk
     q_pos = np.concatenate([np.asarray(m.q_pos, dtype=np.int64) for m in masks])
-    k_pos = np.concatenate([np.asarray(_host(m.k_pos), dtype=np.int64) for m in masks])
+    k_pos = np.concatenate([be.to_numpy(m.k_pos).astype(np.int64) for m in masks])
     k_pos = np.maximum(k_pos, 0)  # validity is already in anc; positions only need to be legal
     return MaskSpec(q_pos=q_pos, k_pos=k_pos, ancestors=anc)
 
-
-def _host(x):
-    return x.get() if hasattr(x, "get") else x
 
 
 class RaggedGDN:
