@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dflash_ref.errors import StateError
-from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.prompt_cache import (
     common_prefix,
     restore_checkpoint,
@@ -25,22 +24,12 @@ from dflash_ref.models.prompt_cache import (
 )
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
-from tests.spec_decode.drafters import ScriptedDrafter
-
-FAMILIES = {"qwen3": {}, "qwen3_5": {}, "gemma3": {"tie_word_embeddings": False}}
+from tests.spec_decode.drafters import FAMILIES, ScriptedDrafter, tiny_pairs
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cache")
-    out = {}
-    for fam, kw in FAMILIES.items():
-        t = write_tiny_target(root / fam, fam, seed=41, **kw)
-        d = write_tiny_drafter(root / (fam + "_d"), t, seed=42, block_size=8)
-        target = TargetModel.from_pretrained(t)
-        out[fam] = (target, DFlashDrafter.from_pretrained(d, target))
-    return out
+    return tiny_pairs(tmp_path_factory.mktemp("cache"), 41, 42, block_size=8)
 
 
 def _ids(n, seed):

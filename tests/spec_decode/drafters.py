@@ -57,3 +57,23 @@ class _ScriptedCache:
     def forward_block(self, anchor_token, anchor_position):
         assert anchor_position == self.length, "the drafter must see features up to s - 1"
         return self.drafter.logits_for(anchor_position)
+
+
+# Three families; gemma3 untied so its greedy text varies (tied tiny Gemmas repeat one token).
+FAMILIES = {"qwen3": {}, "qwen3_5": {}, "gemma3": {"tie_word_embeddings": False}}
+
+
+def tiny_pairs(root, target_seed: int, drafter_seed: int, block_size: int) -> dict:
+    """family -> (TargetModel, its real tiny DFlashDrafter), written under ``root`` and loaded
+    through the code a user runs (random weights: the drafter is almost never accepted)."""
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.target import TargetModel
+    from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+
+    out = {}
+    for fam, kw in FAMILIES.items():
+        t = write_tiny_target(root / fam, fam, seed=target_seed, **kw)
+        d = write_tiny_drafter(root / (fam + "_d"), t, seed=drafter_seed, block_size=block_size)
+        target = TargetModel.from_pretrained(t)
+        out[fam] = (target, DFlashDrafter.from_pretrained(d, target))
+    return out

@@ -20,22 +20,16 @@ from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
-from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+from tests.spec_decode.drafters import FAMILIES, tiny_pairs
 from tests.spec_decode.test_feature_drafter import _build_drafter, _build_target
 
-FAMILIES = {"qwen3": {}, "qwen3_5": {}, "gemma3": {"tie_word_embeddings": False}}
 JOINED = Tolerance(1e-5, 2e-5, "one matmul over the joined rows instead of one per sequence")
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("batch")
-    out = {}
-    for fam, kw in FAMILIES.items():
-        t = write_tiny_target(root / fam, fam, seed=61, **kw)
-        d = write_tiny_drafter(root / (fam + "_d"), t, seed=62, block_size=8)
-        target = TargetModel.from_pretrained(t)
-        out[fam] = (target, DFlashDrafter.from_pretrained(d, target))
+    out = tiny_pairs(root, 61, 62, block_size=8)
     rng = np.random.default_rng(0)
     perm = _build_target(root / "copy_t", rng)
     _build_drafter(root / "copy_d", root / "copy_t")

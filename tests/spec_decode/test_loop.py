@@ -15,23 +15,15 @@ from dflash_ref.spec_decode.gate import CommitEmaGate
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 from tests.spec_decode.chisquare import chi_square_gof
-from tests.spec_decode.drafters import ScriptedDrafter
+from tests.spec_decode.drafters import FAMILIES, ScriptedDrafter, tiny_pairs
 
 PROMPTS = [np.array([3, 17, 42, 99, 5]), np.array([200, 7]), np.array([11, 250, 64, 9, 1, 30])]
-FAMILIES = {"qwen3": {}, "qwen3_5": {}, "gemma3": {"tie_word_embeddings": False}}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """family -> (target, real tiny drafter); targets untied so greedy text varies."""
-    root = tmp_path_factory.mktemp("loop")
-    out = {}
-    for fam, kw in FAMILIES.items():
-        t = write_tiny_target(root / fam, fam, seed=21, **kw)
-        d = write_tiny_drafter(root / (fam + "_d"), t, seed=22, block_size=16)
-        target = TargetModel.from_pretrained(t)
-        out[fam] = (target, DFlashDrafter.from_pretrained(d, target))
-    return out
+    """family -> (target, real tiny drafter)."""
+    return tiny_pairs(tmp_path_factory.mktemp("loop"), 21, 22, block_size=16)
 
 
 def _plain(target, prompt, n):
