@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.benchmarks import BENCHMARKS, load_benchmark
-from tests.gpu import gpu_skip_reason
+from tests.benchmarks import BENCHMARKS, check_exits_cleanly_without_a_gpu, load_benchmark
 
 BENCH = BENCHMARKS / "attention.py"
 
 
 def test_without_a_gpu_it_exits_with_a_clear_message():
-    if gpu_skip_reason() is None:
-        pytest.skip("a GPU is usable here; test_quick_run_checks_then_times covers the script")
-    run = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True,
-                         text=True, timeout=300)
-    assert run.returncode == 1, run.stderr
-    assert "no usable CUDA GPU" in run.stderr and "Traceback" not in run.stderr
-    assert run.stdout == ""  # no table, no half-printed timings
+    check_exits_cleanly_without_a_gpu("attention")
 
 
 @pytest.mark.gpu
