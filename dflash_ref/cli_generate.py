@@ -42,7 +42,7 @@ def _load(path: Path, backend: str):
     if path.is_dir():
         return TargetModel.from_pretrained(path, backend=backend), load_tokenizer(path)
     gguf = open_gguf(path)  # opened once: the tokenizer and the weights read the same file
-    return TargetModel.from_gguf(path, backend=backend), load_tokenizer(gguf)
+    return TargetModel.from_gguf(gguf, backend=backend), load_tokenizer(gguf)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -217,9 +217,10 @@ def _reader(path: Path):
     return _PlainViewReader(path)
 
 
-def open_gguf(path: str | Path) -> GGUFFile:
-    """Open a GGUF file for reading (see :class:`GGUFFile`)."""
-    return GGUFFile(path)
+def open_gguf(path: str | Path | GGUFFile) -> GGUFFile:
+    """Open a GGUF file for reading (see :class:`GGUFFile`); an opened one is returned as is,
+    so a caller that needs both the weights and the tokenizer parses the header once."""
+    return path if isinstance(path, GGUFFile) else GGUFFile(path)
 
 
 # ---------------------------------------------------------------- writing

@@ -105,7 +105,8 @@ class TargetModel:
     @classmethod
     def from_gguf(cls, path, backend="numpy", target_layer_ids=None,
                   embedding_scale=None) -> TargetModel:
-        """Load a llama.cpp GGUF of arch ``qwen3``, ``qwen35`` or ``gemma3``.
+        """Load a llama.cpp GGUF of arch ``qwen3``, ``qwen35`` or ``gemma3`` (a path, or a file
+        already opened with :func:`~dflash_ref.io.gguf_io.open_gguf`).
 
         :func:`~dflash_ref.io.convert_target.read_gguf_target` undoes what llama.cpp's converter
         baked in (the +1 of (1+w) norms, ``ssm_a = -exp(A_log)``, the tiled GDN value heads) and

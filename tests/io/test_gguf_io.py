@@ -188,3 +188,12 @@ def test_typed_values_accept_gguf_enum(tmp_path):
                       metadata={"dflash.big": (2**40, GGUFValueType.UINT64)})
     assert open_gguf(path).get("big") == 2**40
     assert open_gguf(path).value_type("big") == "UINT64"
+
+
+def test_open_gguf_returns_an_opened_file_as_is(tmp_path):
+    # `dflash-ref generate` opens a GGUF once for both the weights and the tokenizer.
+    from dflash_ref.io.gguf_io import open_gguf, write_gguf
+
+    path = write_gguf(tmp_path / "one.gguf", "llama", {"w": np.zeros((2, 3), np.float32)})
+    g = open_gguf(path)
+    assert open_gguf(g) is g
