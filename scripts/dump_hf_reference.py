@@ -151,6 +151,7 @@ def dump(ref_dir, out_dir, target_dir, drafter_dir=None, bug: str = "none") -> P
     hidden = target.config.get_text_config().hidden_size
     detail_steps = set(manifest["run"]["detail_steps"])
     greedy = not manifest["run"]["temperature"]
+    produced = 0  # tokens emitted so far (max_new_tokens cuts the last step)
     prefix: list[int] = []  # the committed positions 0..start-1, as the reference kept them
     features = np.zeros((0, hidden * len(capture)), np.float32)  # committed, by position
     prompt = np.asarray(manifest["run"]["prompt_ids"], np.int64)
@@ -182,6 +183,7 @@ def dump(ref_dir, out_dir, target_dir, drafter_dir=None, bug: str = "none") -> P
         if kind == "tree":  # a tree mask over HF's forward is beyond this dumper
             prefix += [int(ref[key + "target.input_ids"][0])] + s["committed"][:-1]
             features = _append_ref_features(features, ref, key, capture, len(s["committed"]))
+            produced += len(s["committed"])
             _save(save_file, out_dir, n, t)
             continue
         ids = [int(x) for x in ref[key + "target.input_ids"]]
@@ -203,19 +205,23 @@ def dump(ref_dir, out_dir, target_dir, drafter_dir=None, bug: str = "none") -> P
             a = 0
             while greedy and a < len(drafts) and drafts[a] == posterior[a]:
                 a += 1
+            # the cache keeps rows 0..a (anchor + accepted drafts) even when max_new_tokens
+            # then cuts what the step emits; sampled steps take the reference's decision
+            rows = a + 1 if greedy else int(ref[key + "state.length"][0]) - start
             committed = drafts[:a] + [int(posterior[a])] if greedy else s["committed"]
-            rows = len(committed)
-            if greedy:
-                t[key + "verify.accepted"] = np.asarray([a], np.int64)
         if greedy:
+            committed = committed[: manifest["run"]["max_new_tokens"] - produced]
+            if kind not in ("prefill", "plain"):
+                t[key + "verify.accepted"] = np.asarray([len(committed) - 1], np.int64)
             t[key + "verify.bonus"] = np.asarray([committed[-1]], np.int64)
             t[key + "verify.committed"] = np.asarray(committed, np.int64)
+        produced += len(committed)
         shift = 0 if bug == "layer_shift" else 1
         new = np.concatenate([_np(out.hidden_states[i + shift][0, -len(ids):][:rows])
                               for i in capture], axis=1)
         for c, i in enumerate(capture):
             t[f"{key}target.layer{i:02d}.features"] = new[:, c * hidden:(c + 1) * hidden]
-        kept = len(ids) if kind == "prefill" else len(s["committed"])  # teacher-forced
+        kept = len(ids) if kind == "prefill" else rows
         prefix += ids[:kept]
         features = np.concatenate([features, new[:kept]], axis=0)
         t[key + "state.length"] = np.asarray([len(prefix)], np.int64)

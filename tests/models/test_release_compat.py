@@ -47,8 +47,9 @@ def _release_drafter(kind: str, out: Path):
     raw = json.loads((DEMO / "drafter" / "config.json").read_text())
     raw["torch_dtype"] = "float32"
     if kind == "dflash_swa":  # layer 0 sliding: causal by default in the release
-        raw.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8,
-                   use_sliding_window=True, max_window_layers=2)
+        n = raw["num_hidden_layers"]
+        raw.update(layer_types=["sliding_attention"] + ["full_attention"] * (n - 1),
+                   sliding_window=8, use_sliding_window=True, max_window_layers=n)
     if kind == "dflash2":
         raw["architectures"] = ["DFlash2DraftModel"]
         raw["dflash_config"] = {**raw["dflash_config"], **DFLASH2_KEYS}

@@ -63,13 +63,22 @@ def test_gemma_target_compares_equal(tmp_path):
     assert "step0000.target.layer00.attn_out" in r.compared
 
 
+def _first_captured_layer(name: str) -> int:
+    manifest = json.loads((GOLDEN / name / "manifest.json").read_text())
+    conv = manifest["conventions"]["Layer ids: which hidden state is captured"]
+    return min(conv["target_layer_ids"])
+
+
 @pytest.mark.parametrize("name,bug,key", [
-    ("qwen3_chain", "layer_shift", "step0000.target.layer00.features"),
-    ("gemma3_swa", "layer_shift", "step0000.target.layer00.features"),
+    ("qwen3_chain", "layer_shift", "step0000.target.layer{first:02d}.features"),
+    ("gemma3_swa", "layer_shift", "step0000.target.layer{first:02d}.features"),
     ("gemma3_swa", "no_embed_scale", "step0000.target.embed"),
     ("gemma3_swa", "swa_full", "step0000.target.layer00.attn_out"),
 ])
 def test_planted_bug_is_located(tmp_path, name, bug, key):
+    # a shifted layer id first shows in the first captured layer's features (the case's
+    # target_layer_ids, from its manifest: [1, 2] for the trained demo pair)
+    key = key.format(first=_first_captured_layer(name))
     r = _dump(tmp_path, name, bug, with_drafter=False)
     assert r.first is not None and r.first.key == key, r.first and r.first.describe()
 
