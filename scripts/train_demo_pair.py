@@ -18,6 +18,8 @@ Needs the ``train`` extra (PyTorch, tokenizers). Four stages, each seeded:
    context K/V, with a mask per block. The embedding and lm_head are the target's, frozen.
 4. check: both directories load in dflash_ref; on the held-out prompts speculative == plain
    greedy, and tau is measured with the captured features as they are and zeroed.
+5. GGUF: ``scripts/convert_demo_pair.py`` converts both to ``gguf/{target,drafter}.gguf``
+   (llama.cpp names, BF16 like the safetensors) with dflash_ref's converters.
 
 The torch drafter computes what ``dflash_ref.models.drafter.DFlashDrafter.forward_block`` computes
 (context K/V first, per-layer k_norm, NEOX RoPE at absolute positions, non-causal block);
@@ -41,6 +43,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_corpus  # noqa: E402
+from convert_demo_pair import convert_demo_pair  # noqa: E402
 
 from dflash_ref.demo_text import bytes_to_unicode  # noqa: E402
 
@@ -538,6 +541,8 @@ def main(argv=None) -> int:
     tdir, ddir = save_pair(target, drafter, out)
     log["train_total_s"] = round(time.time() - t0, 1)
     check_in_dflash_ref(tdir, ddir, drafter, target, k, log)
+    for path in convert_demo_pair(out):
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
     log["total_s"] = round(time.time() - t0, 1)
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wrote {tdir} and {ddir}; {log['total_s']:.0f} s in all")

@@ -1,15 +1,18 @@
 """The shipped demo pair (dflash_ref/data/demo), trained by scripts/train_demo_pair.py
-(docs/training.md): layout, byte tokenizer, losslessness, acceptance on held-out prompts, and
-that the drafter's acceptance comes from the target's captured features."""
+(docs/training.md): layout, byte tokenizer, losslessness, acceptance on held-out prompts, that
+the drafter's acceptance comes from the target's captured features, and the GGUF conversions in
+``gguf/`` (scripts/convert_demo_pair.py): equal to a fresh conversion, same tokens."""
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGUFReader
 
 import dflash_ref
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
@@ -22,16 +25,15 @@ from dflash_ref.spec_decode.loop import generate
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_demo_corpus():
-    """Import scripts/demo_corpus.py (scripts/ is not a package) by path; it needs only NumPy."""
-    spec = importlib.util.spec_from_file_location("demo_corpus",
-                                                  ROOT / "scripts" / "demo_corpus.py")
+def _load_script(name: str):
+    """Import scripts/<name>.py (scripts/ is not a package) by path; these need only NumPy."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-demo_corpus = _load_demo_corpus()
+demo_corpus = _load_script("demo_corpus")
 DEMO = Path(dflash_ref.__file__).parent / "data" / "demo"
 HELD_OUT = demo_corpus.held_out_prompts(16)  # 16 x 64 bytes from the four held-out modules
 NEW_TOKENS = 64
@@ -129,3 +131,59 @@ def test_demo_on_cupy_is_lossless_and_accepted():
         assert spec.tokens == generate(target, None, prompt, NEW_TOKENS).tokens
         taus.append(spec.tau)
     assert np.mean(taus) >= MIN_MEAN_TAU - 0.2
+
+
+# ---------------------------------------------------------------- the GGUF conversions
+
+
+def test_gguf_files_are_small_and_packaged():
+    files = sorted(p.name for p in (DEMO / "gguf").iterdir())
+    assert files == ["drafter.gguf", "target.gguf"]
+    assert sum(p.stat().st_size for p in (DEMO / "gguf").iterdir()) < 4_000_000
+    # every shipped file matches a package-data glob of pyproject.toml (relative to dflash_ref/)
+    tomllib = pytest.importorskip("tomllib")
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["dflash_ref"]
+    pkg = DEMO.parents[1]
+    for path in DEMO.rglob("*"):
+        if path.is_file():
+            rel = path.relative_to(pkg).as_posix()
+            assert any(fnmatch.fnmatch(rel, g) and rel.count("/") == g.count("/")
+                       for g in globs), rel
+
+
+def test_shipped_gguf_equals_a_fresh_conversion(tmp_path):
+    """The independent reader (gguf.GGUFReader) on both files: the same keys with the same
+    types and values, the same tensors with the same types, ggml shapes and bytes."""
+    fresh = _load_script("convert_demo_pair").convert_demo_pair(DEMO, tmp_path)
+    for new in fresh:
+        a, b = GGUFReader(DEMO / "gguf" / new.name), GGUFReader(new)
+        assert list(a.fields) == list(b.fields), new.name
+        for key, field in a.fields.items():
+            other = b.fields[key]
+            assert [t.name for t in field.types] == [t.name for t in other.types], key
+            assert field.contents() == other.contents(), key
+        assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+        for ta, tb in zip(a.tensors, b.tensors):
+            assert ta.tensor_type == tb.tensor_type and ta.shape.tolist() == tb.shape.tolist()
+            np.testing.assert_array_equal(np.asarray(ta.data), np.asarray(tb.data),
+                                          err_msg=ta.name)
+    g = GGUFReader(DEMO / "gguf" / "drafter.gguf")
+    assert g.fields["general.architecture"].contents() == "dflash"
+    assert g.fields["dflash.target_layers"].contents() == [2, 3]  # HF [1, 2] + 1
+    types = {t.tensor_type.name for t in g.tensors}
+    assert types == {"BF16", "F32"}  # the shipped precision; norms F32
+
+
+def test_gguf_pair_generates_the_safetensors_tokens(demo):
+    """Same weights (BF16 -> BF16 is exact), so the same tokens and acceptance, step by step."""
+    target, drafter = demo
+    g_target = TargetModel.from_gguf(DEMO / "gguf" / "target.gguf")
+    g_drafter = DFlashDrafter.from_gguf(DEMO / "gguf" / "drafter.gguf", g_target)
+    assert g_drafter.config.target_layer_ids == drafter.config.target_layer_ids == (1, 2)
+    for prompt in HELD_OUT[3:5]:
+        ref = generate(target, drafter, prompt, 48)
+        got = generate(g_target, g_drafter, prompt, 48)
+        assert got.tokens == ref.tokens, decode_bytes(prompt)
+        assert got.acceptance_lengths == ref.acceptance_lengths
+        assert max(ref.acceptance_lengths) > 1  # the drafter is accepted: the pair is tested

@@ -42,7 +42,7 @@ Conventions used throughout:
 """
 
 from dflash_ref.config.drafter import DrafterConfig, KeyVisibility
-from dflash_ref.config.drafter_keys import build_target_layer_ids
+from dflash_ref.config.drafter_keys import DFLASH2_KEYS, build_target_layer_ids
 from dflash_ref.config.families import SUPPORTED_TARGETS
 from dflash_ref.config.fields import (
     DRAFTER_LAYOUTS,
@@ -69,6 +69,7 @@ from dflash_ref.config.schema import (
 from dflash_ref.config.target import TargetConfig
 
 __all__ = [
+    "DFLASH2_KEYS",
     "DRAFTER_LAYOUTS",
     "EMBEDDING_DTYPES",
     "FAMILIES",

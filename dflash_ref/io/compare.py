@@ -25,7 +25,7 @@ import numpy as np
 
 from dflash_ref.errors import FormatError
 from dflash_ref.io.gguf_io import GGUF_MAGIC, open_gguf
-from dflash_ref.io.names import FLAVOURS, flavour_of_arch, gguf_to_hf
+from dflash_ref.io.names import FLAVOURS, canonical_hf_name, flavour_of_arch, gguf_to_hf
 from dflash_ref.io.safetensors_io import open_checkpoint
 
 # Expected relative RMS error of storing Gaussian-like weights in each type, with headroom
@@ -84,7 +84,7 @@ class _Weights:
             ckpt = open_checkpoint(path)
             for stored in ckpt:
                 info = ckpt.info(stored)
-                self._add(stored, stored, info.dtype, info.shape,
+                self._add(canonical_hf_name(stored), stored, info.dtype, info.shape,
                           lambda s=stored: ckpt.load_native(s).astype(np.float32))
 
     def _add(self, key, stored, typ, shape, loader) -> None:

@@ -46,14 +46,15 @@ def tensor_type(name: str, shape: tuple[int, ...], qtype: str,
                 fallback: str | None = None) -> str:
     """The GGML type tensor ``name`` (NumPy ``shape``) is written with.
 
-    - 1-D tensors (norm weights, ``ssm_a``, ``ssm_dt.bias``) and conv kernels: F32 always
-      (ggml's elementwise kernels want F32 multipliers; lucebox and llama.cpp do the same).
+    - 1-D tensors (norm weights, ``ssm_a``, ``ssm_dt.bias``) and conv kernels (``ssm_conv1d``,
+      the DFlash 2 base kernels ``blk.N.{attn,ffn}_conv_base`` [2, K, H]): F32 always (ggml's
+      elementwise kernels want F32 multipliers; lucebox and llama.cpp do the same).
     - Matrices: ``qtype``. Q8_0 needs rows (the last NumPy axis, the ggml ne0) that are a
       multiple of 32, Q4_K of 256. Otherwise ``fallback`` is used with a warning, or, without a
       fallback, the conversion fails (as lucebox's converters do).
     """
     typ = ggml_type_name(qtype)
-    if len(shape) < 2 or "conv1d" in name:
+    if len(shape) < 2 or "conv1d" in name or name.endswith("_conv_base"):
         return "F32"
     block = BLOCK_SIZE.get(typ)
     if block is None or shape[-1] % block == 0:

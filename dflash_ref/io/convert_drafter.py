@@ -25,6 +25,11 @@ Reading order:
                              attention.head_count(_kv), attention.key_length/value_length,
                              attention.layer_norm_rms_epsilon, rope.freq_base (both namings)
        sliding window        {arch}.attention.sliding_window + sliding_window_pattern (both)
+       causal override       {arch}.attention.causal (is_causal / dflash_config.causal; both)
+       draft head            {arch}.logit_scale = output_multiplier, {arch}.final_logit_softcapping
+                             = the drafter's cap, else the target's (both; llama.cpp's keys)
+       DFlash 2 sizes        dflash.conv_kernel_size, conv_group_size, selector_rank,
+                             selector_top_k (llama.cpp only: lucebox has no DFlash 2 names)
 
    **The +1 convention.** HF id i means "the output of decoder layer i". llama.cpp stores i + 1
    and taps the *input* of that layer, the same tensor; lucebox stores i and taps the output.
@@ -64,7 +69,7 @@ from dflash_ref.io.convert_common import (
     transformer_keys,
     write_converted,
 )
-from dflash_ref.io.names import flavour_of_arch, hf_to_gguf
+from dflash_ref.io.names import canonical_hf_name, flavour_of_arch, hf_to_gguf
 from dflash_ref.io.safetensors_io import open_checkpoint
 
 # User-facing naming -> the flavour of dflash_ref.io.names.
@@ -134,11 +139,8 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
     cfg = DrafterConfig.from_hf(fixed)
     if cfg.layout != "zlab":
         raise ConfigError(f"{where}: layout {cfg.layout!r} has no published GGUF naming; the "
-                          f"converter takes z-lab DFlashDraftModel checkpoints")
-    if cfg.kind == "dflash2":
-        raise ConfigError(f"{where}: DFlash2DraftModel drafters have no GGUF writer yet (their "
-                          f"convolution and selector tensors would be dropped); load the "
-                          f"safetensors checkpoint with DFlashDrafter.from_pretrained")
+                          f"converter takes z-lab DFlashDraftModel / DFlash2DraftModel "
+                          f"checkpoints")
     fc = shapes[cfg.fc_name]
     if target is not None:
         return cfg.validate_against(target, fc_shape=tuple(int(x) for x in fc))
@@ -146,7 +148,9 @@ def drafter_config_from_checkpoint(config: Mapping, shapes: Mapping[str, tuple[i
 
 
 def drafter_shape_problems(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> list[str]:
-    """Every way the tensors differ from what ``cfg`` implies (empty when they agree)."""
+    """Every way the tensors differ from what ``cfg`` implies (empty when they agree); the
+    published codebook spelling without ``.weight`` counts as its ``.weight`` form."""
+    shapes = {canonical_hf_name(n): s for n, s in shapes.items()}
     expected = drafter_expected_tensors(cfg)
     problems = []
     extra = sorted(set(shapes) - set(expected))
@@ -230,24 +234,42 @@ def drafter_metadata(cfg: DrafterConfig, naming: str, arch: str, ggml_type: str,
         md[a + "attention.sliding_window_pattern"] = [t == SLIDING for t in cfg.layer_types]
     if cfg.causal_override is not None:
         md[a + "attention.causal"] = cfg.causal_override
-    # What the target contributes: the drafter runs through the target's embedding and lm_head.
+    if cfg.kind == "dflash2":  # llama.cpp's LLM_KV_DFLASH_* keys (src/models/dflash.cpp)
+        md.update({a + k: int(v) for k, v in cfg.dflash2.items()})
+    # The block embedding scale and the draft head: the drafter's own keys, else the target's
+    # (the drafter runs through the target's embedding and lm_head).
     scale = cfg.input_embedding_scale
     if scale is None and target is not None and target.embedding_scale is not None:
         scale = target.embedding_scale
     if scale is not None:
         md[a + "embedding_scale"] = scale
-    if target is not None and target.final_logit_softcapping:
-        md[a + "final_logit_softcapping"] = target.final_logit_softcapping
+    if cfg.output_multiplier is not None:
+        md[a + "logit_scale"] = cfg.output_multiplier
+    cap = cfg.final_logit_softcapping  # 0 is kept: "no cap", even under a capped target
+    if cap is None and target is not None and target.final_logit_softcapping:
+        cap = target.final_logit_softcapping
+    if cap is not None:
+        md[a + "final_logit_softcapping"] = cap
     return md
 
 
 # ---------------------------------------------------------------------------------- conversion
 
 
+def _write_order(hf_name: str) -> tuple:
+    """Layers by index (then name), whole-model tensors (the DFlash 2 selector) after them."""
+    m = _HF_LAYER.match(hf_name)
+    return (0, int(m.group(1)), hf_name) if m else (1, 0, hf_name)
+
+
 def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama.cpp",
                     target=None, *, arch: str | None = None, fallback: str | None = None,
                     progress: bool | None = None) -> Path:
-    """Convert a z-lab DFlash drafter (``config.json`` + safetensors) to GGUF.
+    """Convert a z-lab DFlash or DFlash 2 drafter (``config.json`` + safetensors) to GGUF.
+
+    DFlash 2 (``DFlash2DraftModel``) adds the convolution and selector tensors and four size keys
+    in llama.cpp's names (docs/formats.md, "DFlash drafter names"); the lucebox naming has none
+    and refuses it. The published codebook spelling without ``.weight`` is read too.
 
     Args:
         src_dir: the drafter directory.
@@ -255,7 +277,7 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
         qtype: matrix storage, one of :data:`~dflash_ref.io.convert_common.QTYPES` (norms are
             F32 whatever this says).
         naming: "llama.cpp" (arch ``dflash``, target ids + 1) or "lucebox"
-            (arch ``*-dflash-draft``, raw ids).
+            (arch ``*-dflash-draft``, raw ids; DFlash only).
         target: the target's directory, config.json or TargetConfig (optional). It checks the
             pairing and supplies what the target decides: the embedding scale and final logit
             softcap (Gemma), the vocabulary size, and lucebox's arch string.
@@ -271,9 +293,17 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
     ggml_type = ggml_type_name(qtype)
     target_cfg = _load_target_config(target)
     ckpt = open_checkpoint(src_dir)
-    shapes = {n: ckpt.info(n).shape for n in ckpt}
+    stored = {canonical_hf_name(n): n for n in ckpt}  # HF name -> the checkpoint's spelling
+    shapes = {n: ckpt.info(s).shape for n, s in stored.items()}
     cfg = drafter_config_from_checkpoint(ckpt.config, shapes, target_cfg)
     _check_tensor_names(shapes, cfg)
+    if cfg.kind == "dflash2" and flavour != "dflash":
+        raise ConfigError(
+            "the lucebox naming has no DFlash 2 tensors: its converter (Luce-Org/lucebox "
+            "server/scripts/convert_dflash_to_gguf.py) skips the convolution and selector "
+            "tensors it cannot name, so the file would run as plain DFlash. Use "
+            "naming='llama.cpp' (arch 'dflash', which llama.cpp reads as DFlash 2; "
+            "docs/formats.md, \"DFlash drafter names\")")
     if flavour == "dflash":
         if arch not in (None, "dflash"):
             raise ConfigError(f"the llama.cpp naming uses arch 'dflash', not {arch!r}")
@@ -282,14 +312,14 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
         arch = arch or lucebox_arch(target_cfg)
         if flavour_of_arch(arch) != "lucebox":
             raise ConfigError(f"lucebox arch strings end in '-dflash-draft', got {arch!r}")
-    # lucebox's write order: the encoder (fc, hidden_norm), the output norm, then blk.i in order.
+    # lucebox's write order: the encoder (fc, hidden_norm), the output norm, then blk.i in order;
+    # the DFlash 2 selector last.
     order = [cfg.fc_name, cfg.hidden_norm_name, "norm.weight"]
-    order += sorted((n for n in shapes if n not in order),
-                    key=lambda n: (int(_HF_LAYER.match(n).group(1)), n))
+    order += sorted((n for n in shapes if n not in order), key=_write_order)
     loaders, types = {}, {}
     for hf_name in order:
         g_name = hf_to_gguf(hf_name, flavour)
-        loaders[g_name] = lambda n=hf_name: ckpt.load(n)
+        loaders[g_name] = lambda n=stored[hf_name]: ckpt.load(n)
         types[g_name] = tensor_type(g_name, shapes[hf_name], ggml_type, fallback)
     metadata = drafter_metadata(cfg, naming, arch, ggml_type, target_cfg)
     n_weights = sum(int(np.prod(s)) for s in shapes.values())

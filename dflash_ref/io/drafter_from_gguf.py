@@ -10,7 +10,10 @@ Reading order:
    formula for the given target (with a warning).
 2. :func:`drafter_config_dict_from_gguf`: metadata -> a z-lab ``config.json`` dict (sizes, eps,
    RoPE base - missing is an error, never a default -, sliding pattern and window, causal flag,
-   embedding scale), checked against the target's softcap and embedding scale when one is given.
+   embedding scale, the draft head's ``logit_scale`` / ``final_logit_softcapping``), checked
+   against the target's embedding scale when one is given. A llama.cpp file is DFlash 2
+   (``DFlash2DraftModel``) when it holds a conv / selector tensor or a DFlash 2 size key
+   (:func:`_dflash2_sizes`); every one of the four sizes is then required.
 3. :func:`read_gguf_drafter`: that dict and the dequantized weights under HF names;
    :meth:`DFlashDrafter.from_gguf <dflash_ref.models.drafter.DFlashDrafter.from_gguf>` feeds them
    to the same constructor as ``from_pretrained``. :func:`drafter_config_from_gguf` is the
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from dflash_ref.config import (
+    DFLASH2_KEYS,
     FULL,
     SLIDING,
     DrafterConfig,
@@ -39,7 +43,7 @@ from dflash_ref.config import (
 from dflash_ref.errors import FormatError
 from dflash_ref.io.convert_common import meta
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
-from dflash_ref.io.names import flavour_of_arch, gguf_to_hf, hf_to_gguf
+from dflash_ref.io.names import flavour_of_arch, gguf_to_hf, hf_to_gguf, is_dflash2_tensor
 
 
 def _capture_ids(g: GGUFFile, flavour: str, c_w: int, target: TargetConfig | None) -> list[int]:
@@ -76,6 +80,26 @@ def _capture_ids(g: GGUFFile, flavour: str, c_w: int, target: TargetConfig | Non
                           f"implies {c_w} captures; which layers to tap cannot be derived from "
                           f"the weight")
     return list(ids)
+
+
+def _dflash2_sizes(g: GGUFFile, flavour: str) -> dict[str, int] | None:
+    """The four DFlash 2 sizes of a llama.cpp file, or None for a DFlash file.
+
+    llama.cpp switches to DFlash 2 on ``selector_hidden.weight`` (src/models/dflash.cpp); here
+    any DFlash 2 tensor or size key does, so a file missing the selector projection is reported
+    as an incomplete DFlash 2 drafter rather than as a DFlash drafter with unknown tensors.
+    """
+    if flavour != "dflash":
+        return None
+    if (not any(map(is_dflash2_tensor, g.tensor_names))
+            and all(g.get(k) is None for k in DFLASH2_KEYS)):
+        return None
+    missing = [g.arch_key(k) for k in DFLASH2_KEYS if g.get(k) is None]
+    if missing:
+        raise FormatError(f"{g.path.name}: a DFlash 2 drafter (it has conv / selector tensors or "
+                          f"size keys) needs {[g.arch_key(k) for k in DFLASH2_KEYS]}, but "
+                          f"{missing} are missing; re-convert it from the checkpoint")
+    return {k: meta(g, k, "int") for k in DFLASH2_KEYS}
 
 
 def drafter_config_dict_from_gguf(g: GGUFFile, target: TargetConfig | None = None) -> dict:
@@ -148,18 +172,23 @@ def drafter_config_dict_from_gguf(g: GGUFFile, target: TargetConfig | None = Non
     scale = meta(g, "embedding_scale", "float", None)
     if scale is not None:
         config["dflash_config"]["input_embedding_scale"] = scale
-    _check_target_extras(g, target, scale)
+    # The draft head (docs/drafter.md, "Head"): the cap the file states is the one its logits get.
+    for key, hf_key in (("logit_scale", "output_multiplier"),
+                        ("final_logit_softcapping", "final_logit_softcapping")):
+        value = meta(g, key, "float", None)
+        if value is not None:
+            config["dflash_config"][hf_key] = value
+    sizes = _dflash2_sizes(g, flavour)
+    if sizes is not None:
+        config["architectures"] = ["DFlash2DraftModel"]
+        config["dflash_config"].update(sizes)
+    _check_target_scale(g, target, scale)
     return config
 
 
-def _check_target_extras(g: GGUFFile, target: TargetConfig | None, scale: float | None) -> None:
+def _check_target_scale(g: GGUFFile, target: TargetConfig | None, scale: float | None) -> None:
     if target is None:
         return
-    cap = meta(g, "final_logit_softcapping", "float", None)
-    if cap is not None and cap != target.final_logit_softcapping:
-        warnings.warn(f"{g.path.name}: final_logit_softcapping {cap:g} differs from the target's "
-                      f"{target.final_logit_softcapping}; the drafter uses the target's lm_head, "
-                      f"so the target's value applies", stacklevel=4)
     if scale is not None and target.embedding_scale is not None and not np.isclose(
             scale, target.embedding_scale, rtol=1e-6):
         warnings.warn(f"{g.path.name}: embedding_scale {scale:g} differs from the target's "
@@ -187,8 +216,11 @@ def read_gguf_drafter(path, target: TargetConfig | None = None) -> tuple[dict, d
                           f"beyond block_count {config['num_hidden_layers']}")
     missing = [hf_to_gguf(h, flavour) for h in expected if h not in names]
     if missing:
-        raise FormatError(f"{g.path.name} lacks tensor(s) {missing[:4]} of the {flavour} naming; "
-                          f"is the file complete? it has {len(g.tensor_names)} tensors")
+        kind = "a DFlash 2" if "DFlash2DraftModel" in config["architectures"] else "a DFlash"
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        raise FormatError(f"{g.path.name} lacks tensor(s) {missing[:4]}{more} of {kind} drafter "
+                          f"in the {flavour} naming; is the file complete? it has "
+                          f"{len(g.tensor_names)} tensors")
     weights = {hf: g.load(names[hf], shape=shape) for hf, shape in expected.items()}
     return config, weights
 

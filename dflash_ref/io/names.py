@@ -14,6 +14,18 @@ docs/formats.md ("DFlash drafter names"): HF safetensors (no ``model.`` prefix; 
     layers.N.self_attn.{q,k}_norm.weight         blk.N.attn_{q,k}_norm.weight
     layers.N.post_attention_layernorm.weight     blk.N.ffn_norm.weight
     layers.N.mlp.{gate,up,down}_proj.weight      blk.N.ffn_{gate,up,down}.weight
+    DFlash 2 (``DFlash2DraftModel``), llama.cpp only (PR #27342); lucebox has no such names:
+    layers.N.attention_conv.base_kernel [2,K,H]  blk.N.attn_conv_base
+    layers.N.attention_conv.kernel_projection.weight   blk.N.attn_conv_proj.weight
+    layers.N.mlp_conv.base_kernel                blk.N.ffn_conv_base
+    layers.N.mlp_conv.kernel_projection.weight   blk.N.ffn_conv_proj.weight
+    candidate_selector.predecessor_codebook.weight     selector_predecessor.weight
+    candidate_selector.successor_codebook.weight       selector_successor.weight
+    candidate_selector.hidden_projection.weight        selector_hidden.weight
+
+The conv base kernels carry no ``.weight`` suffix on either side (llama.cpp's loader asks for
+``tn(LLM_TENSOR_DFLASH_ATTN_CONV_BASE, i)`` without one). The published checkpoints' bare
+codebook names (``candidate_selector.predecessor_codebook``) map like their ``.weight`` form.
 
 Shapes differ only in spelling: GGUF writes them in ggml order {in, out} (see
 :mod:`dflash_ref.io.gguf_io`). Names outside the table (``fc.scale``, ``token_embd.weight``,
@@ -43,12 +55,28 @@ LAYER_NAMES: dict[str, str] = {
     "ffn_down": "mlp.down_proj",
 }
 
+# DFlash 2 per-layer GGUF suffix (after "blk.N.") -> HF suffix (after "layers.N."); llama.cpp
+# only (src/models/dflash.cpp: LLM_TENSOR_DFLASH_{ATTN,FFN}_CONV_{BASE,PROJ}).
+DFLASH2_LAYER_NAMES: dict[str, str] = {
+    "attn_conv_base": "attention_conv.base_kernel",
+    "attn_conv_proj.weight": "attention_conv.kernel_projection.weight",
+    "ffn_conv_base": "mlp_conv.base_kernel",
+    "ffn_conv_proj.weight": "mlp_conv.kernel_projection.weight",
+}
+# DFlash 2 selector (LLM_TENSOR_DFLASH_SELECTOR_{PREV,NEXT,HIDDEN}).
+DFLASH2_GLOBAL_NAMES: dict[str, str] = {
+    "selector_predecessor.weight": "candidate_selector.predecessor_codebook.weight",
+    "selector_successor.weight": "candidate_selector.successor_codebook.weight",
+    "selector_hidden.weight": "candidate_selector.hidden_projection.weight",
+}
+
 # Whole-model GGUF name -> HF name, per flavour.
 GLOBAL_NAMES: dict[str, dict[str, str]] = {
     "dflash": {
         "fc.weight": "fc.weight",
         "enc.output_norm.weight": "hidden_norm.weight",
         "output_norm.weight": "norm.weight",
+        **DFLASH2_GLOBAL_NAMES,
     },
     "lucebox": {
         "dflash.fc.weight": "fc.weight",
@@ -60,6 +88,12 @@ GLOBAL_NAMES: dict[str, dict[str, str]] = {
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _HF_LAYER = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 _HF_OF_STEM = {v: k for k, v in LAYER_NAMES.items()}
+_GGUF_BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
+_HF_BLK = re.compile(r"^layers\.(\d+)\.(.+)$")
+_HF_OF_DFLASH2 = {v: k for k, v in DFLASH2_LAYER_NAMES.items()}
+# The published DFlash 2 checkpoints store the two codebooks without ".weight".
+_BARE_CODEBOOKS = {v[: -len(".weight")]: v for v in DFLASH2_GLOBAL_NAMES.values()
+                   if "codebook" in v}
 
 
 def flavour_of_arch(arch: str | None) -> str | None:
@@ -84,16 +118,35 @@ def gguf_to_hf(name: str, flavour: str) -> str:
     m = _GGUF_LAYER.match(name)
     if m and m.group(2) in LAYER_NAMES:
         return f"layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    m = _GGUF_BLK.match(name)
+    if flavour == "dflash" and m and m.group(2) in DFLASH2_LAYER_NAMES:
+        return f"layers.{m.group(1)}.{DFLASH2_LAYER_NAMES[m.group(2)]}"
     return name
 
 
 def hf_to_gguf(name: str, flavour: str) -> str:
     """An HF z-lab tensor name -> the GGUF name of ``flavour`` (unknown names unchanged)."""
     _check(flavour)
+    name = canonical_hf_name(name)
     for gguf_name, hf_name in GLOBAL_NAMES[flavour].items():
         if name == hf_name:
             return gguf_name
     m = _HF_LAYER.match(name)
     if m and m.group(2) in _HF_OF_STEM:
         return f"blk.{m.group(1)}.{_HF_OF_STEM[m.group(2)]}.{m.group(3)}"
+    m = _HF_BLK.match(name)
+    if flavour == "dflash" and m and m.group(2) in _HF_OF_DFLASH2:
+        return f"blk.{m.group(1)}.{_HF_OF_DFLASH2[m.group(2)]}"
     return name
+
+
+def is_dflash2_tensor(gguf_name: str) -> bool:
+    """Whether a llama.cpp GGUF tensor name is one of DFlash 2's (conv or selector)."""
+    m = _GGUF_BLK.match(gguf_name)
+    return gguf_name in DFLASH2_GLOBAL_NAMES or bool(m and m.group(2) in DFLASH2_LAYER_NAMES)
+
+
+def canonical_hf_name(name: str) -> str:
+    """The ``.weight`` spelling of a published DFlash 2 codebook name, else ``name`` unchanged
+    (``candidate_selector.predecessor_codebook`` -> ``...predecessor_codebook.weight``)."""
+    return _BARE_CODEBOOKS.get(name, name)

@@ -3,7 +3,8 @@
 The drafters are built with the release's own classes (``DFlashDraftModel``,
 ``DFlash2DraftModel``), saved with ``save_pretrained`` and loaded by both sides; the target is the
 shipped demo Qwen3 run by transformers' ``Qwen3ForCausalLM``. The expected values are the
-release's outputs (an independent implementation in torch), never dflash-ref's.
+release's outputs (an independent implementation in torch), never dflash-ref's. The shipped demo
+drafter is also loaded from its directory, unchanged, by ``DFlashDraftModel.from_pretrained``.
 
 Needs torch, transformers and ``dflash==0.1.0`` (the ``compat`` extra); skipped without them.
 """
@@ -99,24 +100,32 @@ def pair(tmp_path_factory):
     return out
 
 
+def _block_logits(hf_target, rel, target, drafter, prompt, anchor):
+    """One draft block after ``prompt``: (release logits [B, V], release hidden z [1, B, H],
+    our logits [B, V], our final-normed rows z [B, H]); the release sees transformers'
+    hidden states of the target, dflash-ref its own captured features."""
+    N, B = prompt.size, drafter.block_size
+    with torch.no_grad():
+        hs = hf_target(torch.tensor(prompt[None]), output_hidden_states=True).hidden_states
+        ctx = release.extract_context_feature(hs, rel.target_layer_ids)
+        block = torch.tensor([[anchor] + [rel.mask_token_id] * (B - 1)])
+        noise = release._raw_input_embeddings(hf_target, block)
+        z_rel = rel(target_hidden=ctx, noise_embedding=noise,
+                    position_ids=torch.arange(N + B)[None])
+        l_rel = rel.compute_logits(z_rel, hf_target.lm_head)[0].numpy()
+    feats = target.forward(prompt, target.new_state()).features
+    logits, z = drafter.forward_block(feats, np.arange(N), anchor, N, with_hidden=True)
+    return l_rel, z_rel, logits, z
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_block_logits_and_selector_path_match_the_release(pair, kind):
     hf_target, rel, target, drafter = pair[kind]
     assert drafter.is_dflash2 == (kind == "dflash2")
     differs = False
     for prompt in PROMPTS:
-        N, B, anchor = prompt.size, drafter.block_size, int(prompt[-1]) ^ 1
-        ids = torch.tensor(prompt[None])
-        with torch.no_grad():
-            hs = hf_target(ids, output_hidden_states=True).hidden_states
-            ctx = release.extract_context_feature(hs, rel.target_layer_ids)
-            block = torch.tensor([[anchor] + [rel.mask_token_id] * (B - 1)])
-            noise = release._raw_input_embeddings(hf_target, block)
-            z_rel = rel(target_hidden=ctx, noise_embedding=noise,
-                        position_ids=torch.arange(N + B)[None])
-            l_rel = rel.compute_logits(z_rel, hf_target.lm_head)[0].numpy()
-        feats = target.forward(prompt, target.new_state()).features
-        logits, z = drafter.forward_block(feats, np.arange(N), anchor, N, with_hidden=True)
+        anchor = int(prompt[-1]) ^ 1
+        l_rel, z_rel, logits, z = _block_logits(hf_target, rel, target, drafter, prompt, anchor)
         np.testing.assert_allclose(logits, l_rel, atol=1e-4, rtol=1e-4)
         ours = drafter.propose(z, logits, anchor)
         if kind == "dflash2":
@@ -131,6 +140,21 @@ def test_block_logits_and_selector_path_match_the_release(pair, kind):
             assert ours.tolist() == l_rel[1:].argmax(-1).tolist()
     if kind == "dflash2":
         assert differs, "the selector should move some path away from the per-row argmax"
+
+
+def test_the_shipped_drafter_loads_unchanged_with_the_release(pair):
+    """``dflash.model.DFlashDraftModel.from_pretrained`` on the shipped directory as it is (no
+    key mapping, no config edit): its block logits are ours within 1e-4."""
+    hf_target = pair["dflash"][0]
+    rel = release.DFlashDraftModel.from_pretrained(DEMO / "drafter", dtype=torch.float32).eval()
+    assert type(rel) is release.DFlashDraftModel and rel.target_layer_ids == [1, 2]
+    target = TargetModel.from_pretrained(DEMO / "target")
+    drafter = DFlashDrafter.from_pretrained(DEMO / "drafter", target)
+    prompt = PROMPTS[1]
+    l_rel, _, logits, _ = _block_logits(hf_target, rel, target, drafter, prompt,
+                                        int(prompt[-1]) ^ 1)
+    np.testing.assert_allclose(logits, l_rel, atol=1e-4, rtol=1e-4)
+    assert np.abs(l_rel).max() > 1.0  # real logits, not a zeroed head
 
 
 def _release_generate(monkeypatch, rel, hf_target, prompt, n, stops=None):
