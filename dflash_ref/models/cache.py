@@ -16,8 +16,10 @@ from dflash_ref.errors import ConfigError
 class KVCache:
     """Keys and values of one attention layer for positions 0..len-1, in position order.
 
-    Storage grows by doubling; ``k``/``v`` return views of the filled part:
-    ``[len, n_kv_heads, head_dim]`` each (post-norm, post-RoPE keys, as attention consumes them).
+    Storage grows by doubling, so it usually has spare rows after the committed ones; ``k``/``v``
+    return views of the committed part: ``[len, n_kv_heads, head_dim]`` each (post-norm,
+    post-RoPE keys, as attention consumes them). :meth:`stage` writes rows into the spare part
+    without committing them (the drafter's block K/V, docs/drafter.md, "Draft cache").
     """
 
     def __init__(self, be: Backend, n_kv_heads: int, head_dim: int, dtype="float32"):
@@ -29,20 +31,37 @@ class KVCache:
 
     def append(self, k, v) -> None:
         """Append ``k``, ``v`` [T, n_kv_heads, head_dim] at positions len..len+T-1."""
+        self.stage(k, v)
+        self.length += k.shape[0]
+
+    def stage(self, k, v, start: int = 0):
+        """Write ``k``, ``v`` [T, n_kv_heads, head_dim] after the committed rows, uncommitted.
+
+        Returns views of rows ``start .. len+T-1`` of the storage, ``[len - start + T,
+        n_kv_heads, head_dim]`` each: the committed rows from ``start`` followed by the new ones,
+        with nothing committed copied. ``length`` is unchanged, so the next ``append`` or
+        ``stage`` overwrites the new rows; the views are valid until then.
+        """
         T = k.shape[0]
         if k.shape != (T, self.n_kv_heads, self.head_dim) or v.shape != k.shape:
             raise ValueError(
-                f"KVCache.append: k {k.shape} / v {v.shape}, expected "
+                f"KVCache.append/stage: k {k.shape} / v {v.shape}, expected "
                 f"[T, {self.n_kv_heads}, {self.head_dim}] each"
             )
-        need = self.length + T
-        if need > self._k.shape[0]:
-            cap = max(need, 2 * self._k.shape[0], 16)
+        if not 0 <= start <= self.length:
+            raise ValueError(f"KVCache.stage(start={start}): cache holds {self.length} positions")
+        end = self.length + T
+        self._reserve(end)
+        self._k[self.length : end] = k
+        self._v[self.length : end] = v
+        return self._k[start:end], self._v[start:end]
+
+    def _reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows; capacity at least doubles, so growth is amortised O(1)."""
+        if rows > self._k.shape[0]:
+            cap = max(rows, 2 * self._k.shape[0], 16)
             self._k = self._grow(self._k, cap)
             self._v = self._grow(self._v, cap)
-        self._k[self.length : need] = k
-        self._v[self.length : need] = v
-        self.length = need
 
     def _grow(self, arr, cap: int):
         new = self.be.xp.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)

@@ -32,13 +32,15 @@ Two equivalent ways to hold the context:
 - stateless: :meth:`DFlashDrafter.forward_block` recomputes context K/V from the features every
   call (lucebox ``build_draft_graph``), the oracle other implementations can call directly;
 - cached: :class:`DraftCache` keeps per-layer context K/V (post k_norm, post RoPE at
-  absolute positions) appended as committed features arrive, and never keeps noise K/V (the
+  absolute positions) appended as committed features arrive; the block's K/V go into the
+  cache's spare rows after the context, uncommitted, so a draft copies no context (the
   authors' ``DynamicCache`` + ``crop(s)``). tests/models/test_drafter.py checks that
   cached == stateless.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -221,8 +223,15 @@ class DFlashDrafter:
         # q - k <= W - 1, i.e. q - k < W (HF convention, the window includes the current token)
         return drafter_mask(ctx_pos, noise_pos, window=vis.max_back + 1, causal=causal)
 
-    def decoder_layer(self, i: int, h, ctx_k, ctx_v, ctx_pos, noise_pos):
-        """One decoder layer over the noise rows h [B, H] given context K/V of this layer."""
+    def decoder_layer(self, i: int, h, join_kv, ctx_pos, noise_pos):
+        """One decoder layer over the noise rows h [B, H].
+
+        ``join_kv(nk, nv)`` takes the block's K/V [B, nkv, d] and returns this layer's context
+        K/V followed by them, [ctx + B, nkv, d] each, context FIRST: :func:`context_then_block`
+        copies (the stateless form); :meth:`KVCache.stage
+        <dflash_ref.models.cache.KVCache.stage>` writes the block into the cache's spare rows
+        and returns views (:class:`DraftCache`, no copy of the context).
+        """
         cfg, w, be = self.config, self.layers[i], self.be
         xp, ops, eps = be.xp, be.ops, cfg.rms_norm_eps
         B, nh, nkv, d = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -235,8 +244,7 @@ class DFlashDrafter:
         nk = (u @ w["self_attn.k_proj.weight"].T).reshape(B, nkv, d)
         nk = self._rope(i, ops.rms_norm(nk, w["self_attn.k_norm.weight"], eps), noise_pos)
         nv = (u @ w["self_attn.v_proj.weight"].T).reshape(B, nkv, d)
-        k = xp.concatenate([ctx_k, nk], axis=0)  # [ctx + B, nkv, d]: context FIRST
-        v = xp.concatenate([ctx_v, nv], axis=0)
+        k, v = join_kv(nk, nv)  # [ctx + B, nkv, d] each: context FIRST
         mask = self.layer_mask(i, ctx_pos, noise_pos)
         o = ops.attention(q, k, v, mask, scale=d ** -0.5)  # [B, nh, d]
         o = o.reshape(B, nh * d) @ w["self_attn.o_proj.weight"].T
@@ -325,8 +333,8 @@ class DFlashDrafter:
         c = self.encode(feats)
         h = self.embed_block(anchor_token, n)
         for i in range(self.config.num_hidden_layers):
-            ck, cv = self.context_kv(i, c, ctx_pos)
-            h = self.decoder_layer(i, h, ck, cv, ctx_pos, noise_pos)
+            join_kv = context_then_block(self.be.xp, *self.context_kv(i, c, ctx_pos))
+            h = self.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
         return self.head(h, with_hidden)
 
     def draft_tokens(self, logits) -> np.ndarray:
@@ -344,14 +352,26 @@ class DFlashDrafter:
         return DraftCache(self, window)
 
 
+def context_then_block(xp, ctx_k, ctx_v):
+    """The stateless form's ``join_kv``: ``(nk, nv) -> ([ctx_k ; nk], [ctx_v ; nv])``.
+
+    ctx_k, ctx_v: [ctx, nkv, d]; nk, nv: [B, nkv, d]; returns new arrays [ctx + B, nkv, d].
+    """
+    def join_kv(nk, nv):
+        return xp.concatenate([ctx_k, nk], axis=0), xp.concatenate([ctx_v, nv], axis=0)
+    return join_kv
+
+
 class DraftCache:
     """Per-layer context K/V of the committed positions 0..length-1.
 
     ``extend(features, positions)`` appends new committed context (post-norm, post-RoPE keys)
     to one :class:`~dflash_ref.models.cache.KVCache` per layer; ``forward_block(anchor_token,
     anchor_position)`` drafts over the cached context, or over its last ``window`` positions
-    when a drafter context window is set; noise K/V are never stored (the authors append then
-    ``crop(s)``, which nets to the same thing).
+    when a drafter context window is set. Each layer's block K/V are written into the cache's
+    spare rows right after the context (``KVCache.stage``) and attended as one view, so no
+    context row is copied per draft; they are never committed and the next ``extend`` or draft
+    overwrites them (the authors append then ``crop(s)``, which nets to the same thing).
     """
 
     def __init__(self, drafter: DFlashDrafter, window: int | None = None):
@@ -398,5 +418,6 @@ class DraftCache:
         noise_pos = np.arange(anchor_position, anchor_position + n)
         h = d.embed_block(anchor_token, n)
         for i, cache in enumerate(self.kv):
-            h = d.decoder_layer(i, h, cache.k[lo:], cache.v[lo:], ctx_pos, noise_pos)
+            join_kv = functools.partial(cache.stage, start=lo)  # rows lo..length+n-1, a view
+            h = d.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
         return d.head(h, with_hidden)

@@ -91,3 +91,28 @@ def test_feature_buffer_window_eviction_within_one_append_and_after_truncate():
     buf.truncate(9)
     buf.append(9, rows(9, 4))  # 7..12 is 6 rows > 5: position 7 goes
     np.testing.assert_array_equal(buf.rows()[:, 0], np.arange(8, 13))
+
+
+def kv_rows(positions):
+    """K rows equal to their position, V rows to minus it ([T, 2, 4] each, checked by eye)."""
+    p = np.asarray(positions, np.float32)[:, None, None]
+    return np.broadcast_to(p, (len(p), 2, 4)).copy(), np.broadcast_to(-p, (len(p), 2, 4)).copy()
+
+
+def test_kv_cache_stage_writes_after_the_committed_rows_without_committing():
+    c = KVCache(be, 2, 4)
+    c.append(*kv_rows(range(16)))  # exactly the initial capacity: staging must grow it
+    k, v = c.stage(*kv_rows([100, 101, 102]), start=5)
+    assert c.length == 16 and k.shape == v.shape == (14, 2, 4)
+    np.testing.assert_array_equal(k[:, 0, 0], [*range(5, 16), 100, 101, 102])
+    np.testing.assert_array_equal(v[:, 1, 3], [-x for x in [*range(5, 16), 100, 101, 102]])
+    assert np.shares_memory(k, c.k) and np.shares_memory(v, c.v)  # views, not copies
+    np.testing.assert_array_equal(c.k[:, 0, 0], np.arange(16))  # committed rows as they were
+    k2, _ = c.stage(*kv_rows([200]))  # a second stage overwrites the first's rows
+    np.testing.assert_array_equal(k2[:, 0, 0], [*range(16), 200])
+    c.append(*kv_rows([16]))  # so does the next append
+    np.testing.assert_array_equal(c.k[:, 0, 0], np.arange(17))
+    with pytest.raises(ValueError, match="holds 17"):
+        c.stage(*kv_rows([17]), start=18)
+    with pytest.raises(ValueError, match="expected"):
+        c.stage(np.zeros((1, 3, 4), np.float32), np.zeros((1, 3, 4), np.float32))

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from dflash_ref.backend import Backend
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
@@ -75,6 +77,60 @@ def test_cached_equals_stateless_across_steps(dirs):
     assert cache.length == 9
     assert_close(cache.forward_block(5, 9), drafter.forward_block(feats[:9], np.arange(9), 5, 9),
                  SAME_MATH, op="DraftCache.crop")
+
+
+def _record_attention_kv(monkeypatch, drafter):
+    """Give the drafter a backend whose attention op records the (k, v) it is handed."""
+    seen, be = [], drafter.be
+
+    def attention(q, k, v, mask, **kw):
+        seen.append((k, v))
+        return be.ops.attention(q, k, v, mask, **kw)
+
+    ops = SimpleNamespace(**{**vars(be.ops), "attention": attention})
+    monkeypatch.setattr(drafter, "be", Backend(be.name, be.xp, ops))
+    return seen
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_a_draft_attends_over_views_of_the_cache_not_copies(dirs, monkeypatch, window):
+    # The block's K/V go into each layer's spare rows after the context: what attention reads
+    # is the cache's own storage (a copy of the context per layer per draft was O(context)).
+    target, drafter = _load(dirs)
+    feats, n, B = _features(target, PROMPT), len(PROMPT), drafter.block_size
+    seen = _record_attention_kv(monkeypatch, drafter)
+    cache = drafter.new_cache(window=window)
+    cache.extend(feats, np.arange(n))
+    cache.forward_block(9, n)
+    ctx = n if window is None else window
+    assert len(seen) == len(cache.kv) == drafter.config.num_hidden_layers
+    for (k, v), layer in zip(seen, cache.kv):
+        assert k.shape == v.shape == (ctx + B, 2, 16)  # [ctx + B, nkv, d]
+        assert np.shares_memory(k, layer.k) and np.shares_memory(v, layer.v)
+        np.testing.assert_array_equal(k[:ctx], layer.k[n - ctx:])  # the context comes FIRST
+        np.testing.assert_array_equal(v[:ctx], layer.v[n - ctx:])
+
+
+def test_a_draft_never_changes_the_committed_rows(dirs):
+    # Same extends, with and without drafts in between: the committed K/V are identical bit for
+    # bit. Before each draft the spare rows are filled with NaN (through a public stage), so a
+    # draft that read a row it did not write would give non-finite logits.
+    target, drafter = _load(dirs)
+    feats, B = _features(target, PROMPT), drafter.block_size
+    drafted, plain = drafter.new_cache(), drafter.new_cache()
+    nan = np.full((B + 3, 2, 16), np.nan, np.float32)
+    for s in (6, 7, 11, 19):
+        for c in (drafted, plain):
+            c.extend(feats[c.length:s], np.arange(c.length, s))
+        for layer in drafted.kv:
+            layer.stage(nan, nan)
+        logits = drafted.forward_block(int(PROMPT[s - 1]), s)
+        assert drafted.length == plain.length == s
+        for a, b in zip(drafted.kv, plain.kv):
+            np.testing.assert_array_equal(a.k, b.k)
+            np.testing.assert_array_equal(a.v, b.v)
+        assert_close(logits, plain.forward_block(int(PROMPT[s - 1]), s), SAME_MATH,
+                     op="DraftCache", case=f"drafted before, s={s}")
 
 
 def test_context_window(dirs):
@@ -192,3 +248,9 @@ def test_drafter_numpy_vs_cupy(dirs, fam):
     b = d_gpu.forward_block(feats, np.arange(n), 9, n)
     assert_close(b, a, Tolerance(1e-4, 1e-4, "cuBLAS vs NumPy BLAS, 2 layers"), op="drafter",
                  case=fam)
+    cache = d_gpu.new_cache()  # the cached form: block K/V staged in the device cache's rows
+    for s in (7, n):
+        cache.extend(feats[cache.length:s], np.arange(cache.length, s))
+        assert_close(cache.forward_block(9, s), d_cpu.forward_block(feats[:s], np.arange(s), 9, s),
+                     Tolerance(1e-4, 1e-4, "cuBLAS vs NumPy BLAS, 2 layers"), op="DraftCache",
+                     case=f"{fam}, s={s}")
