@@ -3,7 +3,7 @@
 - :func:`expected_tensors`: a target checkpoint in HF layout (decoder stack under
   ``TargetConfig.weight_prefix``; attention or GDN mixer per layer; lm_head unless tied).
 - :func:`gdn_expected_tensors`: one Gated DeltaNet mixer, names relative to ``linear_attn.``, in
-  either projection layout. :meth:`dflash_ref.models.gdn_layer.GDNConfig.expected_shapes` returns
+  either projection layout. :meth:`dflash_ref.models.gdn_config.GDNConfig.expected_shapes` returns
   this same schema.
 - :func:`drafter_expected_tensors`: a DFlash drafter checkpoint (z-lab ``fc`` / ``hidden_norm``
   or the assistant layout's ``encoder.*`` names).

@@ -45,7 +45,7 @@ class _BatchRecord:
     start: int
     length: int
     ids: np.ndarray  # [T] the batch's tokens (node order for a tree)
-    gdn: dict = field(default_factory=dict)  # layer -> (state before, trace) | node states
+    gdn: dict = field(default_factory=dict)  # layer -> (state before, trace) | GDNTreeStates
     pooled: dict = field(default_factory=dict)  # pooled layer -> node (k, v) (tree verify only)
     tree_features: object = None  # features of every tree node (tree verify only)
 
@@ -67,25 +67,23 @@ class ChainGDN:
 
 
 class TreeGDN:
-    """A tree batch through one GDN layer: node i runs one step from its parent's state.
+    """A tree batch through one GDN layer: the layer runs once over all nodes, node i from its
+    parent's state (``GDNLayer.forward_tree``).
 
-    The root starts from the committed state. Each node's state is recorded so that
+    The root starts from the committed state. Every node's state is recorded
+    (:class:`~dflash_ref.models.gdn_layer.GDNTreeStates`) so that
     :meth:`TargetState.commit_path` can keep the state after the accepted path's last node.
     """
 
-    def __init__(self, states: dict, layer: int, record: _BatchRecord, parents, xp):
-        self.states, self.layer, self.record = states, layer, record
-        self.parents, self.xp = parents, xp
+    def __init__(self, states: dict, layer: int, record: _BatchRecord, parents):
+        self.states, self.layer, self.record, self.parents = states, layer, record, parents
 
     def run(self, mixer, u):
+        """``mixer`` (a GDNLayer) over the tree's nodes u [n, hidden]; returns y [n, hidden]."""
         root = self.states[self.layer] or mixer.initial_state()
-        node_states, ys = [], []
-        for i, p in enumerate(self.parents):
-            y, st, _ = mixer.forward(u[i:i + 1], root if p < 0 else node_states[p])
-            node_states.append(st)
-            ys.append(y)
+        y, node_states = mixer.forward_tree(u, root, self.parents)
         self.record.gdn[self.layer] = node_states
-        return self.xp.concatenate(ys, axis=0)  # [n, hidden]
+        return y
 
 
 @dataclass
@@ -220,7 +218,7 @@ class TargetState:
               for i in (*self.kv, *self.pooled_layers)}
         keep_trace = T <= TRACE_MAX_TOKENS
         gdn = {i: (ChainGDN(self.gdn, i, record, keep_trace) if parents is None
-                   else TreeGDN(self.gdn, i, record, parents, self.be.xp)) for i in self.gdn}
+                   else TreeGDN(self.gdn, i, record, parents)) for i in self.gdn}
         return Batch(start, positions, parents, kv, gdn, tap or no_tap, record)
 
     def _kv_store(self, layer: int, positions, parents, record: _BatchRecord) -> KVStore:
@@ -277,7 +275,7 @@ class TargetState:
         for cache in self.kv.values():
             cache.keep_rows(start, start + path)  # the path's K/V, in path order
         for i, node_states in rec.gdn.items():
-            self.gdn[i] = node_states[int(path[-1])]
+            self.gdn[i] = node_states.node(int(path[-1]))
         if rec.pooled:  # the path's rows enter the pool at positions start, start+1, ...
             positions = start + np.arange(path.size)
             self.pager.alloc_span(start, path.size)

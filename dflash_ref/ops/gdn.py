@@ -188,17 +188,31 @@ def gdn_recurrent(q, k, v, g, beta, state=None, scale=None, return_trace: bool =
     o = np.empty((T, HV, V), dt)
     trace = np.empty((T, HV, K, V), dt) if return_trace else None
     for t in range(T):
-        if kda:
-            S *= decay[t][:, :, None]  # row (key channel) i scaled by exp(g_t[i])
-        else:
-            S *= decay[t][:, None, None]
-        read = (kh[t][:, None, :] @ S)[:, 0, :]  # S^T k: [HV, 1, K] @ [HV, K, V] -> [HV, V]
-        delta = beta[t][:, None] * (v[t] - read)  # [HV, V]
-        S += kh[t][:, :, None] * delta[:, None, :]  # k d^T: [HV, K, 1] * [HV, 1, V]
-        o[t] = scale * (qh[t][:, None, :] @ S)[:, 0, :]  # [HV, V]
+        o[t] = recurrent_step(S, qh[t], kh[t], v[t], decay[t], beta[t], scale)
         if trace is not None:
             trace[t] = S
     return (o, S, trace) if return_trace else (o, S)
+
+
+def recurrent_step(S, q_t, k_t, v_t, decay_t, beta_t, scale):
+    """One token of the gated delta rule, all value heads at once; updates S in place.
+
+    The five steps of :func:`gdn_recurrent`, in its order (decay, read, delta, write, output).
+    Shared with :func:`dflash_ref.ops.gdn_tree.gdn_tree_recurrent`, so a tree node and a chain
+    token go through the same operations.
+
+    Args:
+        S: [HV, K, V] the state before the token; holds the state after it on return.
+        q_t, k_t: [HV, K], already mapped to value heads (grouped GQA).
+        v_t: [HV, V]; decay_t: exp(g_t), [HV] (scalar gate) or [HV, K] (KDA); beta_t: [HV].
+    Returns:
+        o_t [HV, V] = scale * S^T q_t from the updated state.
+    """
+    S *= decay_t.reshape(decay_t.shape[0], -1, 1)  # [HV, 1 or K, 1]: KDA scales row i by g_t[i]
+    read = (k_t[:, None, :] @ S)[:, 0, :]  # S^T k: [HV, 1, K] @ [HV, K, V] -> [HV, V]
+    delta = beta_t[:, None] * (v_t - read)  # [HV, V]
+    S += k_t[:, :, None] * delta[:, None, :]  # k d^T: [HV, K, 1] * [HV, 1, V]
+    return scale * (q_t[:, None, :] @ S)[:, 0, :]  # [HV, V]
 
 
 # ------------------------------------------------------------------ chunk-parallel form
@@ -317,18 +331,19 @@ def _chunked_block(q, k, v, g, beta, S, scale, C: int, kda: bool):
 # ------------------------------------------------------------------ short convolution
 
 
-def check_conv_args(x, weight, state) -> tuple[int, int, int]:
-    """Shapes of :func:`causal_conv1d` (both backends): x [T, D], weight [D, W], state
-    [D, W - 1] or None. Returns (T, D, W); a mismatch is a ValueError saying the expected shape."""
+def check_conv_args(x, weight, state, op: str = "causal_conv1d") -> tuple[int, int, int]:
+    """Shapes of :func:`causal_conv1d` (both backends; ``op`` names the caller in errors): x
+    [T, D], weight [D, W], state [D, W - 1] or None. Returns (T, D, W); a mismatch is a
+    ValueError saying the expected shape."""
     if x.ndim != 2 or weight.ndim != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 1:
         raise ValueError(
-            f"causal_conv1d: x must be [T, D] and weight [D, W]; got x {x.shape}, weight "
+            f"{op}: x must be [T, D] and weight [D, W]; got x {x.shape}, weight "
             f"{weight.shape} (squeeze a [D, 1, W] checkpoint weight to [D, W])"
         )
     T, D = x.shape
     W = weight.shape[1]
     if state is not None and state.shape != (D, W - 1):
-        raise ValueError(f"causal_conv1d: state must be [D, W-1]=({D}, {W - 1}); got {state.shape}")
+        raise ValueError(f"{op}: state must be [D, W-1]=({D}, {W - 1}); got {state.shape}")
     return T, D, W
 
 
