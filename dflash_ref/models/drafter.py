@@ -210,10 +210,11 @@ class DFlashDrafter:
         cfg = self.config
         vis = cfg.visibility(layer)
         causal = vis.max_ahead == 0
-        if vis.max_ahead not in (0, None) and vis.max_ahead < cfg.block_size - 1:
+        n = max(cfg.block_size, len(noise_pos))  # the block drafted (past B: on request)
+        if vis.max_ahead not in (0, None) and vis.max_ahead < n - 1:
             raise ConfigError(
                 f"drafter layer {layer}: a window of {cfg.sliding_window} smaller than the block "
-                f"({cfg.block_size}) would hide later noise keys; not supported"
+                f"({n}) would hide later noise keys; not supported"
             )
         if vis.max_back is None:
             return drafter_mask(ctx_pos, noise_pos, causal=causal)
@@ -287,8 +288,8 @@ class DFlashDrafter:
     def _rows(self, n_rows: int | None) -> int:
         if n_rows is None:
             return self.block_size
-        if not 1 <= n_rows <= self.block_size:
-            raise ValueError(f"n_rows {n_rows} is outside 1..{self.block_size} (the block size)")
+        if n_rows < 1:  # past block_size: positions never trained on (generate asks for opt-in)
+            raise ValueError(f"n_rows must be >= 1 (the anchor row), got {n_rows}")
         return int(n_rows)
 
     def propose(self, hidden, logits, anchor_token: int, choose=None) -> np.ndarray:
@@ -315,7 +316,8 @@ class DFlashDrafter:
             context_positions: [ctx] absolute positions of those features.
             anchor_token: the last committed token t_s (the bonus not yet run by the target).
             anchor_position: s; the block occupies positions s .. s+B-1.
-            n_rows: a shorter block of n rows (default B).
+            n_rows: a block of n rows (default B; fewer as the release drafts near the end, more
+                only when generate is asked to draft past the trained block).
             with_hidden: also return the final-normed rows [n, H] (the DFlash 2 selector's input).
         Returns:
             logits [B, vocab] float32 on the drafter's backend; rows 1..B-1 are the drafts

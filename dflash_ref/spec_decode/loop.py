@@ -114,7 +114,10 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
         max_new_tokens: tokens to generate (the output is cut to this length).
         temperature: 0 (or < 1e-5) is greedy; otherwise tokens are sampled and chain verify is
             lossless (``sampled_verify``; docs/spec_decode.md, "Sampling").
-        block_size: drafter block size B (default: the drafter's); 1 means plain decoding.
+        block_size: drafter block size B (default: the drafter's); 1 means plain decoding. A B
+            above the drafter's trained block size needs ``draft_rows="verify"`` and chain
+            verify: the drafter then drafts block positions it was never trained on (still
+            lossless; the end-to-end notebook shows what that does to tau).
         verify: "chain" or "tree" (DDTree, greedy only).
         gate: an :class:`~dflash_ref.spec_decode.gate.EntropyGate` or
             :class:`~dflash_ref.spec_decode.gate.CommitEmaGate` (anything with their protocol),
@@ -154,7 +157,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     B = _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block_size,
-                         verify, seed, pager)
+                         verify, seed, pager, draft_rows)
     params = SamplingParams(float(temperature), float(top_p), int(top_k))
     for name, value, allowed in (("sampled_verify", sampled_verify, SAMPLED_VERIFY_FORMS),
                                  ("draft_rows", draft_rows, DRAFT_ROWS)):
@@ -188,7 +191,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, temperature: floa
 
 
 def _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block_size, verify,
-                     seed, pager) -> int:
+                     seed, pager, draft_rows="trained") -> int:
     """Refuse bad arguments with the fix; return the block size B (1 without a drafter)."""
     if prompt.size == 0:
         raise ValueError("prompt_ids is empty; generation needs at least one prompt token")
@@ -203,9 +206,12 @@ def _check_arguments(target, drafter, prompt, max_new_tokens, temperature, block
     if sampled and verify == "tree":
         raise ConfigError("tree verify is greedy only; use verify='chain' with temperature > 0")
     B = 1 if drafter is None else int(block_size or drafter.block_size)
-    if drafter is not None and B > drafter.block_size:
+    if drafter is not None and B > drafter.block_size and (draft_rows, verify) != ("verify",
+                                                                                   "chain"):
         raise ConfigError(f"block_size {B} exceeds the drafter's trained block size "
-                          f"{drafter.block_size}")
+                          f"{drafter.block_size}; to draft past it anyway (positions the "
+                          f"drafter never saw in training), pass draft_rows='verify' with "
+                          f"verify='chain'")
     if drafter is not None and drafter.target is not target:
         raise ConfigError("the drafter is bound to another TargetModel; load it with "
                           "DFlashDrafter.from_pretrained(path, target)")

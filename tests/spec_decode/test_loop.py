@@ -118,6 +118,23 @@ def test_bad_arguments(models):
         generate(target, drafter, [], 4)
 
 
+@pytest.mark.parametrize("fam", ["qwen3", "gemma3"])
+def test_blocks_past_the_trained_size_only_on_request_and_still_lossless(models, fam):
+    # The drafters here are trained-size 16. Past it the drafter drafts positions it never saw;
+    # generate refuses that by default (the fix named), allows it with draft_rows="verify" and
+    # chain verify, and the output is still plain greedy's (the loop's losslessness, not the
+    # drafter's quality). Catches a check that compares B with the wrong size, or a drafter that
+    # silently drafts only its trained rows (the acceptance lengths would stay <= 16).
+    target, drafter = models[fam]
+    for kwargs in ({}, {"draft_rows": "verify", "verify": "tree"}):
+        with pytest.raises(ConfigError, match="draft_rows='verify'"):
+            generate(target, drafter, PROMPTS[0], 4, block_size=20, **kwargs)
+    plain = _plain(target, PROMPTS[2], 40)
+    res = generate(target, drafter, PROMPTS[2], 40, block_size=20, draft_rows="verify")
+    assert res.tokens == plain
+    assert res.drafted[0] == 19  # the first step drafted 19 tokens: all of the 20-row block
+
+
 def _tiny_vocab_target(tmp_path):
     path = write_tiny_target(tmp_path / "v8", "qwen3", seed=4, vocab_size=8, hidden_size=32,
                              intermediate_size=64, num_hidden_layers=2)
