@@ -41,6 +41,8 @@ from kernels_cupy.attention_prefill import (
     ((63, 32, 8, 128, 63), 1, SHARED_LIMIT, "decode"),  # below one 64-row query tile
     ((64, 32, 8, 128, 4096), 132, SHARED_LIMIT, "decode"),  # 1 tile x 32 heads < 132 SMs
     ((64, 32, 8, 128, 4096), 32, SHARED_LIMIT, "prefill"),  # ... = 32 SMs: one block each
+    ((256, 32, 8, 128, 256), 132, SHARED_LIMIT, "decode"),  # 4 x 32 = 128 blocks < 132
+    ((257, 32, 8, 128, 257), 132, SHARED_LIMIT, "prefill"),  # 5 x 32 = 160 (docs/attention.md)
     ((512, 32, 8, 128, 0), 132, SHARED_LIMIT, "decode"),  # no key: the wrapper returns zeros
     ((512, 32, 8, 128, 512), 132, 32 * 1024, "decode"),  # prefill needs 48.5 KiB at least
     ((512, 32, 8, 300, 512), 132, SHARED_LIMIT, "decode"),  # d > 256: the wrapper's error
@@ -372,7 +374,7 @@ def test_prefill_and_decode_kernels_agree_bit_for_bit(rng, d):
                      for a in _inputs(rng, Tq, nh, nkv, d, Tk, "causal"))
     a = attention_using("prefill", q, k, v, mask, scale=0.05)
     b = attention_using("decode", q, k, v, mask, scale=0.05)
-    assert cp.array_equal(a, b)
+    assert cp.array_equal(a, b), f"max |prefill - decode| = {float(cp.abs(a - b).max())}"
 
 
 @pytest.mark.gpu
