@@ -7,6 +7,11 @@ arrays are 16-byte aligned, and double-buffered where shared memory allows (one 
 tile; :func:`plan_launch`).
 Long contexts are split over the key axis (flash-decoding style) when the (query, head) grid
 alone would leave the GPU mostly idle; a second kernel combines the splits.
+
+Many query rows (prefill, a long verify) go to the prefill kernels instead
+(:mod:`kernels_cupy.attention_prefill`: 64 query rows of one head per block, K/V streamed once
+per query tile, the same per-row arithmetic); :func:`attention` picks one by shape
+(``choose_kernel``), :func:`attention_using` names it (tests).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dflash_ref.ops.attention import check_attention_args
 from dflash_ref.ops.masks import WINDOW_MODES, MaskSpec
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32
+from kernels_cupy.attention_prefill import PF_WARPS, choose_kernel, plan_prefill
 
 # Must match attention.cu.
 WARPS = 4  # ATT_WARPS: threads per block = 128
@@ -106,9 +112,9 @@ def _shared_limit(device_id: int) -> int:
 
 
 @functools.cache
-def _forward_kernel(vec4: bool, shared_mem: int, device_id: int):
-    """The forward kernel, its dynamic shared memory limit raised to ``shared_mem`` if needed."""
-    kernel = get_kernel("attention", "attention_fwd_vec4_f32" if vec4 else "attention_fwd_f32")
+def _kernel(name: str, shared_mem: int, device_id: int):
+    """Kernel ``name``, its dynamic shared memory limit raised to ``shared_mem`` if needed."""
+    kernel = get_kernel("attention", name)
     if shared_mem > SHARED_DEFAULT and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem  # cudaFuncAttributeMaxDynamicShared...
     return kernel
@@ -136,8 +142,20 @@ def _mask_args(mask: MaskSpec | None, Tq: int, Tk: int) -> tuple:
 def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     """Twin of :func:`dflash_ref.ops.attention.attention`: q [Tq, nh, d], k/v [Tk, nkv, d].
 
-    Rows with no visible key are zeros, as in the reference. d must be <= 256.
+    Rows with no visible key are zeros, as in the reference. d must be <= 256. The kernel is
+    chosen by shape (:func:`kernels_cupy.attention_prefill.choose_kernel`): the prefill kernel
+    for Tq >= 64 with a grid of at least one block per SM, the decode kernel otherwise.
     """
+    return attention_using("auto", q, k, v, mask, scale, softcap)
+
+
+def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
+    """:func:`attention` with the kernel named: "auto" (by shape, as :func:`attention`),
+    "decode" (``attention_fwd_*``, any shape) or "prefill" (``attention_prefill_*``, any shape).
+    Same result either way, to float32 rounding; tests run both kernels on the same inputs."""
+    if kernel not in ("auto", "decode", "prefill"):
+        raise ValueError(f"attention_using: kernel must be 'auto', 'decode' or 'prefill', got "
+                         f"{kernel!r}")
     q, k, v = f32(q, "attention", "q"), f32(k, "attention", "k"), f32(v, "attention", "v")
     Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap)
     if d > MAX_HEAD_DIM:
@@ -150,24 +168,36 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     scale = d ** -0.5 if scale is None else scale
     dev = cp.cuda.Device().id
     vec4 = can_use_vec4(d, q.data.ptr, k.data.ptr, v.data.ptr)
+    if kernel == "auto":
+        kernel = choose_kernel(Tq, nh, nkv, d, Tk, _sm_count(dev), _shared_limit(dev), vec4)
+    out = cp.empty((Tq, nh, d), cp.float32)
+    margs = _mask_args(mask, Tq, Tk)
+    softcap = fp32(0.0 if softcap is None else softcap)
+    if kernel == "prefill":
+        plan = plan_prefill(Tq, nh, nkv, d, Tk, _shared_limit(dev), vec4)
+        _kernel(plan["kernel"], plan["shared_mem"], dev)(
+            plan["grid"], (PF_WARPS * 32,),
+            (q, k, v, *margs[:3], out, i32(Tq), i32(Tk), i32(nh), i32(nkv), i32(d), fp32(scale),
+             softcap, *margs[3:], i32(plan["ld"]), i32(plan["kv_bufs"])),
+            shared_mem=plan["shared_mem"],
+        )
+        return out
     plan = plan_launch(Tq, nh, nkv, d, Tk, _sm_count(dev), vec4=vec4,
                        shared_limit=_shared_limit(dev))
-    out = cp.empty((Tq, nh, d), cp.float32)
     n_splits = plan["n_splits"]
     if n_splits == 1:
         part_o, part_ml = cp.empty(1, cp.float32), cp.empty(2, cp.float32)  # never written
     else:
         part_o = cp.empty((n_splits, Tq * nh, d), cp.float32)
         part_ml = cp.empty((n_splits, Tq * nh, 2), cp.float32)
-    margs = _mask_args(mask, Tq, Tk)
     args = (
         q, k, v, *margs[:3], out, part_o, part_ml,
-        i32(Tq), i32(Tk), i32(nh), i32(nkv), i32(d), fp32(scale),
-        fp32(0.0 if softcap is None else softcap), *margs[3:],
+        i32(Tq), i32(Tk), i32(nh), i32(nkv), i32(d), fp32(scale), softcap, *margs[3:],
         i32(plan["rpw"]), i32(plan["keys_per_split"]), i32(n_splits), i32(plan["ld"]),
         i32(plan["nbuf"]),
     )
-    _forward_kernel(plan["vec4"], plan["shared_mem"], dev)(
+    name = "attention_fwd_vec4_f32" if plan["vec4"] else "attention_fwd_f32"
+    _kernel(name, plan["shared_mem"], dev)(
         plan["grid"], (WARPS * 32,), args, shared_mem=plan["shared_mem"]
     )
     if n_splits > 1:

@@ -34,6 +34,12 @@
 //   attention_combine_f32  one block per (i, h) row (grid = Tq*nh); threads stride over d.
 //                          M = max over splits with l > 0; L = sum l_s e^(m_s - M);
 //                          out = sum acc_s e^(m_s - M) / L, or 0 when L == 0.
+//   attention_prefill_d128_f32, attention_prefill_d128_vec4_f32, attention_prefill_d256_f32,
+//   attention_prefill_d256_vec4_f32: many query rows (prefill, long verify; selected by shape in
+//                          kernels_cupy/attention.py). grid = (ceil(Tq / BQ), nh); a block owns
+//                          BQ = 64 (d <= 128) or 32 (d <= 256) consecutive query rows of one
+//                          query head and streams K/V tiles once for all of them; no key split.
+//                          Same per-row arithmetic as attention_fwd_*; details below.
 // Launch assumptions: blockDim.x == ATT_WARPS * 32 for the forward kernels (any multiple of 32
 // for the combine); 1 <= d <= ATT_MAX_D; rpw <= ATT_MAX_RPW; keys_per_split a multiple of
 // ATT_KT; nbuf in {1, 2}; shared row stride ld = d + 4 (vec4: keeps rows 16-byte aligned and
@@ -81,8 +87,10 @@ __device__ __forceinline__ float att_warp_sum(float v) {
     return v;
 }
 
-// Mask bits of the key tile starting at t0 for this warp's rows (one ballot per row) and their
-// OR. Lane j evaluates slot t0 + j; slots at or past j_end are invisible.
+// Mask bits of the key tile starting at t0 for this warp's NR row slots (one ballot per row)
+// and their OR. Lane j evaluates slot t0 + j; slots at or past j_end are invisible. NR is
+// ATT_MAX_RPW for the decode kernels, the template's RPW for the prefill kernels.
+template <int NR>
 __device__ __forceinline__ unsigned att_tile_mask(
     unsigned* bits, const long long t0, const long long j_end, const int lane, const int* k_pos,
     const unsigned char* anc, const int Tk, const bool* row_ok, const int* qp,
@@ -93,7 +101,7 @@ __device__ __forceinline__ unsigned att_tile_mask(
     const int kp = in ? k_pos[j] : -1;
     unsigned any = 0u;
 #pragma unroll
-    for (int s = 0; s < ATT_MAX_RPW; ++s) {
+    for (int s = 0; s < NR; ++s) {
         bool vis = false;
         if (row_ok[s] && in) {
             const unsigned char* anc_row = has_anc ? anc + qi[s] * (long long)Tk : anc;
@@ -191,8 +199,9 @@ __device__ __forceinline__ void attention_fwd_body(
     // read of tile t. With one buffer a second barrier guards the next load.
     unsigned bits[ATT_MAX_RPW], next_bits[ATT_MAX_RPW];
     bool vis = __syncthreads_or(  // also publishes sQ
-        att_tile_mask(bits, j_begin, j_end, lane, k_pos, anc, Tk, row_ok, qp, qi, causal,
-                      window, window_mode, has_base, base_pos, has_anc) != 0u);
+        att_tile_mask<ATT_MAX_RPW>(bits, j_begin, j_end, lane, k_pos, anc, Tk, row_ok, qp, qi,
+                                   causal, window, window_mode, has_base, base_pos,
+                                   has_anc) != 0u);
     int buf = 0;
     for (long long t0 = j_begin; t0 < j_end; t0 += ATT_KT) {
         float* sK = sKV + buf * 2 * ATT_KT * ld;
@@ -204,8 +213,9 @@ __device__ __forceinline__ void attention_fwd_body(
         }
         // 2. The next tile's mask, then the barrier.
         const bool next_vis = __syncthreads_or(
-            att_tile_mask(next_bits, t0 + ATT_KT, j_end, lane, k_pos, anc, Tk, row_ok, qp, qi,
-                          causal, window, window_mode, has_base, base_pos, has_anc) != 0u);
+            att_tile_mask<ATT_MAX_RPW>(next_bits, t0 + ATT_KT, j_end, lane, k_pos, anc, Tk,
+                                       row_ok, qp, qi, causal, window, window_mode, has_base,
+                                       base_pos, has_anc) != 0u);
         if (vis) {
             // 3. Lane j scores slot t0 + j for each of its warp's rows (scale, softcap, mask).
             float sc[ATT_MAX_RPW];
@@ -354,4 +364,229 @@ extern "C" __global__ void attention_combine_f32(const float* __restrict__ part_
         }
         out[row * d + dd] = o * inv;
     }
+}
+
+// ---------------------------------------------------------------- prefill / long verify
+//
+// attention_prefill_body<VEC4, RPW, DC>: the same per-row arithmetic as attention_fwd_body
+// (scale, softcap, mask, online softmax, V accumulation, in the same order), for many query rows.
+// A block owns BQ = PF_WARPS * RPW consecutive query rows of ONE query head h (blockIdx.y) and
+// reads kv head h / g; warp w owns rows w * RPW .. w * RPW + RPW - 1 of the tile. Query tiles run
+// in reverse (blockIdx.x = 0 takes the last tile: under a causal mask it has the most keys to
+// visit, so the longest blocks start first). Per key tile of ATT_KT = 32 slots (lane j <-> slot
+// t0 + j), with barriers (A)..(D):
+//   1. each warp evaluates the tile's mask for its rows (att_tile_mask<RPW>: one ballot per
+//      row); (A) = __syncthreads_or over those words: every thread is done with the previous
+//      tile's sK / sV, and the tile is skipped by the whole block when no row sees any slot;
+//   2. K (and V when kv_bufs == 2) -> shared (att_load_tile, zero rows past Tk); (B);
+//   3. a warp with a visible slot scores its rows (lane j: slot t0 + j; the q row is a shared
+//      broadcast) and updates each row with a visible slot: m_new = max(m, max_j s),
+//      c = e^(m - m_new), p_j = e^(s_j - m_new) (0 where masked), l = c l + sum_j p_j,
+//      acc = c acc; m = m_new;
+//   4. kv_bufs == 1 only: (C), V -> the same buffer, (D);
+//   5. for each slot jj visible to some row of the warp (ascending), lane-strided V row jj from
+//      shared; each row that sees jj adds p_jj * V[jj] to acc (p_jj by shuffle).
+// Each row therefore sees exactly the operations, in the order, of attention_fwd_body with one
+// key split (a row that does not see slot jj skips it, as there). A row's running max m and
+// normaliser l are the same in every lane of its warp, so lane s keeps them for row s (m_lane,
+// l_lane, read by shuffle). Writes out = acc / l (0 when l == 0). Barriers per key tile: 1 when
+// skipped, 2 when loaded with kv_bufs == 2, 4 with kv_bufs == 1. Precision: FP32 CUDA cores
+// throughout (no tensor cores, no TF32); within float32 rounding of the reference.
+// Launch assumptions: blockDim.x == PF_WARPS * 32; grid = (ceil(Tq / BQ), nh); d <= 32 * DC;
+// ld = d + 4 (VEC4: d % 4 == 0, q / k / v 16-byte aligned) or d + 1; kv_bufs in {1, 2};
+// dynamic shared memory = (BQ * d + kv_bufs * ATT_KT * ld) * 4 bytes
+// (kernels_cupy/attention_prefill.py plan_prefill).
+//   attention_prefill_d128_f32, _d128_vec4_f32   RPW = 8 (BQ = 64), DC = 4: d <= 128
+//   attention_prefill_d256_f32, _d256_vec4_f32   RPW = 4 (BQ = 32), DC = 8: d <= 256
+
+#define PF_WARPS 8
+
+template <bool VEC4, int RPW, int DC>
+__device__ __forceinline__ void attention_prefill_body(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const int* __restrict__ q_pos, const int* __restrict__ k_pos,
+    const unsigned char* __restrict__ anc, float* __restrict__ out,
+    const int Tq, const int Tk, const int nh, const int nkv, const int d,
+    const float scale, const float softcap,
+    const int causal, const int window, const int window_mode, const int has_base,
+    const int base_pos, const int has_anc, const int ld, const int kv_bufs) {
+    extern __shared__ __align__(16) float att_smem[];
+    constexpr int BQ = PF_WARPS * RPW;
+    float* sQ = att_smem;                                 // [BQ, d]
+    float* sK = att_smem + BQ * d;                        // [ATT_KT, ld]
+    float* sV = (kv_bufs == 2) ? sK + ATT_KT * ld : sK;   // [ATT_KT, ld]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = blockIdx.y, g = nh / nkv, kvh = h / g;
+    const long long i0 = (long long)(gridDim.x - 1 - blockIdx.x) * BQ;  // first query row
+
+    // Queries of this tile -> shared memory (0 for rows past Tq).
+    if (VEC4) {
+        const int d4 = d >> 2;
+        for (int idx = tid; idx < BQ * d4; idx += blockDim.x) {
+            const int r = idx / d4, c4 = idx - r * d4;
+            const long long i = i0 + r;
+            float4 val = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < Tq) val = reinterpret_cast<const float4*>(q + (i * nh + h) * d)[c4];
+            reinterpret_cast<float4*>(sQ + r * d)[c4] = val;
+        }
+    } else {
+        for (int idx = tid; idx < BQ * d; idx += blockDim.x) {
+            const int r = idx / d, dd = idx - r * d;
+            const long long i = i0 + r;
+            sQ[idx] = (i < Tq) ? q[(i * nh + h) * d + dd] : 0.0f;
+        }
+    }
+
+    // Per-row state of this warp's rows (slot s <-> tile row warp * RPW + s).
+    bool row_ok[RPW];
+    int qp[RPW];
+    long long qi[RPW];
+    float acc[RPW][DC];
+    // The running max and normaliser of row s are the same in every lane; lane s keeps them.
+    float m_lane = ATT_NEG_INF, l_lane = 0.0f;
+#pragma unroll
+    for (int s = 0; s < RPW; ++s) {
+        const long long i = i0 + warp * RPW + s;
+        row_ok[s] = i < Tq;
+        qi[s] = i;  // i0 + const: no register of its own
+        qp[s] = row_ok[s] ? q_pos[i] : 0;
+#pragma unroll
+        for (int c = 0; c < DC; ++c) acc[s][c] = 0.0f;
+    }
+
+    for (long long t0 = 0; t0 < Tk; t0 += ATT_KT) {
+        // 1. The tile's mask; (A) also publishes sQ on the first tile.
+        unsigned bits[RPW];
+        const unsigned wb = att_tile_mask<RPW>(bits, t0, Tk, lane, k_pos, anc, Tk, row_ok, qp,
+                                               qi, causal, window, window_mode, has_base,
+                                               base_pos, has_anc);
+        if (!__syncthreads_or(wb != 0u)) continue;  // (A); block-uniform skip
+        // 2. K (and V) -> shared.
+        att_load_tile<VEC4>(sK, k, t0, Tk, nkv, kvh, d, ld);
+        if (kv_bufs == 2) att_load_tile<VEC4>(sV, v, t0, Tk, nkv, kvh, d, ld);
+        __syncthreads();  // (B)
+        // 3. Scores and the online-softmax update of each row with a visible slot.
+        float p[RPW];
+#pragma unroll
+        for (int s = 0; s < RPW; ++s) p[s] = 0.0f;
+        if (wb != 0u) {  // warp-uniform (ballot results)
+            float sc[RPW];
+#pragma unroll
+            for (int s = 0; s < RPW; ++s) sc[s] = 0.0f;
+            if (VEC4) {
+                const float4* kr = reinterpret_cast<const float4*>(sK + lane * ld);
+                // Not unrolled: unrolling keeps several iterations' q float4s live (138 registers
+                // on sm_90, one block per SM); rolled, every prefill kernel stays <= 104.
+#pragma unroll 1
+                for (int c4 = 0; c4 < (d >> 2); ++c4) {  // one K read serves the warp's rows
+                    const float4 kv = kr[c4];
+#pragma unroll
+                    for (int s = 0; s < RPW; ++s) {
+                        const float4 qv = reinterpret_cast<const float4*>(
+                            sQ + (warp * RPW + s) * d)[c4];  // broadcast
+                        sc[s] = fmaf(qv.x, kv.x, sc[s]);  // the order of attention_fwd_body
+                        sc[s] = fmaf(qv.y, kv.y, sc[s]);
+                        sc[s] = fmaf(qv.z, kv.z, sc[s]);
+                        sc[s] = fmaf(qv.w, kv.w, sc[s]);
+                    }
+                }
+            } else {
+                const float* kr = sK + lane * ld;
+                for (int dd = 0; dd < d; ++dd) {
+                    const float kval = kr[dd];
+#pragma unroll
+                    for (int s = 0; s < RPW; ++s) {
+                        sc[s] = fmaf(sQ[(warp * RPW + s) * d + dd], kval, sc[s]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < RPW; ++s) {
+                if (bits[s] == 0u) continue;  // warp-uniform: this row sees nothing here
+                float x = sc[s] * scale;
+                if (softcap > 0.0f) x = softcap * tanhf(x / softcap);  // before the mask
+                const bool vis = (bits[s] >> lane) & 1u;
+                x = vis ? x : ATT_NEG_INF;
+                const float m_old = __shfl_sync(ATT_FULL, m_lane, s);
+                const float m_new = fmaxf(m_old, att_warp_max(x));  // finite: >= 1 visible
+                const float corr = expf(m_old - m_new);             // 0 when m was -inf
+                p[s] = vis ? expf(x - m_new) : 0.0f;
+                const float l_new = __shfl_sync(ATT_FULL, l_lane, s) * corr + att_warp_sum(p[s]);
+#pragma unroll
+                for (int c = 0; c < DC; ++c) acc[s][c] *= corr;
+                if (lane == s) {
+                    m_lane = m_new;
+                    l_lane = l_new;
+                }
+            }
+        }
+        // 4. One buffer: V replaces K once every warp has scored.
+        if (kv_bufs == 1) {
+            __syncthreads();  // (C)
+            att_load_tile<VEC4>(sV, v, t0, Tk, nkv, kvh, d, ld);
+            __syncthreads();  // (D)
+        }
+        // 5. acc += p_jj V[jj] over the slots some row of the warp sees, in ascending order.
+        unsigned b = wb;
+        while (b) {  // warp-uniform
+            const int jj = __ffs(b) - 1;
+            b &= b - 1u;
+            const float* vr = sV + jj * ld;
+            float vv[DC];
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int dd = lane + 32 * c;
+                vv[c] = (dd < d) ? vr[dd] : 0.0f;
+            }
+#pragma unroll
+            for (int s = 0; s < RPW; ++s) {
+                if (((bits[s] >> jj) & 1u) == 0u) continue;  // warp-uniform
+                const float pj = __shfl_sync(ATT_FULL, p[s], jj);
+#pragma unroll
+                for (int c = 0; c < DC; ++c) acc[s][c] = fmaf(pj, vv[c], acc[s][c]);
+            }
+        }
+    }
+
+    // Write the rows: out[i, h] = acc / l, 0 when no key was visible.
+#pragma unroll
+    for (int s = 0; s < RPW; ++s) {
+        if (!row_ok[s]) continue;
+        const long long orow = qi[s] * nh + h;  // row of out in [Tq * nh]
+        const float l_s = __shfl_sync(ATT_FULL, l_lane, s);
+        const float inv = (l_s > 0.0f) ? 1.0f / l_s : 0.0f;
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+            const int dd = lane + 32 * c;
+            if (dd < d) out[orow * d + dd] = acc[s][c] * inv;
+        }
+    }
+}
+
+#define PF_PARAMS                                                                             \
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,      \
+        const int* __restrict__ q_pos, const int* __restrict__ k_pos,                           \
+        const unsigned char* __restrict__ anc, float* __restrict__ out, const int Tq,           \
+        const int Tk, const int nh, const int nkv, const int d, const float scale,              \
+        const float softcap, const int causal, const int window, const int window_mode,         \
+        const int has_base, const int base_pos, const int has_anc, const int ld,                \
+        const int kv_bufs
+#define PF_ARGS                                                                               \
+    q, k, v, q_pos, k_pos, anc, out, Tq, Tk, nh, nkv, d, scale, softcap, causal, window,        \
+        window_mode, has_base, base_pos, has_anc, ld, kv_bufs
+
+extern "C" __global__ void attention_prefill_d128_f32(PF_PARAMS) {
+    attention_prefill_body<false, 8, 4>(PF_ARGS);
+}
+
+extern "C" __global__ void attention_prefill_d128_vec4_f32(PF_PARAMS) {
+    attention_prefill_body<true, 8, 4>(PF_ARGS);
+}
+
+extern "C" __global__ void attention_prefill_d256_f32(PF_PARAMS) {
+    attention_prefill_body<false, 4, 8>(PF_ARGS);
+}
+
+extern "C" __global__ void attention_prefill_d256_vec4_f32(PF_PARAMS) {
+    attention_prefill_body<true, 4, 8>(PF_ARGS);
 }
