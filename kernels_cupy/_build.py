@@ -8,8 +8,9 @@ One tuple of compile options, ``COMPILE_OPTIONS``, serves both paths:
   never touches a GPU: CuPy's own compile path asks the driver for the current device first,
   which fails on a machine without one.
 
-A family's compiled source is ``cuda/common.cuh`` followed by ``cuda/<family>.cu`` (textual
-concatenation rather than ``#include``, so CuPy's source-keyed cache always sees the header).
+A family's compiled source is ``cuda/common.cuh``, then the family's own headers
+(``FAMILY_HEADERS``), then ``cuda/<family>.cu`` (textual concatenation rather than ``#include``,
+so CuPy's source-keyed cache always sees the headers).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from pathlib import Path
 
 CUDA_DIR = Path(__file__).parent / "cuda"
 COMMON_HEADER = CUDA_DIR / "common.cuh"
+# Headers shared by some families only: the GDN token step of the chain and tree recurrences.
+FAMILY_HEADERS: dict[str, tuple[str, ...]] = {"gdn": ("gdn_step.cuh",),
+                                              "gdn_tree": ("gdn_step.cuh",)}
 
 # Deliberately no --use_fast_math: the twins must track the float32 reference to a few ulp
 # (precise expf/logf/sincosf/division). -ftz=true flushes subnormals, as CuPy kernels usually
@@ -45,11 +49,12 @@ def families() -> list[str]:
 
 
 def source(family: str) -> str:
-    """The exact text compiled for ``family``: common.cuh, then ``<family>.cu``."""
+    """The exact text compiled for ``family``: common.cuh, its own headers, ``<family>.cu``."""
     path = CUDA_DIR / f"{family}.cu"
     if not path.exists():
         raise FileNotFoundError(f"no CUDA source {path}; families are {families()}")
-    return COMMON_HEADER.read_text() + "\n" + path.read_text()
+    parts = [COMMON_HEADER] + [CUDA_DIR / h for h in FAMILY_HEADERS.get(family, ())] + [path]
+    return "\n".join(p.read_text() for p in parts)
 
 
 def kernel_names(family: str) -> list[str]:

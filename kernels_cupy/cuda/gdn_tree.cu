@@ -60,46 +60,10 @@ extern "C" __global__ void gdn_tree_recurrent_f32(
                 s[i] = (live && kk < K) ? src[((long long)hv * K + kk) * V + col] : 0.0f;
             }
         }
-        const float* kt = k + ((long long)t * H + hk) * K;  // read by a whole warp at one
-        const float* qt = q + ((long long)t * H + hk) * K;  // address: a broadcast
+        gdn_token_step<GDN_TREE_WARPS, GDN_TREE_MAX_ROWS>(
+            s, part_rd, part_out, q, k, v, g, beta, o, t, H, HV, K, V, hv, hk, wy, lane, col,
+            live, kda, scale);  // gdn_step.cuh: steps 1-5 of token t
         const long long th = (long long)t * HV + hv;
-        const float decay = kda ? 0.0f : expf(g[th]);
-        const float b = beta[th];
-        // 1. decay, 2. read with the decayed state (this thread's rows, then across warps)
-        float rd = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GDN_TREE_MAX_ROWS; ++i) {
-            const int kk = wy + GDN_TREE_WARPS * i;
-            if (kk < K) {
-                s[i] *= kda ? expf(g[th * K + kk]) : decay;
-                rd += s[i] * kt[kk];
-            }
-        }
-        part_rd[wy][lane] = rd;
-        __syncthreads();  // (also: every thread has read part_out of node t - 1)
-        rd = 0.0f;
-#pragma unroll
-        for (int w = 0; w < GDN_TREE_WARPS; ++w) rd += part_rd[w][lane];  // same order everywhere
-        // 3. delta, 4. rank-1 write, 5. output from the updated state
-        const float vt = live ? v[th * V + col] : 0.0f;
-        const float delta = b * (vt - rd);
-        float out = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GDN_TREE_MAX_ROWS; ++i) {
-            const int kk = wy + GDN_TREE_WARPS * i;
-            if (kk < K) {
-                s[i] += kt[kk] * delta;
-                out += s[i] * qt[kk];
-            }
-        }
-        part_out[wy][lane] = out;
-        __syncthreads();  // (also: every thread has read part_rd of node t)
-        if (wy == 0 && live) {
-            out = 0.0f;
-#pragma unroll
-            for (int w = 0; w < GDN_TREE_WARPS; ++w) out += part_out[w][lane];
-            o[th * V + col] = scale * out;
-        }
         if (live) {  // node t's state: what a child of t reloads
 #pragma unroll
             for (int i = 0; i < GDN_TREE_MAX_ROWS; ++i) {
