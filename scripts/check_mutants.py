@@ -123,6 +123,20 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'cache.extend(self.state.features.rows(cache.length, s) * 0,',
         'tests/spec_decode/test_feature_drafter.py',
     ),
+    (
+        '10 tree GDN: a node steps from the previous node, not its parent',
+        'dflash_ref/ops/gdn_tree.py',
+        'S = (root if parents[i] < 0 else node_states[parents[i]]).copy()  # [HV, K, V]',
+        'S = (root if parents[i] < 0 else node_states[i - 1]).copy()  # [HV, K, V]',
+        'tests/ops/test_gdn_tree.py',
+    ),
+    (
+        '11 drafter staging: the block\'s K/V written one row into the committed ones',
+        'dflash_ref/models/cache.py',
+        'self._k[self.length : end] = k',
+        'self._k[self.length - 1 : end - 1] = k',
+        'tests/models/test_drafter.py',
+    ),
 ]
 env = dict(os.environ, PYTHONPATH=ROOT)
 for name, f, old, new, tests in MUTANTS:
