@@ -19,7 +19,11 @@ first time a layer asks and reused by the others (per batch)::
     tree_mask(prefix, window)      keys [prefix..., nodes]: committed prefix, then ancestors
     once(key, make)                anything else (a layer type's proportional-RoPE cos / sin)
 
-On NumPy the copy is the pack itself; the code is the same on both backends.
+Default and linear RoPE need no table: the ``rope`` op reads the device positions, and its
+kernel forms the float32 angle and its sincos inline (a table would cost a launch per batch and
+a read per element to save one sincosf); proportional RoPE (Gemma 4) runs as array code, so its
+cos / sin table is built once per batch. On NumPy the copy is the pack itself; the code is the
+same on both backends.
 """
 
 from __future__ import annotations

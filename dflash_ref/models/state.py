@@ -6,7 +6,7 @@ full-attention layers), one :class:`~dflash_ref.models.gdn_layer.GDNState` per G
 layer, the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, the committed length, and
 what the last batch needs to be rolled back. The model talks to it through three calls::
 
-    batch = state.begin_batch(T, parents=None)   # positions, a KV store / GDN store per layer
+    batch = state.begin_batch(ids, parents=None) # arrays on the backend once, a store per layer
     ... every layer runs on batch.kv[i] or batch.gdn[i] ...
     state.end_batch(batch, features)             # chain: committed; tree: pending
 
@@ -280,13 +280,15 @@ class TargetState:
                              f"{rec.length} tree nodes, got {path.tolist()}")
         start = rec.start
         dev = self.be.to_backend(path)  # [m] node indices: one copy for every layer below
+        rows = start + dev  # the path's cache rows
         for cache in self.kv.values():
-            cache.keep_rows(start, start + dev)  # the path's K/V, in path order
+            cache.keep_rows(start, rows)  # the path's K/V, in path order
         for i, node_states in rec.gdn.items():
             self.gdn[i] = node_states.node(int(path[-1]))
         if rec.pooled:  # the path's rows enter the pool at positions start, start+1, ...
             self.pager.alloc_span(start, path.size)
-            slots = self.be.to_backend(self.pager.batch_slots(start + np.arange(path.size)))
+            slots = self.be.to_backend(  # [m] int32, checked on the host, one copy
+                self.pager.batch_slots(start + np.arange(path.size)).astype(np.int32))
             for layer, (k, v) in rec.pooled.items():
                 self.pager.write_slots(layer, slots, k[dev], v[dev])
         if self.features is not None:
