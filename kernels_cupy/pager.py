@@ -15,6 +15,7 @@ import cupy as cp
 import numpy as np
 
 from dflash_ref.ops.pager import _check_slots as check_host_slots
+from dflash_ref.ops.pager import check_chunk_blocks
 from kernels_cupy._launch import i32, launch_elementwise
 
 
@@ -40,7 +41,8 @@ def _words(a: cp.ndarray) -> cp.ndarray:
     return a.view(cp.uint32)
 
 
-def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> cp.ndarray:
+def _check_slots(slots, n_slots: int, op: str, *, distinct: bool,
+                 checked: bool = False) -> cp.ndarray:
     """``slots`` as a contiguous int32 device array, checked like the reference does.
 
     Host slots (a NumPy array or a list: what the pager computes, once per step, on the host)
@@ -49,7 +51,9 @@ def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> cp.ndarray:
     per-step path (KV writes, page-in). Slots already on the device are checked on the device
     with one host synchronisation (``cp.unique`` and a copy of three numbers), the price of an
     error at the call rather than corrupted memory; skip that with ``check_device_slots(False)``
-    once a caller is trusted. Either way the kernels also drop out-of-range slots themselves.
+    once a caller is trusted, or per call with ``checked=True`` (slots the caller checked on
+    the host before uploading them: the pager's per-forward slots). Either way the kernels also
+    drop out-of-range slots themselves.
     """
     if not isinstance(slots, cp.ndarray):
         host = check_host_slots(slots, n_slots, op, distinct=distinct)  # [n] int64, validated
@@ -59,7 +63,7 @@ def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> cp.ndarray:
                          f"got {slots.dtype} {slots.shape}")
     if slots.size == 0:
         return cp.zeros(0, dtype=cp.int32)
-    if _CHECK_DEVICE_SLOTS[0]:
+    if _CHECK_DEVICE_SLOTS[0] and not checked:
         _check_device_slots(slots, n_slots, op, distinct=distinct)
     return cp.ascontiguousarray(slots.astype(cp.int32, copy=False))
 
@@ -114,14 +118,17 @@ def gather_rows(pool, slots, out=None) -> cp.ndarray:
     return rows
 
 
-def scatter_rows(pool, slots, rows):
-    """Twin of :func:`dflash_ref.ops.pager.scatter_rows`: writes ``pool`` in place, returns it."""
+def scatter_rows(pool, slots, rows, checked: bool = False):
+    """Twin of :func:`dflash_ref.ops.pager.scatter_rows`: writes ``pool`` in place, returns it.
+
+    ``checked=True``: device slots the caller checked on the host are not checked again here
+    (no synchronisation); host slots are always checked on the host."""
     pool = _check_pool(pool, "scatter_rows")
     if not pool.flags.c_contiguous:
         raise ValueError("scatter_rows: pool must be C-contiguous (it is updated in place; a "
                          "strided view would be written through a copy on the GPU)")
     S, P, W = pool.shape
-    slots = _check_slots(slots, P, "scatter_rows", distinct=True)
+    slots = _check_slots(slots, P, "scatter_rows", distinct=True, checked=checked)
     n = slots.size
     rows = cp.asarray(rows)
     if rows.shape != (S, n, W):
@@ -136,13 +143,29 @@ def scatter_rows(pool, slots, rows):
 
 
 def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> cp.ndarray:
-    """Twin of :func:`dflash_ref.ops.pager.fill_slot_pos`: [n_chunks] -> [P] int32 positions."""
+    """Twin of :func:`dflash_ref.ops.pager.fill_slot_pos`: [n_chunks] -> [P] int32 positions.
+
+    A host table (what the pager passes: its chunk table lives on the host) is checked on the
+    host with the reference's own check, then uploaded: nothing waits for the GPU. A device
+    table is checked on the device with one synchronisation (``cp.unique``), as device slots
+    are in :func:`scatter_rows`.
+    """
     T, P = int(chunk_tokens), int(pool_tokens)
-    if T <= 0 or P <= 0 or P % T:
-        raise ValueError(f"fill_slot_pos: pool_tokens {P} must be a positive multiple of "
-                         f"chunk_tokens {T}")
+    if not isinstance(chunk_block, cp.ndarray):
+        host = check_chunk_blocks(chunk_block, T, P)  # [n_chunks] int64, validated
+        cb = cp.asarray(host.astype(np.int32))
+    else:
+        check_chunk_blocks(np.zeros(0, np.int64), T, P)  # T and P alone
+        cb = _check_device_chunk_blocks(chunk_block.reshape(-1), T, P)
+    out = cp.full(P, -1, dtype=cp.int32)
+    launch_elementwise("pager", "fill_slot_pos_i32", cb.size * T,
+                       (cb, out, i32(cb.size), i32(T)))
+    return out
+
+
+def _check_device_chunk_blocks(cb: cp.ndarray, T: int, P: int) -> cp.ndarray:
+    """The reference's block checks for a device chunk table (one host synchronisation)."""
     n_blocks = P // T
-    cb = cp.asarray(chunk_block).reshape(-1)
     blocks = cb[cb >= 0]
     if blocks.size:
         uniq = cp.unique(blocks)
@@ -153,8 +176,4 @@ def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> cp.ndarra
             )
     if cb.size * T > np.iinfo(np.int32).max:
         raise ValueError(f"fill_slot_pos: positions up to {cb.size * T} overflow int32")
-    cb = cp.ascontiguousarray(cb.astype(cp.int32))
-    out = cp.full(P, -1, dtype=cp.int32)
-    launch_elementwise("pager", "fill_slot_pos_i32", cb.size * T,
-                       (cb, out, i32(cb.size), i32(T)))
-    return out
+    return cp.ascontiguousarray(cb.astype(cp.int32))

@@ -423,28 +423,28 @@ class KVFlashPager(ChunkTable):
         return self.pool
 
     def write(self, layer: int, positions, k, v) -> None:
-        """Write one layer's ``k``, ``v`` [T, H, D] at ``positions`` [T] (already allocated).
-
-        Positions must be distinct and resident (allocate them with :meth:`alloc_span` first,
-        once per forward, before the first layer writes). Does not tick the clock.
-        """
+        """Write one layer's ``k``, ``v`` [T, H, D] at ``positions`` [T] (already allocated):
+        distinct, resident positions (:meth:`alloc_span` them first). Does not tick the clock."""
         self._require_pool().write(layer, self.resident_slots(positions), k, v)
+
+    def write_slots(self, layer: int, slots, k, v) -> None:
+        """:meth:`write` at ``slots``: the backend copy of :meth:`batch_slots`, made once per
+        forward (``TargetState.begin_batch``) for every layer, so no lookup, check or copy here."""
+        self._require_pool().write(layer, slots, k, v, checked=True)
 
     def read(self, layer: int, positions):
         """``(k, v)`` [T, H, D] of one layer at resident ``positions`` (copies; for tests)."""
         return self._require_pool().read(layer, self.resident_slots(positions))
 
     def kv(self, layer: int):
-        """``(K [P, H, D], V [P, H, D], k_pos [P] int32)`` of one layer for attention.
-
-        K and V are views of the pool (slot order); k_pos is :meth:`slot_positions`.
-        """
+        """``(K [P, H, D], V [P, H, D], k_pos [P] int32)`` of one layer for attention: views of
+        the pool (slot order) and :meth:`slot_positions`."""
         pool = self._require_pool()
         return pool.k(layer), pool.v(layer), self.slot_positions()
 
     def __repr__(self) -> str:
         return (f"KVFlashPager(pool_tokens={self.pool_tokens}, chunk_tokens={self.chunk_tokens}, "
-                f"sink={self.sink_chunks}, tail={self.tail_window_chunks}, "
-                f"resident={self.resident_chunks().size}/{self.n_blocks}, "
-                f"host_only={self.host_only_chunks().size}, cur_chunk={self.cur_chunk}, "
+                f"sink={self.sink_chunks}, tail={self.tail_window_chunks}, resident="
+                f"{self.resident_chunks().size}/{self.n_blocks}, host_only="
+                f"{self.host_only_chunks().size}, cur_chunk={self.cur_chunk}, "
                 f"backend={self.be.name})")

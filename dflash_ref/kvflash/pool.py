@@ -88,8 +88,9 @@ class PooledKV:
         """Write ``rows`` [2L, n, W] into ``slots`` of every segment (page-in)."""
         self.be.ops.scatter_rows(self.segments, slots, rows)
 
-    def write(self, layer: int, slots, k, v) -> None:
-        """Write ``k``, ``v`` [T, H, D] of one layer into ``slots`` [T]."""
+    def write(self, layer: int, slots, k, v, checked: bool = False) -> None:
+        """Write ``k``, ``v`` [T, H, D] of one layer into ``slots`` [T] (``checked``: the
+        caller checked them already; see the ``scatter_rows`` op)."""
         T = len(slots)
         shape = (T, self.n_kv_heads, self.head_dim)
         if tuple(k.shape) != shape or tuple(v.shape) != shape:
@@ -99,7 +100,7 @@ class PooledKV:
         xp = self.be.xp
         rows = xp.stack([xp.asarray(k), xp.asarray(v)]).reshape(2, T, -1)  # [2, T, W]
         seg = self.data[i].reshape(2, self.pool_tokens, -1)  # [2, P, W] view of this layer
-        self.be.ops.scatter_rows(seg, slots, rows.astype(self.dtype, copy=False))
+        self.be.ops.scatter_rows(seg, slots, rows.astype(self.dtype, copy=False), checked=checked)
 
     def read(self, layer: int, slots):
         """``(k, v)`` [n, H, D] of one layer at ``slots`` (copies)."""
@@ -256,6 +257,15 @@ class ChunkTable:
                              f"alloc_span(start, n) for them before writing or reading")
         return slots
 
+    def batch_slots(self, positions) -> np.ndarray:
+        """[T] host slots of a forward's distinct, resident ``positions``, checked once (range
+        and distinctness, the ``scatter_rows`` check) so that every layer's write can use one
+        backend copy of them (:meth:`~dflash_ref.kvflash.pager.KVFlashPager.write_slots`)."""
+        from dflash_ref.ops.pager import _check_slots
+
+        return _check_slots(self.resident_slots(positions), self.pool_tokens, "batch_slots",
+                            distinct=True)
+
     def fill_slot_pos(self) -> np.ndarray:
         """[P] int32 on the host: the position held by each slot, -1 if free (docs/kvflash.md,
         "The validity rule and the decode mask")."""
@@ -266,11 +276,12 @@ class ChunkTable:
     def slot_positions(self):
         """[P] int32 backend array of :meth:`fill_slot_pos`, the ``k_pos`` of the masks.
 
-        Computed with the backend's ``fill_slot_pos`` op and cached until the mapping changes
-        (the epoch). Treat it as read-only.
+        Computed with the backend's ``fill_slot_pos`` op from the host chunk table (the CuPy twin
+        checks it on the host and copies it once) and cached until the mapping changes (the
+        epoch). Treat it as read-only.
         """
         if self._slot_pos_cache is None or self._slot_pos_cache[0] != self.epoch:
-            table = self.be.to_backend(self._block[: self._n])
+            table = self._block[: self._n]  # [n_chunks] host
             pos = self.be.ops.fill_slot_pos(table, self.chunk_tokens, self.pool_tokens)
             self._slot_pos_cache = (self.epoch, pos)
         return self._slot_pos_cache[1]

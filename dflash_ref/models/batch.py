@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.state import Batch, TargetState
 from dflash_ref.ops.masks import MaskSpec, visible
 
 
 class RaggedKV:
-    """The KV store of one layer for a ragged batch: each sequence's store, masks joined."""
+    """The KV store of one layer for a ragged batch: each sequence's store, masks joined.
 
-    def __init__(self, stores, splits, be):
-        self.stores, self.splits, self.be = stores, splits, be
+    The sequences' masks are shared by the layers of a window kind (each sequence's
+    BatchArrays), so the joined mask is built once per kind and batch (``joined``, shared)."""
+
+    def __init__(self, stores, splits, be, joined: dict):
+        self.stores, self.splits, self.be, self.joined = stores, splits, be, joined
 
     def update(self, k, v):
         xp = self.be.xp
@@ -36,8 +40,11 @@ class RaggedKV:
             keys.append(ki)
             values.append(vi)
             masks.append(mi)
+        key = tuple(id(m) for m in masks)
+        if key not in self.joined:  # the value keeps the masks alive, so ids stay unique
+            self.joined[key] = (masks, _block_diagonal(masks, self.be))
         self.last = (xp.concatenate(keys, axis=0), xp.concatenate(values, axis=0),
-                     _block_diagonal(masks, self.be))
+                     self.joined[key][1])
         return self.last
 
     def read(self):
@@ -54,7 +61,7 @@ def _block_diagonal(masks: list[MaskSpec], be) -> MaskSpec:
     for m, (tq, tk) in zip(masks, shapes):
         anc[r:r + tq, c:c + tk] = be.to_numpy(visible(m, xp=be.xp))  # the sequence's own rule
         r, c = r + tq, c + tk
-    q_pos = np.concatenate([np.asarray(m.q_pos, dtype=np.int64) for m in masks])
+    q_pos = np.concatenate([be.to_numpy(m.q_pos).astype(np.int64) for m in masks])
     k_pos = np.concatenate([be.to_numpy(m.k_pos).astype(np.int64) for m in masks])
     k_pos = np.maximum(k_pos, 0)  # validity is already in anc; positions only need to be legal
     return MaskSpec(q_pos=q_pos, k_pos=k_pos, ancestors=anc)
@@ -73,7 +80,8 @@ class RaggedGDN:
 
 
 class RaggedBatch:
-    """What the decoder layers see: joined positions and the fanned-out stores."""
+    """What the decoder layers see: joined ids and positions (``arrays``, one upload) and the
+    fanned-out stores."""
 
     def __init__(self, batches: list[Batch], be):
         sizes = [b.positions.shape[0] for b in batches]
@@ -81,8 +89,12 @@ class RaggedBatch:
         self.splits = list(zip(ends - sizes, ends))
         self.batches = batches
         self.positions = np.concatenate([b.positions for b in batches])  # [sum T]
+        ids = np.concatenate([b.record.ids for b in batches])  # [sum T]
+        self.arrays = BatchArrays(be, ids, self.positions, start=0)  # ids and RoPE positions
         self.tap = batches[0].tap
-        self.kv = {i: RaggedKV([b.kv[i] for b in batches], self.splits, be) for i in batches[0].kv}
+        joined: dict = {}
+        self.kv = {i: RaggedKV([b.kv[i] for b in batches], self.splits, be, joined)
+                   for i in batches[0].kv}
         self.gdn = {i: RaggedGDN([b.gdn[i] for b in batches], self.splits, be)
                     for i in batches[0].gdn}
 
@@ -104,7 +116,7 @@ def forward_batch(model, ids_list, states: list[TargetState], tap=None) -> list:
     ids_list = [model._check_ids(ids) for ids in ids_list]
     batches = [s.begin_batch(ids, tap=tap) for ids, s in zip(ids_list, states)]
     ragged = RaggedBatch(batches, model.be)
-    h, features = model.hidden_states(np.concatenate(ids_list), ragged)  # [sum T, H]
+    h, features = model.hidden_states(ragged.arrays.ids, ragged)  # [sum T, H]
     logits = model.lm_head(model.final_norm_apply(h))  # [sum T, V]
     outs = []
     for (a, b), batch, state in zip(ragged.splits, batches, states):

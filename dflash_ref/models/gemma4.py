@@ -39,12 +39,20 @@ def proportional_inv_freq(spec) -> np.ndarray:
     return (inv / np.float32(spec.factor)).astype(np.float32)  # [d/2]
 
 
-def proportional_rope(xp, x, positions, spec):
-    """x [T, h, d] rotated at ``positions`` [T] with proportional RoPE -> [T, h, d] float32."""
-    angle = np.asarray(positions).astype(np.float32)[:, None] * proportional_inv_freq(spec)
-    angle = np.concatenate([angle, angle], axis=1)  # [T, d], both halves of a pair
-    cos = xp.asarray(np.cos(angle).astype(np.float32))[:, None, :]  # [T, 1, d]
-    sin = xp.asarray(np.sin(angle).astype(np.float32))[:, None, :]
+def proportional_cos_sin(xp, positions, inv_freq):
+    """cos, sin [T, 1, d] float32 of proportional RoPE at ``positions`` [T] (backend ints).
+
+    ``inv_freq`` [d/2] is :func:`proportional_inv_freq` on the backend. The angle is one float32
+    product, as in HF; computed on the backend, once per batch and layer type (the target caches
+    it on the batch: dflash_ref/models/batch_arrays.py).
+    """
+    angle = positions.astype(xp.float32)[:, None] * inv_freq[None, :]  # [T, d/2]
+    angle = xp.concatenate([angle, angle], axis=1)  # [T, d], both halves of a pair
+    return xp.cos(angle)[:, None, :], xp.sin(angle)[:, None, :]  # [T, 1, d] each
+
+
+def proportional_rope(xp, x, cos, sin):
+    """x [T, h, d] rotated by :func:`proportional_cos_sin`'s tables -> [T, h, d] float32."""
     half = x.shape[-1] // 2
     rotated = xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)  # rotate_half(x)
     return x * cos + rotated * sin

@@ -9,6 +9,9 @@ back everything its queries attend to, with the mask that says which key each qu
 
 The store is made per forward batch by :meth:`~dflash_ref.models.state.TargetState.begin_batch`,
 which knows the batch's positions (and tree shape); storage and the mask rule are the store's.
+The masks themselves come from the batch's
+:class:`~dflash_ref.models.batch_arrays.BatchArrays`, built on the backend once per batch and
+window kind, so every layer of a kind attends with the same spec.
 
 ======================  ===========================  =========================================
 store                   storage                      mask (key at position p, query at q)
@@ -26,16 +29,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import numpy as np
-
 from dflash_ref.models.cache import KVCache
-from dflash_ref.ops.masks import (
-    MaskSpec,
-    causal_mask,
-    committed_prefix_mask,
-    tree_depths,
-    tree_mask,
-)
+from dflash_ref.ops.masks import MaskSpec
 
 
 class KVStore(Protocol):
@@ -72,17 +67,19 @@ class CacheKV(_Remember):
 
     Args:
         cache: the layer's cache (rows in position order, positions 0..len-1).
-        positions: [T] absolute positions of the batch (len(cache) .. len(cache)+T-1).
+        arrays: the batch's :class:`~dflash_ref.models.batch_arrays.BatchArrays` (positions
+            len(cache) .. len(cache)+T-1 on the backend; the mask is built there once per window
+            kind and batch, and shared by the layers).
         window: the layer's sliding window W, or None for full attention.
     """
 
-    def __init__(self, cache: KVCache, positions, window: int | None):
-        self.cache, self.positions, self.window = cache, positions, window
+    def __init__(self, cache: KVCache, arrays, window: int | None):
+        self.cache, self.arrays, self.window = cache, arrays, window
 
     def update(self, k, v):
         self.cache.append(k, v)
-        mask = causal_mask(self.positions, np.arange(self.cache.length), window=self.window)
-        self.last = (self.cache.k, self.cache.v, mask)
+        self.last = (self.cache.k, self.cache.v,
+                     self.arrays.causal_mask(self.cache.length, self.window))
         return self.last
 
 
@@ -96,18 +93,17 @@ class TreeKV(_Remember):
 
     Args:
         cache: the layer's cache holding the committed prefix 0..base-1.
-        parents: [n] parent node of each node, -1 for the root.
+        arrays: the batch's BatchArrays (node positions and ancestor rows on the backend).
         window: the layer's sliding window, measured along the branch.
     """
 
-    def __init__(self, cache: KVCache, parents, window: int | None):
-        self.cache, self.parents, self.window = cache, parents, window
+    def __init__(self, cache: KVCache, arrays, window: int | None):
+        self.cache, self.arrays, self.window = cache, arrays, window
 
     def update(self, k, v):
         base = self.cache.length
         self.cache.append(k, v)
-        self.last = (self.cache.k, self.cache.v, tree_mask(self.parents, base,
-                                                           window=self.window))
+        self.last = (self.cache.k, self.cache.v, self.arrays.tree_mask(base, self.window))
         return self.last
 
 
@@ -122,17 +118,18 @@ class PooledKVStore(_Remember):
     Args:
         pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager` attached to the model.
         layer: the model layer id (the pager pools the full-attention layers).
-        positions: [T] absolute positions of the batch, contiguous from base.
+        arrays: the batch's BatchArrays: positions contiguous from base, and the slots the
+            pager allocated for them (checked on the host once, one backend copy for every
+            layer's write).
     """
 
-    def __init__(self, pager, layer: int, positions):
-        self.pager, self.layer, self.positions = pager, layer, positions
+    def __init__(self, pager, layer: int, arrays):
+        self.pager, self.layer, self.arrays = pager, layer, arrays
 
     def update(self, k, v):
-        self.pager.write(self.layer, self.positions, k, v)
+        self.pager.write_slots(self.layer, self.arrays.slots, k, v)
         keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
-        mask = committed_prefix_mask(self.positions, k_pos, base_pos=int(self.positions[0]))
-        self.last = (keys, values, mask)
+        self.last = (keys, values, self.arrays.committed_mask(k_pos))
         return self.last
 
 
@@ -150,23 +147,17 @@ class PooledTreeKV(_Remember):
     Args:
         pager: the attached :class:`~dflash_ref.kvflash.pager.KVFlashPager`.
         layer: the model layer id.
-        parents: [n] tree parents (-1 for the root).
-        base: the committed length (the root's position).
+        arrays: the batch's BatchArrays (node positions, ancestor rows; base = its start).
         record: dict layer -> (k, v) [n, Hkv, D] that commit_path reads.
     """
 
-    def __init__(self, pager, layer: int, parents, base: int, record: dict):
-        self.pager, self.layer, self.parents = pager, layer, parents
-        self.base, self.record = base, record
+    def __init__(self, pager, layer: int, arrays, record: dict):
+        self.pager, self.layer, self.arrays, self.record = pager, layer, arrays, record
 
     def update(self, k, v):
         self.record[self.layer] = (k, v)
         keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
         xp = self.pager.be.xp
-        P, n = int(k_pos.shape[0]), int(k.shape[0])
-        node_pos = self.base + tree_depths(self.parents)  # [n]
-        all_pos = np.concatenate([self.pager.be.to_numpy(k_pos).astype(np.int64), node_pos])
-        mask = tree_mask(self.parents, self.base, k_pos=all_pos, node_slots=P + np.arange(n))
         self.last = (xp.concatenate([keys, k], axis=0), xp.concatenate([values, v], axis=0),
-                     mask)  # [P + n, Hkv, D] x2
+                     self.arrays.tree_mask(k_pos, None))  # [P + n, Hkv, D] x2
         return self.last

@@ -28,7 +28,12 @@ Where K/V live and which mask applies is the batch's KV store's business
 from __future__ import annotations
 
 from dflash_ref.models.gdn_layer import PROJECTION_LAYOUTS, GDNConfig, GDNLayer
-from dflash_ref.models.gemma4 import PerLayerInput, proportional_rope
+from dflash_ref.models.gemma4 import (
+    PerLayerInput,
+    proportional_cos_sin,
+    proportional_inv_freq,
+    proportional_rope,
+)
 from dflash_ref.models.moe import Gemma4MoE, QwenSparseMoE, gelu_tanh
 
 # config.gdn.projection_layout -> GDNConfig.layout (the inverse of PROJECTION_LAYOUTS)
@@ -60,7 +65,9 @@ class Attention:
     """Self-attention of one layer: projections, q/k norms, RoPE, attention, output gate, o_proj.
 
     ``scale`` is the config's attention scale (Gemma: query_pre_attn_scalar ** -0.5), ``softcap``
-    its attention-logit softcap; RoPE uses this layer type's base, rotary dim and linear factor.
+    its attention-logit softcap; RoPE uses this layer type's base, rotary dim and linear factor,
+    at the batch's positions on the backend (``batch.arrays``: uploaded once per forward; a
+    proportional-RoPE table is made there once per batch and shared by the layers of its type).
     """
 
     def __init__(self, cfg, be, idx: int, w: dict):
@@ -70,6 +77,9 @@ class Attention:
         self.output_gate = cfg.attn_output_gate
         self.scale, self.softcap = cfg.attention_scale, cfg.attn_logit_softcapping
         self.rope_spec = cfg.rope_for(idx)  # theta, rotary_dim, linear factor of this layer
+        self.inv_freq = None  # proportional RoPE (Gemma 4 full layers): its table, on the backend
+        if self.rope_spec.rope_type == "proportional":
+            self.inv_freq = be.to_backend(proportional_inv_freq(self.rope_spec))  # [d/2]
         self.kv_source = cfg.kv_source_for(idx)  # Gemma 4 KV sharing: read that layer's K/V
         self.v_norm = RMSNorm(be, None, 0.0, 0.0)
         if cfg.v_norm:  # Gemma 4: RMS over d without a weight
@@ -81,14 +91,17 @@ class Attention:
         self.k_norm = RMSNorm(be, w.get("self_attn.k_norm.weight") if qk_norm else None,
                               cfg.rms_norm_eps, cfg.norm_offset)
 
-    def rope(self, x, positions):
-        r = self.rope_spec
+    def rope(self, x, arrays):
+        """x [T, h, d] rotated at the batch's positions (``arrays.positions``, on the backend)."""
+        r, xp = self.rope_spec, self.be.xp
         if r.rope_type == "proportional":
-            return proportional_rope(self.be.xp, x, positions, r)
-        return self.be.ops.rope(self.be.xp.ascontiguousarray(x), positions, r.theta,
+            cos, sin = arrays.once(("rope", r), lambda: proportional_cos_sin(
+                xp, arrays.positions, self.inv_freq))  # [T, 1, d] each, once per batch
+            return proportional_rope(xp, x, cos, sin)
+        return self.be.ops.rope(xp.ascontiguousarray(x), arrays.positions, r.theta,
                                 r.rotary_dim, r.factor)
 
-    def qkv(self, u, positions, tap):
+    def qkv(self, u, arrays, tap):
         """q [T, nh, d], k and v [T, nkv, d] (post-norm, post-RoPE), output gate [T, nh*d]|None.
 
         ``tap`` sees q and k after the q/k norms, before RoPE ("q", "k") and after it
@@ -103,7 +116,7 @@ class Attention:
         q = self.q_norm(q.reshape(T, nh, d))  # per head over d, before RoPE
         tap(self.idx, "q", q)
         if self.kv_source is not None:
-            q = self.rope(q, positions)
+            q = self.rope(q, arrays)
             tap(self.idx, "q_rope", q)
             return q, None, None, gate
         k = (u @ w["self_attn.k_proj.weight"].T).reshape(T, nkv, d)
@@ -111,7 +124,7 @@ class Attention:
             (u @ w["self_attn.v_proj.weight"].T).reshape(T, nkv, d))  # k_eq_v: the raw k
         k, v = self.k_norm(k), self.v_norm(v)
         tap(self.idx, "k", k)
-        q, k = self.rope(q, positions), self.rope(k, positions)
+        q, k = self.rope(q, arrays), self.rope(k, arrays)
         tap(self.idx, "q_rope", q)
         tap(self.idx, "k_rope", k)
         tap(self.idx, "v", v)
@@ -120,7 +133,7 @@ class Attention:
     def __call__(self, u, batch):
         """u [T, H] -> [T, H] over the layer's KV store in ``batch``."""
         xp = self.be.xp
-        q, k, v, gate = self.qkv(u, batch.positions, batch.tap)
+        q, k, v, gate = self.qkv(u, batch.arrays, batch.tap)
         if self.kv_source is not None:  # what the source layer stored for this batch
             keys, values, mask = batch.kv[self.kv_source].read()
         else:

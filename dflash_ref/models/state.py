@@ -6,7 +6,7 @@ full-attention layers), one :class:`~dflash_ref.models.gdn_layer.GDNState` per G
 layer, the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, the committed length, and
 what the last batch needs to be rolled back. The model talks to it through three calls::
 
-    batch = state.begin_batch(T, parents=None)   # positions, a KV store / GDN store per layer
+    batch = state.begin_batch(ids, parents=None) # arrays on the backend once, a store per layer
     ... every layer runs on batch.kv[i] or batch.gdn[i] ...
     state.end_batch(batch, features)             # chain: committed; tree: pending
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dflash_ref.errors import ConfigError, StateError
+from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.cache import FeatureBuffer, KVCache
 from dflash_ref.models.gdn_layer import rewind_state
 from dflash_ref.models.kv_store import CacheKV, KVStore, PooledKVStore, PooledTreeKV, TreeKV
@@ -92,11 +93,14 @@ class Batch:
 
     Attributes:
         start: the first position (the committed length before the batch).
-        positions: [T] absolute positions (start + depth for a tree).
+        positions: [T] host absolute positions (start + depth for a tree).
         parents: [n] tree parents, or None for a chain.
         kv: attention layer id -> its :class:`~dflash_ref.models.kv_store.KVStore`.
         gdn: GDN layer id -> its :class:`ChainGDN` / :class:`TreeGDN`.
         tap: ``tap(layer, name, x)`` observer of intermediate tensors.
+        arrays: the ids, positions (and pager slots) on the backend, one copy per batch, and
+            the RoPE tables and masks the layers derive from them
+            (:class:`~dflash_ref.models.batch_arrays.BatchArrays`).
     """
 
     start: int
@@ -106,6 +110,7 @@ class Batch:
     gdn: dict[int, object]
     tap: Callable
     record: _BatchRecord
+    arrays: BatchArrays
 
 
 @dataclass
@@ -202,7 +207,8 @@ class TargetState:
         ``parents`` (node i at length + depth(i)).
 
         Allocates pager slots for a pooled chain batch before any layer writes (a pooled tree
-        keeps its nodes beside the pool until :meth:`commit_path`).
+        keeps its nodes beside the pool until :meth:`commit_path`), and copies ids, positions
+        and slots to the backend in one piece (:class:`BatchArrays`).
         """
         if self._pending is not None:
             raise ValueError("the state holds an uncommitted tree verify; call "
@@ -211,26 +217,27 @@ class TargetState:
         T, start = ids.size, self.length
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
+        slots = None
         if self.pager is not None and parents is None:
             self.pager.alloc_span(start, T)  # slot_for each new position, evicting if needed
+            slots = self.pager.batch_slots(positions)  # [T] host, checked once for all layers
+        arrays = BatchArrays(self.be, ids, positions, start, slots, parents)
         record = _BatchRecord(start, T, ids)
-        kv = {i: self._kv_store(i, positions, parents, record)
+        kv = {i: self._kv_store(i, arrays, parents, record)
               for i in (*self.kv, *self.pooled_layers)}
         keep_trace = T <= TRACE_MAX_TOKENS
         gdn = {i: (ChainGDN(self.gdn, i, record, keep_trace) if parents is None
                    else TreeGDN(self.gdn, i, record, parents)) for i in self.gdn}
-        return Batch(start, positions, parents, kv, gdn, tap or no_tap, record)
+        return Batch(start, positions, parents, kv, gdn, tap or no_tap, record, arrays)
 
-    def _kv_store(self, layer: int, positions, parents, record: _BatchRecord) -> KVStore:
+    def _kv_store(self, layer: int, arrays: BatchArrays, parents, record) -> KVStore:
         if layer in self.pooled_layers and parents is not None:
-            return PooledTreeKV(self.pager, layer, parents, int(positions[0]), record.pooled)
+            return PooledTreeKV(self.pager, layer, arrays, record.pooled)
         if layer in self.pooled_layers:
-            return PooledKVStore(self.pager, layer, positions)
+            return PooledKVStore(self.pager, layer, arrays)
         kind = self.config.layer_types[layer]
         window = self.config.sliding_window if kind == "sliding_attention" else None
-        if parents is None:
-            return CacheKV(self.kv[layer], positions, window)
-        return TreeKV(self.kv[layer], parents, window)
+        return (CacheKV if parents is None else TreeKV)(self.kv[layer], arrays, window)
 
     def end_batch(self, batch: Batch, features) -> None:
         """Close a batch: a chain is committed (features appended, length advanced); a tree is
@@ -271,18 +278,21 @@ class TargetState:
         if path.size == 0 or path[0] != 0 or np.any(path >= rec.length):
             raise ValueError(f"commit_path: path must start at the root 0 and index the "
                              f"{rec.length} tree nodes, got {path.tolist()}")
-        start, xp = rec.start, self.be.xp
+        start = rec.start
+        dev = self.be.to_backend(path)  # [m] node indices: one copy for every layer below
+        rows = start + dev  # the path's cache rows
         for cache in self.kv.values():
-            cache.keep_rows(start, start + path)  # the path's K/V, in path order
+            cache.keep_rows(start, rows)  # the path's K/V, in path order
         for i, node_states in rec.gdn.items():
             self.gdn[i] = node_states.node(int(path[-1]))
         if rec.pooled:  # the path's rows enter the pool at positions start, start+1, ...
-            positions = start + np.arange(path.size)
             self.pager.alloc_span(start, path.size)
+            slots = self.be.to_backend(  # [m] int32, checked on the host, one copy
+                self.pager.batch_slots(start + np.arange(path.size)).astype(np.int32))
             for layer, (k, v) in rec.pooled.items():
-                self.pager.write(layer, positions, k[xp.asarray(path)], v[xp.asarray(path)])
+                self.pager.write_slots(layer, slots, k[dev], v[dev])
         if self.features is not None:
-            self.features.append(start, rec.tree_features[xp.asarray(path)])
+            self.features.append(start, rec.tree_features[dev])
         self._set_tokens(start, rec.ids[path])
         self.length = start + path.size
         self._pending = None

@@ -247,9 +247,10 @@ class TargetModel:
         """The forward itself (module docstring), then hand the batch back to the state.
 
         ``rows``: None, or an integer index array: the logits rows to compute."""
-        h, features = self.hidden_states(ids, batch)
-        if rows is not None:
-            h = h[self.be.xp.asarray(rows)]  # the norm and lm_head act row by row
+        h, features = self.hidden_states(batch.arrays.ids, batch)  # ids already on the backend
+        if rows is not None:  # the norm and lm_head act row by row
+            run = _as_slice(rows)  # one ascending run (prefill's last row): no index upload
+            h = h[run] if run is not None else h[self.be.xp.asarray(rows)]
         logits = self.lm_head(self.final_norm_apply(h))
         state.end_batch(batch, features)
         return TargetOutput(logits=logits, features=features)
@@ -307,6 +308,13 @@ def _logits_rows(logits_rows, n: int) -> np.ndarray | None:
     if rows.size and (rows.min() < -n or rows.max() >= n):
         raise ValueError(f"logits_rows {rows.tolist()} index outside the batch's {n} rows")
     return np.where(rows < 0, rows + n, rows)
+
+
+def _as_slice(rows: np.ndarray) -> slice | None:
+    """``rows`` as a slice when they are one ascending run (prefill's last row), else None."""
+    if rows.size and np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
+        return slice(int(rows[0]), int(rows[0]) + rows.size)
+    return None
 
 
 def _match_weight_prefix(cfg: TargetConfig, weights) -> TargetConfig:

@@ -40,9 +40,13 @@ Keys are identified by their absolute position only, never by their slot index: 
 key slots together with ``k_pos`` (and the ancestor columns) permutes nothing in the output.
 Positions must fit in int32 (the kernel's type).
 
-The builders take and return host (NumPy) positions; the CuPy twin copies them to the device on
-each call (4 bytes per slot). A caller on the GPU that keeps its slot positions on the device
-(a pager) can build ``MaskSpec(q_pos, k_pos, ...)`` directly from CuPy int32 arrays instead.
+Positions may be host (NumPy) or device (CuPy) arrays: the CuPy attention twin copies host
+positions to the device on every call (4 bytes per slot) and reads device int32 positions as
+they are. :func:`causal_mask` (with ``k_pos`` given), :func:`full_mask` and
+:func:`committed_prefix_mask` keep device arrays on the device, and a spec of device arrays is
+not range-checked on the host (that would synchronise). The target builds its masks this way,
+from positions it uploads once per forward (dflash_ref/models/batch_arrays.py); :func:`tree_mask`
+builds on the host.
 
 Also here: :func:`layer_windows`, the per-layer window from ``layer_types`` /
 ``sliding_window_pattern`` (an SWA layer run as full attention is exact until the context passes
@@ -149,7 +153,7 @@ class MaskSpec:
                 )
             set_(self, "ancestors", anc)
         for name, arr in (("q_pos", q_pos), ("k_pos", k_pos)):
-            if isinstance(arr, np.ndarray) and arr.size:
+            if not _is_device_array(arr) and arr.size:  # device arrays: no host sync here
                 lo = 0 if name == "q_pos" else -1
                 if arr.min() < lo or arr.max() > INT32_MAX:
                     raise ValueError(
@@ -285,6 +289,20 @@ def tree_depths(parents) -> np.ndarray:
     return depth
 
 
+def ancestor_matrix(parents) -> np.ndarray:
+    """[n, n] bool: entry [i, a] is True iff node a is node i or one of its ancestors.
+
+    ``parents[i] < i`` (topological order), -1 for a root; row i is its parent's row plus i.
+    """
+    parents = np.asarray(parents, dtype=np.int64)
+    tree_depths(parents)  # checks the order
+    anc = np.eye(parents.shape[0], dtype=bool)  # [n, n]
+    for i, p in enumerate(parents):
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc
+
+
 def tree_mask(parents, base_pos: int, k_pos=None, node_slots=None,
               window: int | None = None) -> MaskSpec:
     """Tree verify: node i sees the committed prefix (k < base_pos) and its own ancestors.
@@ -321,12 +339,8 @@ def tree_mask(parents, base_pos: int, k_pos=None, node_slots=None,
             "tree_mask: k_pos[node_slots] must equal the node positions base_pos + depth "
             f"{q_pos.tolist()}, got {np.asarray(k_pos)[slots].tolist()}"
         )
-    anc_nodes = np.eye(n, dtype=bool)  # [n, n]: node a is i or an ancestor of i
-    for i in range(n):
-        if parents[i] >= 0:
-            anc_nodes[i] |= anc_nodes[parents[i]]
     ancestors = np.zeros((n, k_pos.shape[0]), dtype=bool)  # [n, Tk]
-    ancestors[:, slots] = anc_nodes
+    ancestors[:, slots] = ancestor_matrix(parents)
     return MaskSpec(q_pos, k_pos, causal=False, window=window, base_pos=base_pos,
                     ancestors=ancestors)
 

@@ -74,7 +74,7 @@ def gather_rows(pool, slots, out=None) -> np.ndarray:
     return np.take(pool, slots, axis=1, out=out)
 
 
-def scatter_rows(pool, slots, rows):
+def scatter_rows(pool, slots, rows, checked: bool = False):
     """In place: ``pool[s, slots[i]] = rows[s, i]`` for every segment s and row i.
 
     The one op of the project that mutates an argument: copying a whole pool to change 64 rows
@@ -85,6 +85,10 @@ def scatter_rows(pool, slots, rows):
         pool: [S, P, W] C-contiguous, modified in place.
         slots: [n] distinct integer slot indices in [0, P).
         rows: [S, n, W] values; cast to the pool's dtype (must be the same dtype for the twin).
+        checked: the caller has checked ``slots`` already (the pager checks a forward's slots
+            on the host once and every layer writes through one device copy of them); the CuPy
+            twin then skips the synchronising check of device slots. The reference checks
+            anyway: on the host it costs nothing.
     Returns:
         ``pool`` itself.
     """
@@ -99,6 +103,25 @@ def scatter_rows(pool, slots, rows):
         raise ValueError(f"scatter_rows: rows have shape {rows.shape}, expected [S, n, W] = {want}")
     pool[:, slots] = rows  # [S, n, W] -> the n chosen slots of each segment
     return pool
+
+
+def check_chunk_blocks(chunk_block, T: int, P: int) -> np.ndarray:
+    """``chunk_block`` as [n_chunks] int64 after :func:`fill_slot_pos`'s argument checks (the
+    CuPy twin runs them on the host for a host table)."""
+    if T <= 0 or P <= 0 or P % T:
+        raise ValueError(f"fill_slot_pos: pool_tokens {P} must be a positive multiple of "
+                         f"chunk_tokens {T}")
+    n_blocks = P // T
+    chunk_block = np.asarray(chunk_block).astype(np.int64, copy=False).reshape(-1)
+    blocks = chunk_block[chunk_block >= 0]  # [r]
+    if blocks.size and (blocks.max() >= n_blocks or np.unique(blocks).size != blocks.size):
+        raise ValueError(
+            f"fill_slot_pos: resident chunks must map to distinct blocks in [0, {n_blocks}); "
+            f"got blocks {blocks.tolist()}"
+        )
+    if (chunk_block.size * T) > np.iinfo(np.int32).max:
+        raise ValueError(f"fill_slot_pos: positions up to {chunk_block.size * T} overflow int32")
+    return chunk_block
 
 
 def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> np.ndarray:
@@ -118,20 +141,10 @@ def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> np.ndarra
         [P] int32 (positions must fit int32, the attention kernels' type).
     """
     T, P = int(chunk_tokens), int(pool_tokens)
-    if T <= 0 or P <= 0 or P % T:
-        raise ValueError(f"fill_slot_pos: pool_tokens {P} must be a positive multiple of "
-                         f"chunk_tokens {T}")
+    chunk_block = check_chunk_blocks(chunk_block, T, P)  # [n_chunks] int64
     n_blocks = P // T
-    chunk_block = np.asarray(chunk_block).astype(np.int64, copy=False).reshape(-1)
     resident = np.flatnonzero(chunk_block >= 0)  # [r] chunk ids
     blocks = chunk_block[resident]  # [r]
-    if blocks.size and (blocks.max() >= n_blocks or np.unique(blocks).size != blocks.size):
-        raise ValueError(
-            f"fill_slot_pos: resident chunks must map to distinct blocks in [0, {n_blocks}); "
-            f"got blocks {blocks.tolist()}"
-        )
-    if (chunk_block.size * T) > np.iinfo(np.int32).max:
-        raise ValueError(f"fill_slot_pos: positions up to {chunk_block.size * T} overflow int32")
     out = np.full(P, -1, dtype=np.int32)
     offsets = np.arange(T, dtype=np.int64)  # [T]
     out.reshape(n_blocks, T)[blocks] = resident[:, None] * T + offsets  # [r, T] positions

@@ -1,8 +1,10 @@
-"""The CuPy pager's slot check, on CPU: host slots are validated on the host, never on the device.
+"""The CuPy pager's checks, on CPU: host slots and chunk tables are validated on the host.
 
 kernels_cupy.pager._check_slots is called on every KV write. Host slots (what the pager computes)
-must be checked with the reference's own check and uploaded without any device -> host copy; the
-device functions that synchronise (``cp.unique``, ``cp.asnumpy``) are replaced here by traps.
+must be checked with the reference's own check and uploaded without any device -> host copy, and
+device slots the caller checked already (``checked=True``) are not checked again; so must the
+host chunk table of ``fill_slot_pos``. The device functions that synchronise (``cp.unique``,
+``cp.asnumpy``) are replaced here by traps.
 """
 
 from __future__ import annotations
@@ -60,3 +62,36 @@ def test_kernels_guard_the_slot_range():
 
     src = (_build.CUDA_DIR / "pager.cu").read_text()
     assert src.count("(p >= 0 && p < P)") == 2
+
+
+class _DeviceSlots(np.ndarray):
+    """Stands for a CuPy array in ``isinstance(slots, cp.ndarray)`` (no device here)."""
+
+
+def test_checked_device_slots_skip_the_synchronising_check(no_device, monkeypatch):
+    # The pager checks a forward's slots on the host once and hands every layer's write the
+    # same device copy with checked=True: no cp.unique, no copy back. Unchecked device slots
+    # still get the check (the trap fires).
+    monkeypatch.setattr(kpager.cp, "ndarray", _DeviceSlots)
+    monkeypatch.setattr(kpager.cp, "issubdtype", np.issubdtype)
+    monkeypatch.setattr(kpager.cp, "ascontiguousarray", np.ascontiguousarray)
+    dev = np.array([3, 0, 2], np.int32).view(_DeviceSlots)
+    out = kpager._check_slots(dev, 4, "scatter_rows", distinct=True, checked=True)
+    assert out.tolist() == [3, 0, 2] and no_device == []
+    with pytest.raises(AssertionError, match="synchronising"):
+        kpager._check_slots(dev, 4, "scatter_rows", distinct=True)
+
+
+def test_fill_slot_pos_checks_a_host_table_on_the_host_and_uploads_it_once(no_device,
+                                                                           monkeypatch):
+    launches = []
+    monkeypatch.setattr(kpager.cp, "full", np.full)
+    monkeypatch.setattr(kpager, "launch_elementwise", lambda *a: launches.append(a))
+    kpager.fill_slot_pos(np.array([2, -1, 0], np.int64), 2, 6)
+    assert len(no_device) == 1 and no_device[0].dtype == np.int32
+    assert no_device[0].tolist() == [2, -1, 0] and len(launches) == 1
+    for table, T, P, match in [([0, 0], 2, 4, "distinct blocks"), ([2], 2, 4, "distinct blocks"),
+                               ([0], 3, 4, "multiple")]:  # the reference's errors, before upload
+        with pytest.raises(ValueError, match=match):
+            kpager.fill_slot_pos(np.array(table), T, P)
+    assert len(no_device) == 1

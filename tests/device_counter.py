@@ -1,0 +1,224 @@
+"""A NumPy backend that keeps a device's books: host -> device copies and device -> host reads.
+
+On CuPy a host array is copied to the device wherever it meets device code: ``cp.asarray(host)``,
+a host array given to a kernel wrapper (positions to ``rope``, a mask's ``np.arange`` to
+``attention``, slots to ``scatter_rows``), a host operand of an array expression, a host index.
+On the NumPy backend none of these costs anything, so a per-layer ``np.arange`` handed to an op
+passes every CPU test and costs a copy per layer and step on a GPU. :func:`counting_backend`
+makes them countable on a CPU. Its arrays are :class:`DeviceArray` (an ndarray subclass standing
+for device memory), and :data:`LEDGER` records, where CuPy would copy:
+
+- uploads: ``xp.asarray`` / ``xp.array`` / ``xp.ascontiguousarray`` / ``be.to_backend`` of
+  anything that is not a DeviceArray; a host array (or a list of numbers) given to an op, directly
+  or inside a MaskSpec; a host array beside a DeviceArray in a ufunc or a NumPy function; a host
+  index array, or a host array value, in ``dev[idx]`` / ``dev[idx] = value``;
+- downloads (each a host synchronisation on a GPU): ``be.to_numpy`` / ``.get()`` of a DeviceArray,
+  and ``int()`` / ``float()`` / ``bool()`` / ``.item()`` / ``.tolist()`` of one.
+
+Each entry names the dflash_ref line that made it. Results are the NumPy backend's, bit for bit
+(the ops are the reference ops, run on the same memory). The code base tells device arrays from
+host ones by their type's module (``type(x).__module__.startswith("cupy")``:
+dflash_ref/ops/masks.py, dflash_ref/testing.py, dflash_ref/spec_decode/verify.py), so
+DeviceArray declares a CuPy-like module. Host reads that bypass these hooks (``np.asarray`` of a
+DeviceArray) are not seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from types import SimpleNamespace
+
+import numpy as np
+
+from dflash_ref.backend import Backend, get_backend
+from dflash_ref.ops.masks import MaskSpec
+
+
+class Ledger:
+    """The copies seen since the last :meth:`reset`, each as "what at file:line (function)"."""
+
+    def __init__(self):
+        self.uploads: list[str] = []
+        self.downloads: list[str] = []
+
+    def reset(self) -> None:
+        self.uploads.clear()
+        self.downloads.clear()
+
+    def add(self, kind: str, what: str) -> None:
+        getattr(self, kind).append(f"{what} at {_caller()}")
+
+
+LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to reach it
+
+
+def _caller() -> str:
+    """The innermost dflash_ref frame of the current stack: the line that made the copy."""
+    for fr in reversed(traceback.extract_stack()[:-1]):
+        if "/dflash_ref/" in fr.filename:
+            return f"dflash_ref/{fr.filename.split('/dflash_ref/')[-1]}:{fr.lineno} ({fr.name})"
+    return "a test"
+
+
+def _host_arrays(obj) -> int:
+    """How many would-be uploads ``obj`` holds: host ndarrays (not 0-d), lists of numbers,
+    MaskSpec fields; tuples (shapes, index tuples) and lists are searched, scalars are not."""
+    if isinstance(obj, DeviceArray):
+        return 0
+    if isinstance(obj, np.ndarray):
+        return int(obj.ndim > 0)
+    if isinstance(obj, MaskSpec):
+        return sum(_host_arrays(a) for a in (obj.q_pos, obj.k_pos, obj.ancestors))
+    if isinstance(obj, list) and obj and all(
+            isinstance(e, (bool, int, float, np.generic)) for e in obj):
+        return 1  # CuPy would copy a list of numbers as an array
+    if isinstance(obj, (list, tuple)):
+        return sum(_host_arrays(e) for e in obj)
+    if isinstance(obj, dict):
+        return sum(_host_arrays(v) for v in obj.values())
+    return 0
+
+
+def _strip(obj):
+    """DeviceArrays as plain ndarray views of the same memory (lists, tuples, MaskSpecs too)."""
+    if isinstance(obj, DeviceArray):
+        return obj.view(np.ndarray)
+    if isinstance(obj, MaskSpec):
+        return dataclasses.replace(obj, q_pos=_strip(obj.q_pos), k_pos=_strip(obj.k_pos),
+                                   ancestors=_strip(obj.ancestors))
+    if isinstance(obj, list):
+        return [_strip(e) for e in obj]
+    if isinstance(obj, tuple):
+        items = [_strip(e) for e in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items()}
+    return obj
+
+
+def _wrap(obj):
+    """Results as DeviceArrays (a NumPy scalar becomes a 0-d one, as CuPy returns)."""
+    if isinstance(obj, DeviceArray):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return obj.view(DeviceArray)
+    if isinstance(obj, np.generic):
+        return np.asarray(obj).view(DeviceArray)
+    if isinstance(obj, tuple):
+        items = [_wrap(e) for e in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, list):
+        return [_wrap(e) for e in obj]
+    return obj
+
+
+class DeviceArray(np.ndarray):
+    """An array "on the device" of :func:`counting_backend` (module docstring)."""
+
+    __module__ = "cupy_emulated_by_tests.device_counter"  # read as a device array (docstring)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        for x in inputs:
+            if _host_arrays(x):
+                LEDGER.add("uploads", f"a host operand of {ufunc.__name__}")
+        return _wrap(getattr(ufunc, method)(*_strip(inputs), **_strip(kwargs)))
+
+    def __array_function__(self, func, types, args, kwargs):
+        if _host_arrays(args) + _host_arrays(kwargs):
+            LEDGER.add("uploads", f"a host argument of np.{func.__name__}")
+        return _wrap(func(*_strip(args), **_strip(kwargs)))
+
+    def __getitem__(self, idx):
+        if _host_arrays(idx if isinstance(idx, tuple) else (idx,)):
+            LEDGER.add("uploads", "a host index")
+        return _wrap(np.ndarray.__getitem__(self.view(np.ndarray), _strip(idx)))
+
+    def __setitem__(self, idx, value):
+        if _host_arrays(idx if isinstance(idx, tuple) else (idx,)) + _host_arrays(value):
+            LEDGER.add("uploads", "a host index or value in an assignment")
+        np.ndarray.__setitem__(self.view(np.ndarray), _strip(idx), _strip(value))
+
+    def _read(self, what: str):
+        LEDGER.add("downloads", what)
+        return self.view(np.ndarray)
+
+    def __int__(self):
+        return int(self._read("int()"))
+
+    def __float__(self):
+        return float(self._read("float()"))
+
+    def __bool__(self):
+        return bool(self._read("bool()"))
+
+    def __index__(self):
+        return self._read("an index").__index__()
+
+    def item(self, *args):
+        return self._read(".item()").item(*args)
+
+    def tolist(self):
+        return self._read(".tolist()").tolist()
+
+    def get(self):
+        return np.array(self._read(".get()"))
+
+    def __repr__(self):
+        return f"DeviceArray({np.ndarray.__repr__(self.view(np.ndarray))})"
+
+
+class _DeviceXP:
+    """numpy as a device array module: what it makes is a DeviceArray; ``asarray`` and friends
+    of host data are uploads."""
+
+    _UPLOADS = frozenset({"asarray", "array", "ascontiguousarray", "asanyarray"})
+
+    def __getattr__(self, name):
+        attr = getattr(np, name)
+        if isinstance(attr, type) or not callable(attr):  # dtypes, scalar types, constants
+            return attr
+        if name in self._UPLOADS:
+            def upload(a, *args, **kwargs):
+                if not isinstance(a, DeviceArray):
+                    LEDGER.add("uploads", f"xp.{name}")
+                return _wrap(attr(_strip(a), *args, **kwargs))
+            return upload
+
+        def on_device(*args, **kwargs):
+            if _host_arrays(args) + _host_arrays(kwargs):
+                LEDGER.add("uploads", f"a host argument of xp.{name}")
+            return _wrap(attr(*_strip(args), **_strip(kwargs)))
+        return on_device
+
+
+class CountingBackend(Backend):
+    """The NumPy backend with device books (module docstring); ``name`` stays "numpy"."""
+
+    def to_numpy(self, arr) -> np.ndarray:
+        if isinstance(arr, DeviceArray):
+            return np.array(arr._read("be.to_numpy"))
+        return np.asarray(arr)
+
+    def to_backend(self, arr):
+        if not isinstance(arr, DeviceArray):
+            LEDGER.add("uploads", "be.to_backend")
+        return _wrap(np.asarray(_strip(arr)))
+
+
+def _device_op(name: str, fn):
+    def op(*args, **kwargs):
+        for a in (*args, *kwargs.values()):
+            if _host_arrays(a):
+                LEDGER.add("uploads", f"a host argument of op {name}")
+        return _wrap(fn(*_strip(args), **_strip(kwargs)))
+
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+def counting_backend() -> CountingBackend:
+    """A fresh backend: NumPy's ops and results, with :data:`LEDGER` keeping the books."""
+    ref = get_backend("numpy")
+    ops = SimpleNamespace(**{n: _device_op(n, f) for n, f in vars(ref.ops).items()})
+    return CountingBackend("numpy", _DeviceXP(), ops)
