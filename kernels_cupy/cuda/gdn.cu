@@ -206,11 +206,7 @@ extern "C" __global__ void gdn_chunk_state_f32(
             state_out[((long long)hv * K + r) * V + col] = sS[r * GDN_STATE_COLS + lane];
 }
 
-// x: [T, D]; w: [D, W]; state: [D, W - 1]; y: [T, D].
-__device__ __forceinline__ float gdn_conv_input(const float* x, const float* state, int m, int c,
-                                                int D, int W) {
-    return (m < W - 1) ? state[(long long)c * (W - 1) + m] : x[(long long)(m - (W - 1)) * D + c];
-}
+// x: [T, D]; w: [D, W]; state: [D, W - 1]; y: [T, D]. gdn_conv_input: gdn_step.cuh.
 
 extern "C" __global__ void causal_conv1d_f32(const float* __restrict__ x,
                                              const float* __restrict__ w,

@@ -1,5 +1,6 @@
-// gdn_step.cuh: one token of the Gated DeltaNet recurrence for one thread of the coalesced
-// mapping that gdn_recurrent_f32 (gdn.cu) and gdn_tree_recurrent_f32 (gdn_tree.cu) share
+// gdn_step.cuh: device code shared by gdn.cu and gdn_tree.cu. First, one token of the Gated
+// DeltaNet recurrence for one thread of the coalesced mapping that gdn_recurrent_f32 (gdn.cu)
+// and gdn_tree_recurrent_f32 (gdn_tree.cu) share
 // (reference: dflash_ref/ops/gdn.py `recurrent_step`; equations: docs/gdn.md).
 //
 // Lane `lane` of warp `wy` owns value column `col` and the state rows wy, wy + WARPS, ... of
@@ -59,4 +60,12 @@ __device__ __forceinline__ void gdn_token_step(
         for (int w = 0; w < WARPS; ++w) out += part_out[w][lane];
         o[th * V + col] = scale * out;
     }
+}
+
+// The raw conv input at row m of xx = concat(state^T, x): state column m for m < W - 1, else
+// row (token or tree node) m - (W - 1). x: [T, D]; state: [D, W - 1]. Shared by the chain and
+// tree short-conv kernels.
+__device__ __forceinline__ float gdn_conv_input(const float* x, const float* state, int m, int c,
+                                                int D, int W) {
+    return (m < W - 1) ? state[(long long)c * (W - 1) + m] : x[(long long)(m - (W - 1)) * D + c];
 }

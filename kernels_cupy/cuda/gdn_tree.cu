@@ -75,12 +75,6 @@ extern "C" __global__ void gdn_tree_recurrent_f32(
     }
 }
 
-// The raw conv input at row m of xx = concat(state^T, x): state column m for m < W - 1, else
-// node m - (W - 1). x: [n, D]; state: [D, W - 1].
-__device__ __forceinline__ float tree_conv_input(const float* x, const float* state, int m, int c,
-                                                 int D, int W) {
-    return (m < W - 1) ? state[(long long)c * (W - 1) + m] : x[(long long)(m - (W - 1)) * D + c];
-}
 
 // x: [n, D]; w: [D, W]; state: [D, W - 1]; win: [n, W]; y: [n, D].
 extern "C" __global__ void causal_conv1d_tree_f32(const float* __restrict__ x,
@@ -96,7 +90,7 @@ extern "C" __global__ void causal_conv1d_tree_f32(const float* __restrict__ x,
         const int i = (int)(idx / D);
         float acc = 0.0f;
         for (int j = 0; j < W; ++j)  // tap j, oldest first, as causal_conv1d_f32
-            acc += w[(long long)c * W + j] * tree_conv_input(x, state, win[i * W + j], c, D, W);
+            acc += w[(long long)c * W + j] * gdn_conv_input(x, state, win[i * W + j], c, D, W);
         y[idx] = acc / (1.0f + expf(-acc));  // silu
     }
 }
@@ -113,6 +107,6 @@ extern "C" __global__ void conv_tree_states_f32(const float* __restrict__ x,
         const int j = (int)(idx % (W - 1));
         const int c = (int)((idx / (W - 1)) % D);
         const int i = (int)(idx / ((long long)(W - 1) * D));
-        node_states[idx] = tree_conv_input(x, state, win[i * W + j + 1], c, D, W);
+        node_states[idx] = gdn_conv_input(x, state, win[i * W + j + 1], c, D, W);
     }
 }
