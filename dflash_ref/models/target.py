@@ -204,8 +204,9 @@ class TargetModel:
         ``logits_rows`` chooses the logits rows: None (default) returns all of them, [T, vocab];
         a slice or a 1-D integer index array (into 0..T-1) returns exactly those rows of that
         result, ``full[logits_rows]`` [R, vocab], and only those rows go through the lm_head
-        (the final norm, fused into the last layer's add, runs on every row). Prefill asks for ``slice(-1, None)``: a 4k-token prompt on a
-        262k vocabulary would otherwise build a 4 GB float32 matrix to read one row of it.
+        (the final norm, fused into the last layer's add, runs on every row). Prefill asks for
+        ``slice(-1, None)``: a 4k-token prompt on a 262k vocabulary would otherwise build a 4 GB
+        float32 matrix to read one row of it.
         ``tap(layer, name, x)``, if given, sees intermediate tensors (the attention layers' q/k
         before and after RoPE and v: names "q", "k", "q_rope", "k_rope", "v"; MoE layers'
         "router_logits" [T, E], "experts" [T, k], "expert_weights" [T, k]); the KVFlash
