@@ -19,6 +19,22 @@ def rms_norm(x, weight, eps: float, offset: float = 0.0) -> cp.ndarray:
     return y
 
 
+def add_rms_norm(x, residual, weight, eps: float, offset: float = 0.0):
+    """Twin of :func:`dflash_ref.ops.norm.add_rms_norm`: x, residual [..., n], weight [n] ->
+    (h, normed), both [..., n] f32, from one launch that reads x and residual once."""
+    x, r = f32(x, "add_rms_norm", "x"), f32(residual, "add_rms_norm", "residual")
+    w = f32(weight, "add_rms_norm", "weight")
+    if r.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual has shape {r.shape}, expected x's shape "
+                         f"{x.shape}")
+    check_last_dim(x, w, "add_rms_norm")
+    h, y = cp.empty_like(x), cp.empty_like(x)
+    n = x.shape[-1]
+    args = (x, r, w, h, y, i32(n), fp32(eps), fp32(offset))
+    launch_rows("norm", "add_rms_norm_f32", x.size // max(n, 1), args)
+    return h, y
+
+
 def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> cp.ndarray:
     """Twin of :func:`dflash_ref.ops.norm.l2_norm`: x [..., n] -> [..., n] f32."""
     if mode not in L2_NORM_MODES:

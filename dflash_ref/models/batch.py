@@ -116,8 +116,8 @@ def forward_batch(model, ids_list, states: list[TargetState], tap=None) -> list:
     ids_list = [model._check_ids(ids) for ids in ids_list]
     batches = [s.begin_batch(ids, tap=tap) for ids, s in zip(ids_list, states)]
     ragged = RaggedBatch(batches, model.be)
-    h, features = model.hidden_states(ragged.arrays.ids, ragged)  # [sum T, H]
-    logits = model.lm_head(model.final_norm_apply(h))  # [sum T, V]
+    normed, features = model.hidden_states(ragged.arrays.ids, ragged)  # [sum T, H], final-normed
+    logits = model.lm_head(normed)  # [sum T, V]
     outs = []
     for (a, b), batch, state in zip(ragged.splits, batches, states):
         feats = None if features is None else features[a:b]  # this sequence's rows only

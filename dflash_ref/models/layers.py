@@ -60,6 +60,14 @@ class RMSNorm:
             return x
         return self.be.ops.rms_norm(x, self.weight, self.eps, self.offset)
 
+    def add(self, x, m):
+        """``h = x + m`` and ``self(h)``, fused: one ``add_rms_norm`` launch in place of an add and
+        a norm that reads h back. Returns (h, normed h), both [T, H]; bit-identical to the pair."""
+        if self.weight is None:
+            h = x + m
+            return h, h
+        return self.be.ops.add_rms_norm(m, x, self.weight, self.eps, self.offset)
+
 
 class Attention:
     """Self-attention of one layer: projections, q/k norms, RoPE, attention, output gate, o_proj.
@@ -178,14 +186,14 @@ class GatedMLP:
 class FeedForward:
     """The MLP sub-block before its post norm, for every family (module docstring):
 
-    - dense: ``mlp(pre_mlp_norm(x))``;
-    - Qwen3.5 MoE: ``moe(pre_mlp_norm(x))`` (routed + shared experts in the MLP's place);
-    - Gemma 4 MoE: ``post_norm_1(mlp(pre_mlp_norm(x))) + experts(x)`` (the experts route on x).
+    - dense: ``mlp(u)``, u = ``pre_mlp_norm(x)``;
+    - Qwen3.5 MoE: ``moe(u)`` (routed + shared experts in the MLP's place);
+    - Gemma 4 MoE: ``post_norm_1(mlp(u)) + experts(x)`` (the experts route on x).
     """
 
-    def __init__(self, cfg, be, idx: int, w: dict, norm, pre_mlp_norm):
+    def __init__(self, cfg, be, idx: int, w: dict, norm):
         self.idx = idx
-        self.pre_mlp_norm, self.mlp, self.moe, self.post_norm_1 = pre_mlp_norm, None, None, None
+        self.mlp, self.moe, self.post_norm_1 = None, None, None
         sparse = cfg.moe is not None and cfg.moe.is_moe_layer(idx)
         if sparse and cfg.moe.kind == "qwen":
             self.moe = QwenSparseMoE(cfg, be, idx, w)
@@ -195,10 +203,10 @@ class FeedForward:
             self.moe = Gemma4MoE(cfg, be, idx, w, norm)
             self.post_norm_1 = norm("post_feedforward_layernorm_1.weight")
 
-    def __call__(self, x, tap):
-        """x [T, H] (the residual stream) -> [T, H]."""
-        u = self.pre_mlp_norm(x)
-        tap(self.idx, "mlp_norm", u)
+    def __call__(self, x, u, tap):
+        """x [T, H] (the residual stream), u = pre_mlp_norm(x) [T, H] -> [T, H].
+
+        The layer computes u, fused with the residual add that makes x (``RMSNorm.add``)."""
         if self.mlp is None:
             return self.moe(u, tap)
         y = self.mlp(u)
@@ -227,28 +235,46 @@ class DecoderLayer:
             self.post_mlp_norm = RMSNorm(be, None, 0.0, 0.0)
         self.mixer = (GDNMixer(cfg, be, idx, w) if self.kind == "linear_attention"
                       else Attention(cfg, be, idx, w))
-        self.feed_forward = FeedForward(cfg, be, idx, w, norm, self.pre_mlp_norm)
+        self.feed_forward = FeedForward(cfg, be, idx, w, norm)
         self.per_layer_input = (PerLayerInput(be, w, norm)
                                 if "per_layer_input_gate.weight" in w else None)
         self.layer_scalar = w.get("layer_scalar")  # Gemma 4: [1]
 
-    def __call__(self, x, batch, ple_i=None):
-        """x [T, H] -> [T, H]; ``ple_i`` [T, P]: this layer's per-layer embeddings (Gemma 4).
+    def __call__(self, x, batch, ple_i=None, u=None, next_norm=None):
+        """x [T, H] -> (h [T, H], next_norm(h) or None); ``ple_i`` [T, P]: this layer's
+        per-layer embeddings (Gemma 4).
 
-        ``batch.tap`` sees each intermediate (names in the comments).
+        Each residual add that a norm of the sum follows is one fused ``add_rms_norm``
+        (``RMSNorm.add``); unfused, the layer is the module docstring's::
+
+            u = input_norm(x)                    # or the u the previous layer handed over
+            x = x + post_mix_norm(mixer(u))
+            u = pre_mlp_norm(x)
+            x = x + post_mlp_norm(feed_forward(x, u))
+            return x, next_norm(x)               # next_norm: the next layer's input norm, or
+                                                 # the final norm after the last layer
+        Gemma 4's per-layer input and layer scalar come between the last add and the next norm;
+        such a layer returns (x, None) and the caller norms x itself. ``batch.tap`` sees each
+        intermediate (names in the comments).
         """
         tap = batch.tap
-        u = self.input_norm(x)
+        if u is None:
+            u = self.input_norm(x)
         tap(self.idx, "attn_norm", u)  # input of the mixer (attention or GDN)
         m = self.post_mix_norm(self.mixer(u, batch))
         tap(self.idx, "attn_out", m)  # what the mixer adds to the residual stream
-        x = x + m
-        m = self.post_mlp_norm(self.feed_forward(x, tap))  # taps "mlp_norm" inside
+        x, u = self.pre_mlp_norm.add(x, m)  # x = x + m; u = pre_mlp_norm(x)
+        tap(self.idx, "mlp_norm", u)  # input of the MLP (or MoE)
+        m = self.post_mlp_norm(self.feed_forward(x, u, tap))
         tap(self.idx, "mlp_out", m)  # what the MLP adds to the residual stream
+        if self.per_layer_input is None and self.layer_scalar is None and next_norm is not None:
+            x, u = next_norm.add(x, m)  # x = x + m; u = next_norm(x)
+            tap(self.idx, "h", x)
+            return x, u
         x = x + m
         if self.per_layer_input is not None:
             x = x + self.per_layer_input(x, ple_i)
         if self.layer_scalar is not None:
             x = x * self.layer_scalar
         tap(self.idx, "h", x)  # the layer's output (the captured feature when i is a capture id)
-        return x
+        return x, None

@@ -13,6 +13,10 @@ once against a Backend::
         if layer in target_layer_ids: capture h
     logits = lm_head(final_norm(h))         # [T, vocab] (Gemma: final softcap)
 
+A layer's last residual add and the next layer's input norm (after the last layer: the final
+norm) run as one fused ``add_rms_norm``, so the loop hands each layer the normed input the
+previous one made (:meth:`TargetModel.hidden_states`; docs/backend.md, "Fused ops").
+
 Feature capture: with ``target_layer_ids = [i0, i1, ...]`` (HF numbering) the forward returns,
 per token, ``concat(h_i0, h_i1, ...)`` where ``h_i`` is the raw residual stream **after** decoder
 layer i (HF ``hidden_states[i + 1]``), un-normed. GGUF stacks that store ``i + 1`` mean the same
@@ -38,7 +42,7 @@ from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.gemma4 import PerLayerEmbeddings
-from dflash_ref.models.layers import DecoderLayer
+from dflash_ref.models.layers import DecoderLayer, RMSNorm
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.state import TargetState
 
@@ -68,6 +72,8 @@ class TargetModel:
         p = config.weight_prefix
         self.embed_tokens = w[f"{p}embed_tokens.weight"]  # [vocab, H]
         self.final_norm = w[f"{p}norm.weight"]
+        self.final_rms_norm = RMSNorm(self.be, self.final_norm, config.rms_norm_eps,
+                                      config.norm_offset)
         self.lm_head_weight = (
             self.embed_tokens if config.tie_word_embeddings else w[config.lm_head_name]
         )  # [vocab, H]
@@ -186,8 +192,8 @@ class TargetModel:
         return logits
 
     def final_norm_apply(self, h):
-        cfg = self.config
-        return self.be.ops.rms_norm(h, self.final_norm, cfg.rms_norm_eps, cfg.norm_offset)
+        """The final norm of the last layer's output h [T, H] -> [T, H]."""
+        return self.final_rms_norm(h)
 
     # ------------------------------------------------------------------ forward
 
@@ -197,9 +203,10 @@ class TargetModel:
         Returns logits and, when capture layers are set, features [T, C*hidden] (every row).
         ``logits_rows`` chooses the logits rows: None (default) returns all of them, [T, vocab];
         a slice or a 1-D integer index array (into 0..T-1) returns exactly those rows of that
-        result, ``full[logits_rows]`` [R, vocab], and only those rows go through the final
-        norm and the lm_head. Prefill asks for ``slice(-1, None)``: a 4k-token prompt on a
-        262k vocabulary would otherwise build a 4 GB float32 matrix to read one row of it.
+        result, ``full[logits_rows]`` [R, vocab], and only those rows go through the lm_head
+        (the final norm, fused into the last layer's add, runs on every row). Prefill asks for
+        ``slice(-1, None)``: a 4k-token prompt on a 262k vocabulary would otherwise build a 4 GB
+        float32 matrix to read one row of it.
         ``tap(layer, name, x)``, if given, sees intermediate tensors (the attention layers' q/k
         before and after RoPE and v: names "q", "k", "q_rope", "k_rope", "v"; MoE layers'
         "router_logits" [T, E], "experts" [T, k], "expert_weights" [T, k]); the KVFlash
@@ -247,33 +254,37 @@ class TargetModel:
         """The forward itself (module docstring), then hand the batch back to the state.
 
         ``rows``: None, or an integer index array: the logits rows to compute."""
-        h, features = self.hidden_states(batch.arrays.ids, batch)  # ids already on the backend
-        if rows is not None:  # the norm and lm_head act row by row
+        normed, features = self.hidden_states(batch.arrays.ids, batch)  # ids on the backend
+        if rows is not None:  # the final norm acts row by row: its rows are the chosen rows'
             run = _as_slice(rows)  # one ascending run (prefill's last row): no index upload
-            h = h[run] if run is not None else h[self.be.xp.asarray(rows)]
-        logits = self.lm_head(self.final_norm_apply(h))
+            normed = normed[run] if run is not None else normed[self.be.xp.asarray(rows)]
+        logits = self.lm_head(normed)
         state.end_batch(batch, features)
         return TargetOutput(logits=logits, features=features)
 
     def hidden_states(self, ids, batch):
         """Embed ``ids`` [T] and run every decoder layer over ``batch``'s stores.
 
-        Returns the last layer's output h [T, H] (before the final norm) and the captured
-        features [T, C*H] in target_layer_ids order (None without capture layers). Shared by
-        the single-sequence forward and the ragged one (models/batch.py).
+        Returns the final-normed last hidden state ``final_norm(h)`` [T, H] (the lm_head's input)
+        and the captured features [T, C*H] in target_layer_ids order (None without capture
+        layers). Each layer hands the next its input norm, fused with its last residual add,
+        and the last layer the final norm (``DecoderLayer.__call__``), so the final norm runs on
+        every row. Shared by the single-sequence forward and the ragged one (models/batch.py).
         """
         h = self.embed(ids)  # [T, H]
         ple = None if self.per_layer_embeddings is None else self.per_layer_embeddings(ids, h)
-        captured = {}
-        for layer in self.layers:
-            h = layer(h, batch, None if ple is None else ple[:, layer.idx])
+        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.final_rms_norm]
+        captured, u = {}, None  # u: the next layer's normed input, when a layer made it
+        for layer, next_norm in zip(self.layers, next_norms):
+            h, u = layer(h, batch, None if ple is None else ple[:, layer.idx], u=u,
+                         next_norm=next_norm)
             if layer.idx in self.target_layer_ids:
                 captured[layer.idx] = h  # the residual stream after layer i, un-normed
         features = None
         if self.target_layer_ids:  # [T, C*H], in target_layer_ids order
             features = self.be.xp.concatenate([captured[i] for i in self.target_layer_ids],
                                               axis=1)
-        return h, features
+        return (self.final_norm_apply(h) if u is None else u), features
 
     def _forward_pieces(self, ids, state: TargetState, tap, rows=None) -> TargetOutput:
         """Forward ``ids`` in chunk-aligned pieces through the pager; outputs concatenated."""

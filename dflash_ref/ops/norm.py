@@ -1,4 +1,5 @@
-"""Normalisation ops: RMSNorm (plain and (1+w)), L2 norm (two eps conventions), gated RMSNorm.
+"""Normalisation ops: RMSNorm (plain and (1+w)), the fused residual add + RMSNorm, L2 norm (two eps
+conventions), gated RMSNorm.
 
 All reduce over the last axis and broadcast ``weight`` [n] over the leading axes. The statistic is
 accumulated in the compute dtype (float32, or float64 for float64 inputs), as HF does after its
@@ -34,6 +35,32 @@ def rms_norm(x, weight, eps: float, offset: float = 0.0) -> np.ndarray:
     w = as_compute(weight, dt)
     ms = np.mean(x * x, axis=-1, keepdims=True)  # [..., 1]
     return x / np.sqrt(ms + dt.type(eps)) * (dt.type(offset) + w)
+
+
+def add_rms_norm(x, residual, weight, eps: float, offset: float = 0.0):
+    """The residual add and the RMSNorm of the sum, in one op (docs/backend.md, "Fused ops").
+
+    ``h = x + residual``, then ``normed = rms_norm(h, weight, eps, offset)``: the same two
+    computations in the same order as written out separately, so the results are bit-identical
+    to ``h = x + residual; rms_norm(h, weight, eps, offset)``. The CuPy twin reads x and residual
+    once and writes h and normed in one pass, where the unfused pair launches twice and reads h
+    back (the pattern of vLLM's ``fused_add_rms_norm``, vllm-project/vllm
+    ``csrc/layernorm_kernels.cu``).
+
+    Args:
+        x: [..., n] what a sub-block adds (attention / MLP output).
+        residual: [..., n] the residual stream, same shape as ``x``.
+        weight: [n] as stored in the checkpoint; ``offset`` as in :func:`rms_norm`.
+        eps: added to the mean square inside the sqrt.
+    Returns:
+        (h, normed): both [..., n] in the compute dtype (float32, float64 for float64 inputs).
+    """
+    if np.shape(x) != np.shape(residual):
+        raise ValueError(f"add_rms_norm: x has shape {np.shape(x)} but residual has shape "
+                         f"{np.shape(residual)}; they are added element by element and must match")
+    dt = compute_dtype(x, residual, weight)
+    h = as_compute(x, dt) + as_compute(residual, dt)  # [..., n]
+    return h, rms_norm(h, weight, eps, offset)
 
 
 def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> np.ndarray:

@@ -2,10 +2,14 @@
 //
 // Kernels (all float32, contiguous row-major [rows, n]):
 //   rms_norm_f32(x, w, y, n, eps, offset)    y = (offset + w) * x / sqrt(mean(x^2) + eps)
+//   add_rms_norm_f32(x, r, w, h, y, n, eps, offset)
+//                                            h = x + r; y = (offset + w) * h / sqrt(mean(h^2) + eps)
 //   l2_norm_f32(x, y, n, eps, mode)          mode 0: x / sqrt(sum x^2 + eps); 1: x / max(|x|, eps)
 //   gated_rms_norm_f32(x, z, w, y, n, eps)   y = w * x / sqrt(mean(x^2) + eps) * silu(z)
 // Parallelisation: one block per row (grid.x = rows); the block's threads stride over the n
 // channels, accumulate a partial sum of squares, and combine it with block_sum (common.cuh).
+// add_rms_norm_f32 reads x and r once: each thread keeps the h values it wrote and reads them
+// back from its own writes (same thread, same addresses, no barrier needed) for the second pass.
 // Launch: blockDim.x a multiple of 32, <= 1024; no dynamic shared memory.
 
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
@@ -18,6 +22,26 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float
     for (int j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
     const float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
     for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = xr[j] * inv * (offset + w[j]);
+}
+
+extern "C" __global__ void add_rms_norm_f32(const float* __restrict__ x,
+                                            const float* __restrict__ r,
+                                            const float* __restrict__ w, float* __restrict__ h,
+                                            float* __restrict__ y, const int n, const float eps,
+                                            const float offset) {
+    const long long row = blockIdx.x;
+    const float* xr = x + row * n;
+    const float* rr = r + row * n;
+    float* hr = h + row * n;
+    float* yr = y + row * n;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float hj = xr[j] + rr[j];
+        hr[j] = hj;
+        ss += hj * hj;
+    }
+    const float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) yr[j] = hr[j] * inv * (offset + w[j]);
 }
 
 extern "C" __global__ void l2_norm_f32(const float* __restrict__ x, float* __restrict__ y,

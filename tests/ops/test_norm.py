@@ -1,4 +1,4 @@
-"""rms_norm, l2_norm, gated_rms_norm: hand-checked values, properties, NumPy vs CuPy.
+"""rms_norm, add_rms_norm, l2_norm, gated_rms_norm: hand-checked values, properties, NumPy vs CuPy.
 
 Reading order for a newcomer: dflash_ref/ops/norm.py (the spec) -> kernels_cupy/norm.py and
 kernels_cupy/cuda/norm.cu (the twin) -> this file (unit, property, gpu).
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ref.ops.norm import gated_rms_norm, l2_norm, rms_norm
+from dflash_ref.ops.norm import add_rms_norm, gated_rms_norm, l2_norm, rms_norm
 from dflash_ref.testing import assert_close
 from tests.gpu import check_twin
 from tests.strategies import f32_arrays, rows_and_width
@@ -31,6 +31,25 @@ def test_rms_norm_hand_values():
     # eps sits inside the sqrt: x = [1, 1], eps = 3 -> 1 / sqrt(1 + 3) = 0.5.
     assert_close(rms_norm(np.ones(2), np.ones(2), eps=3.0), [0.5, 0.5], "float64",
                  op="rms_norm", case="eps inside sqrt")
+
+
+def test_add_rms_norm_hand_values():
+    # x + residual = [1, 2] + [2, 2] = [3, 4]; mean(h^2) = 12.5 (the rms_norm hand case above).
+    x, res = np.array([1.0, 2.0]), np.array([2.0, 2.0])
+    r = np.sqrt(12.5)
+    h, y = add_rms_norm(x, res, np.array([1.0, 2.0]), eps=0.0)
+    assert_close(h, [3.0, 4.0], "float64", op="add_rms_norm", tensor="h")
+    assert_close(y, [3 / r, 8 / r], "float64", op="add_rms_norm", tensor="normed", case="w")
+    # Gemma's (1 + w): scales [2, 3]; eps inside the sqrt: h = [1, 1], eps = 3 -> 0.5.
+    _, y = add_rms_norm(x, res, np.array([1.0, 2.0]), eps=0.0, offset=1.0)
+    assert_close(y, [6 / r, 12 / r], "float64", op="add_rms_norm", case="(1+w)")
+    _, y = add_rms_norm(np.zeros(2), np.ones(2), np.ones(2), eps=3.0)
+    assert_close(y, [0.5, 0.5], "float64", op="add_rms_norm", case="eps inside sqrt")
+
+
+def test_add_rms_norm_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="residual has shape"):
+        add_rms_norm(np.ones((2, 4)), np.ones((1, 4)), np.ones(4), 1e-6)
 
 
 def test_l2_norm_hand_values_and_conventions():
@@ -92,6 +111,20 @@ def test_rms_norm_offset_equals_shifted_weight(data):
                  "float32_elementwise", op="rms_norm", case="(1+w) == offset 1")
 
 
+@given(st.data(), st.sampled_from([0.0, 1.0]))
+def test_add_rms_norm_is_the_add_then_rms_norm_bit_for_bit(data, offset):
+    # The unfused pair the decoder layer used to run: the same float32 computation, so equal
+    # bit for bit (a fused op that normed x instead of x + residual, or dropped the offset,
+    # or returned the pre-add stream as h, fails here).
+    rows, n = data.draw(rows_and_width())
+    x, res = data.draw(f32_arrays((rows, n))), data.draw(f32_arrays((rows, n)))
+    w = data.draw(f32_arrays((n,), -1.0, 1.0))
+    h, y = add_rms_norm(x, res, w, 1e-6, offset)
+    assert h.dtype == y.dtype == np.float32
+    np.testing.assert_array_equal(h, x + res)
+    np.testing.assert_array_equal(y, rms_norm(x + res, w, 1e-6, offset))
+
+
 @given(st.data())
 def test_l2_norm_unit_and_modes_agree_away_from_zero(data):
     rows, n = data.draw(rows_and_width())
@@ -124,6 +157,18 @@ def test_rms_norm_twin(rng, shape, offset):
     x = rng.standard_normal(shape).astype(np.float32)
     w = rng.standard_normal(shape[-1]).astype(np.float32)
     check_twin("rms_norm", (x, w, 1e-6), {"offset": offset}, "float32_rowsum", case=str(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_add_rms_norm_twin(rng, shape, offset):
+    # h is one float32 add on both sides; normed has rms_norm's row-sum tolerance.
+    x = rng.standard_normal(shape).astype(np.float32)
+    res = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    check_twin("add_rms_norm", (x, res, w, 1e-6), {"offset": offset}, "float32_rowsum",
+               case=str(shape))
 
 
 @pytest.mark.gpu
