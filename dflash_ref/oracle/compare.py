@@ -79,8 +79,10 @@ class Report:
 def _tolerances(manifest: dict | None, scale: float) -> dict[str, Tolerance]:
     table = dict(TOLERANCES)
     for kind, t in ((manifest or {}).get("tolerances") or {}).items():
-        table[kind] = Tolerance(float(t["atol"]), float(t["rtol"]), t.get("why", ""))
-    return {k: Tolerance(t.atol * scale, t.rtol * scale, t.why) if k != "exact" else t
+        table[kind] = Tolerance(atol=float(t["atol"]), rtol=float(t["rtol"]),
+                                reason=t.get("why", ""))
+    return {k: Tolerance(atol=t.atol * scale, rtol=t.rtol * scale, reason=t.reason)
+            if k != "exact" else t
             for k, t in table.items()}
 
 

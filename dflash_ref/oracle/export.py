@@ -172,7 +172,8 @@ def export_case(out, target_dir, drafter_dir, prompt_ids, max_new_tokens: int = 
         "models": {"target": _model_info(Path(target_dir), target.config),
                    "drafter": _model_info(Path(drafter_dir), drafter.config)},
         "conventions": conventions_in_force(target, drafter, B),
-        "tolerances": {k: dataclasses.asdict(t) for k, t in TOLERANCES.items()},
+        "tolerances": {k: {"atol": t.atol, "rtol": t.rtol, "why": t.reason}
+                       for k, t in TOLERANCES.items()},
         "tolerance_rule": "per element |other - ref| <= atol + rtol * |ref|; NaN equals NaN "
                           "only; shapes must be equal; integer tensors exact",
         "steps": [{k: v for k, v in s.items() if k != "forward_done"}

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_ref.errors import FormatError
+from dflash_ref.testing import Tolerance  # the project's one tolerance type
 
 LAYOUT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -65,31 +66,26 @@ def parse_key(key: str) -> KeyParts:
     return KeyParts(int(m["step"]), m["comp"], layer, m["name"])
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """``|other - ref| <= atol + rtol * |ref|`` elementwise (NaN equals NaN only)."""
-
-    atol: float
-    rtol: float
-    why: str
-
-
 # The tolerance of each tensor kind for a float32 stack against this float32 reference; a
 # bf16 / fp16 stack scales them with ``compare --tolerance-scale``.
 TOLERANCES: dict[str, Tolerance] = {
-    "exact": Tolerance(0.0, 0.0, "integers (ids, positions, lengths, decisions, slots): any "
-                       "difference is a different algorithm, not rounding"),
-    "hidden": Tolerance(1e-4, 1e-3, "float32 activations of unit scale after a few matrix "
-                        "products and norms in another summation order (BLAS blocking, fused "
-                        "kernels): measured <= 2e-5 between NumPy and PyTorch on the tiny cases; "
-                        "a real bug (a missing scale, a shifted layer, a wrong mask) moves them "
-                        "by O(0.1) or more"),
-    "logits": Tolerance(1e-3, 1e-3, "logits are a product over the hidden width after the "
-                        "whole stack; rounding grows with depth and |logit| ~ 10"),
-    "state": Tolerance(1e-4, 1e-3, "GDN recurrent / conv state: a decayed sum over tokens of "
-                       "outer products, rounded per token (docs/gdn.md)"),
-    "probability": Tolerance(1e-5, 1e-4, "gate inputs and EMAs in [0, 1] computed from one "
-                             "softmax row"),
+    "exact": Tolerance(
+        atol=0.0, rtol=0.0, reason="integers (ids, positions, lengths, decisions, slots): any "
+        "difference is a different algorithm, not rounding"),
+    "hidden": Tolerance(
+        atol=1e-4, rtol=1e-3, reason="float32 activations of unit scale after a few matrix "
+        "products and norms in another summation order (BLAS blocking, fused kernels): measured "
+        "<= 2e-5 between NumPy and PyTorch on the tiny cases; a real bug (a missing scale, a "
+        "shifted layer, a wrong mask) moves them by O(0.1) or more"),
+    "logits": Tolerance(
+        atol=1e-3, rtol=1e-3, reason="logits are a product over the hidden width after the "
+        "whole stack; rounding grows with depth and |logit| ~ 10"),
+    "state": Tolerance(
+        atol=1e-4, rtol=1e-3, reason="GDN recurrent / conv state: a decayed sum over tokens of "
+        "outer products, rounded per token (docs/gdn.md)"),
+    "probability": Tolerance(
+        atol=1e-5, rtol=1e-4, reason="gate inputs and EMAs in [0, 1] computed from one softmax "
+        "row"),
 }
 
 # kind of each tensor name (the last part of the key)
