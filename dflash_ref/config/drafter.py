@@ -138,11 +138,7 @@ class DrafterConfig:
         f = _Fields(config, where)
         hidden = f.int("hidden_size")
         n_layers = f.int("num_hidden_layers")
-        n_heads = f.int("num_attention_heads")
-        n_kv = f.int("num_key_value_heads")
-        if n_heads % n_kv:
-            raise ConfigError(f"{where}: num_attention_heads {n_heads} is not a multiple of "
-                              f"num_key_value_heads {n_kv}.")
+        n_heads, n_kv = f.head_counts()
         head_dim = f.int("head_dim")
         hidden_act = f.str("hidden_act", "silu", choices=("silu",))
 

@@ -117,11 +117,7 @@ def _locate_text_config(config: Mapping):
 def _common(f: _Fields) -> dict:
     """Fields every family has, under the same keys."""
     hidden = f.int("hidden_size")
-    n_heads = f.int("num_attention_heads")
-    n_kv = f.int("num_key_value_heads")
-    if n_heads % n_kv:
-        raise ConfigError(f"{f.where}: num_attention_heads {n_heads} is not a multiple of "
-                          f"num_key_value_heads {n_kv} (grouped-query attention needs that).")
+    n_heads, n_kv = f.head_counts()
     return dict(
         hidden_size=hidden,
         num_hidden_layers=f.int("num_hidden_layers"),

@@ -129,6 +129,15 @@ class _Fields:
                               f"{', '.join(choices)}.")
         return v
 
+    def head_counts(self) -> tuple[int, int]:
+        """(num_attention_heads, num_key_value_heads), the first a multiple of the second."""
+        n_heads, n_kv = self.int("num_attention_heads"), self.int("num_key_value_heads")
+        if n_heads % n_kv:
+            raise ConfigError(f"{self.where}: num_attention_heads {n_heads} is not a multiple "
+                              f"of num_key_value_heads {n_kv} (grouped-query attention needs "
+                              f"that).")
+        return n_heads, n_kv
+
 
 def _int_list(v: Any, what: str, where: str) -> tuple[int, ...]:
     if not isinstance(v, (list, tuple)) or not all(_is_int(x) for x in v):

@@ -302,3 +302,12 @@ def test_drafter_describe_and_frozen():
         d.block_size = 8  # type: ignore[misc]
     with pytest.raises(IndexError):
         d.is_causal_for(6)
+
+
+def test_query_heads_must_be_a_multiple_of_kv_heads():
+    # the same check as the target's (config/fields.py head_counts): 32 query heads cannot share 5
+    raw = zlab_qwen3_8b_drafter()
+    raw["num_key_value_heads"] = 5
+    with raises("drafter config.json: num_attention_heads 32 is not a multiple of "
+                "num_key_value_heads 5"):
+        DrafterConfig.from_hf(raw)
