@@ -14,25 +14,20 @@
 #define DFR_FULL_MASK 0xffffffffu
 #define DFR_INT_MAX 0x7fffffff
 
-__device__ __forceinline__ float dfr_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DFR_FULL_MASK, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float dfr_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(DFR_FULL_MASK, v, o));
-    return v;
-}
-
-__device__ float block_sum(float v) {
-    __shared__ float buf[32];
+// The one block-wide reduction behind block_sum / block_max (and reductions.cu's integer sum
+// and min): each warp combines its lanes with xor shuffles, warp 0 combines the warps' results
+// (lanes past the last warp contribute `identity`), and every thread gets the result.
+// Each instantiation has its own shared buffer.
+template <typename T, typename Op>
+__device__ __forceinline__ T dfr_block_reduce(T v, const T identity, const Op op) {
+    __shared__ T buf[32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = dfr_warp_sum(v);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(DFR_FULL_MASK, v, o));
     if (lane == 0) buf[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        v = (lane < nw) ? buf[lane] : 0.0f;
-        v = dfr_warp_sum(v);
+        v = (lane < nw) ? buf[lane] : identity;
+        for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(DFR_FULL_MASK, v, o));
         if (lane == 0) buf[0] = v;
     }
     __syncthreads();
@@ -41,22 +36,20 @@ __device__ float block_sum(float v) {
     return v;
 }
 
-__device__ float block_max(float v) {
-    __shared__ float buf[32];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = dfr_warp_max(v);
-    if (lane == 0) buf[wid] = v;
-    __syncthreads();
-    if (wid == 0) {
-        v = (lane < nw) ? buf[lane] : -INFINITY;
-        v = dfr_warp_max(v);
-        if (lane == 0) buf[0] = v;
-    }
-    __syncthreads();
-    v = buf[0];
-    __syncthreads();
-    return v;
-}
+struct DfrAdd {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct DfrMaxF {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct DfrMinI {
+    __device__ __forceinline__ int operator()(int a, int b) const { return min(a, b); }
+};
+
+__device__ float block_sum(float v) { return dfr_block_reduce(v, 0.0f, DfrAdd()); }
+
+__device__ float block_max(float v) { return dfr_block_reduce(v, -INFINITY, DfrMaxF()); }
 
 // (v, i) <- the larger value; on equal values the lower index (NumPy argmax semantics).
 __device__ __forceinline__ void dfr_argmax_combine(float& v, int& i, float v2, int i2) {

@@ -19,41 +19,10 @@
 
 #define DFR_NAN __int_as_float(0x7fc00000)
 
-// Block-wide integer sum / min, returned to every thread; end with __syncthreads() like the
-// float reductions in common.cuh, so they may be called several times in one kernel.
-__device__ int dfr_block_sum_int(int v) {
-    __shared__ int buf[32];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DFR_FULL_MASK, v, o);
-    if (lane == 0) buf[wid] = v;
-    __syncthreads();
-    if (wid == 0) {
-        v = (lane < nw) ? buf[lane] : 0;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DFR_FULL_MASK, v, o);
-        if (lane == 0) buf[0] = v;
-    }
-    __syncthreads();
-    v = buf[0];
-    __syncthreads();
-    return v;
-}
+// Block-wide integer sum / min (common.cuh's dfr_block_reduce), returned to every thread.
+__device__ int dfr_block_sum_int(int v) { return dfr_block_reduce(v, 0, DfrAdd()); }
 
-__device__ int dfr_block_min_int(int v) {
-    __shared__ int buf[32];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(DFR_FULL_MASK, v, o));
-    if (lane == 0) buf[wid] = v;
-    __syncthreads();
-    if (wid == 0) {
-        v = (lane < nw) ? buf[lane] : DFR_INT_MAX;
-        for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(DFR_FULL_MASK, v, o));
-        if (lane == 0) buf[0] = v;
-    }
-    __syncthreads();
-    v = buf[0];
-    __syncthreads();
-    return v;
-}
+__device__ int dfr_block_min_int(int v) { return dfr_block_reduce(v, DFR_INT_MAX, DfrMinI()); }
 
 extern "C" __global__ void argmax_rows_f32(const float* __restrict__ x, long long* __restrict__ out,
                                            const int n) {
