@@ -22,7 +22,7 @@ Interfaces (what the components of a layer are called with):
 - a norm: ``norm(x)`` [..., n] -> [..., n]; :class:`RMSNorm` also has the fused ``add``;
 - a mixer: ``mixer(u, batch)``, u [T, H] -> [T, H];
 - a feed-forward: ``feed_forward(x, u, batch)``, x the residual stream [T, H] and
-  u = pre_mlp_norm(x) [T, H] -> [T, H] (most read u only; Gemma 4's experts route on x);
+  u = pre_mlp_norm(x) [T, H] -> [T, H] (most read u only; an MoE router may read x);
 - RoPE: ``rope(x, arrays)``, x [T, h, d] at the batch's positions -> [T, h, d].
 
 ``batch`` is the state's per-forward view (:class:`~dflash_ref.models.state.Batch`): where K/V
@@ -149,7 +149,7 @@ class SwiGLU:
 
 class GatedMLP:
     """``down(act(gate(u), up(u)))``: ``act`` is :class:`SwiGLU` or GeGLU
-    (:func:`dflash_ref.models.gemma.geglu`); a feed-forward (module docstring)."""
+    (:class:`dflash_ref.models.gemma.GeGLU`); a feed-forward (module docstring)."""
 
     def __init__(self, w: dict, act):
         self.w, self.act = w, act
