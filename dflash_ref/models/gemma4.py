@@ -1,9 +1,25 @@
-"""Gemma 4 pieces outside the common decoder layer: per-layer embeddings and proportional RoPE.
+"""What Gemma 4 adds to the reference decoder layer (with Gemma's sandwich norms,
+:mod:`dflash_ref.models.gemma`): per-layer embeddings, the layer scalar, KV sharing, k = v and
+proportional RoPE.
 
 Rules from huggingface/transformers ``src/transformers/models/gemma4/modeling_gemma4.py``
 (``Gemma4TextModel.get_per_layer_inputs`` / ``project_per_layer_inputs``,
-``Gemma4TextDecoderLayer``) and ``src/transformers/modeling_rope_utils.py``
-(``_compute_proportional_rope_parameters``); docs/target.md, "Families".
+``Gemma4TextDecoderLayer``, ``Gemma4TextAttention``) and
+``src/transformers/modeling_rope_utils.py`` (``_compute_proportional_rope_parameters``);
+docs/target.md, "Families".
+
+**The layer** (:class:`Gemma4DecoderLayer`) is the reference block and one more line::
+
+    x = x + post_attention_layernorm(attn(input_layernorm(x)))
+    x = x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
+    x = (x + per_layer_input(x, ple_i)) * layer_scalar            # LayerOutput
+
+**Attention** (``Gemma4TextAttention``): q and k get their RMS norms (weight w) before RoPE, v a
+weightless RMS norm, the scale is 1 (the common :class:`~dflash_ref.models.layers.Attention`,
+configured so). Full layers with ``attention_k_eq_v`` keep no v_proj: v is the raw k projection
+(:class:`KEqVAttention`). The last ``num_kv_shared_layers`` keep no K/V at all: they attend over
+the K/V the last earlier layer of their type stored in this batch (:class:`SharedKVAttention`,
+``batch.kv[source].read()``).
 
 **Per-layer embeddings (PLE)**, the small variants (E2B / E4B), P = hidden_size_per_layer_input,
 L = num_hidden_layers, e = the scaled token embeddings [T, H]::
@@ -27,7 +43,8 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_ref.config.fields import embedding_scale_for
-from dflash_ref.models.moe import gelu_tanh
+from dflash_ref.models.gemma import gelu_tanh
+from dflash_ref.models.layers import Attention, DecoderLayer
 
 
 def proportional_inv_freq(spec) -> np.ndarray:
@@ -58,13 +75,63 @@ def proportional_rope(xp, x, cos, sin):
     return x * cos + rotated * sin
 
 
-class PerLayerEmbeddings:
-    """The model-level half of PLE: ``ple`` [T, L, P] from the ids and the scaled embeddings."""
+class ProportionalRope:
+    """Proportional RoPE of a layer type (module docstring), a RoPE component of
+    :class:`~dflash_ref.models.layers.Attention`: its cos / sin table is made on the backend
+    once per batch and shared by the layers of the type (``arrays.once``)."""
 
-    def __init__(self, cfg, be, w: dict):
+    def __init__(self, be, spec):
+        self.be, self.spec = be, spec
+        self.inv_freq = be.to_backend(proportional_inv_freq(spec))  # [d/2]
+
+    def __call__(self, x, arrays):
+        """x [T, h, d] rotated at ``arrays.positions`` [T] -> [T, h, d]."""
+        xp = self.be.xp
+        cos, sin = arrays.once(("rope", self.spec), lambda: proportional_cos_sin(
+            xp, arrays.positions, self.inv_freq))  # [T, 1, d] each, once per batch
+        return proportional_rope(xp, x, cos, sin)
+
+
+class KEqVAttention(Attention):
+    """A full layer with ``attention_k_eq_v``: no v_proj, v is the raw k projection."""
+
+    def values(self, u, k):
+        """v [T, nkv, d] before its norm: the raw k projection ``k``."""
+        return k
+
+
+class SharedKVAttention(Attention):
+    """A KV-sharing layer: its own queries over the K/V layer ``kv_source`` stored this batch.
+
+    ``batch.tap`` sees "q" and "q_rope" only (the layer computes no k or v)."""
+
+    def __init__(self, cfg, be, idx: int, w: dict, rope):
+        super().__init__(cfg, be, idx, w, rope)
+        self.kv_source = cfg.kv_source_for(idx)
+
+    def qkv(self, q, u, arrays, tap):
+        """q [T, nh, d] post-norm, post-RoPE; k = v = None."""
+        q = self.q_norm(q)
+        tap(self.idx, "q", q)
+        q = self.rope(q, arrays)
+        tap(self.idx, "q_rope", q)
+        return q, None, None
+
+    def keys_values(self, k, v, batch):
+        """What the source layer stored for this batch: (keys, values, mask)."""
+        return batch.kv[self.kv_source].read()
+
+
+class PerLayerEmbeddings:
+    """The model-level half of PLE: ``ple`` [T, L, P] from the ids and the scaled embeddings.
+
+    ``embed`` is the target's token embedding (ids [T] -> [T, H], times its scale); the layers
+    read the table through :meth:`of_batch`, made once per batch from the batch's ids."""
+
+    def __init__(self, cfg, be, w: dict, embed):
         g, p = cfg.gemma4, cfg.weight_prefix
         self.be, self.L, self.P = be, cfg.num_hidden_layers, g.hidden_size_per_layer_input
-        self.eps, self.H = cfg.rms_norm_eps, cfg.hidden_size
+        self.eps, self.H, self.embed = cfg.rms_norm_eps, cfg.hidden_size, embed
         self.table = w[f"{p}embed_tokens_per_layer.weight"]  # [V_ple, L*P]
         self.projection = w[f"{p}per_layer_model_projection.weight"]  # [L*P, H]
         self.norm = w[f"{p}per_layer_projection_norm.weight"]  # [P]
@@ -79,17 +146,64 @@ class PerLayerEmbeddings:
         ctx = self.be.ops.rms_norm(ctx.reshape(T * self.L, self.P), self.norm, self.eps, 0.0)
         return (ctx.reshape(T, self.L, self.P) + tok) * xp.float32(2.0 ** -0.5)
 
+    def of_batch(self, arrays):
+        """[T, L, P] for the batch's ids (``arrays.ids``), made on the first call per batch."""
+        return arrays.once("per_layer_embeddings",
+                           lambda: self(arrays.ids, self.embed(arrays.ids)))
+
 
 class PerLayerInput:
-    """The layer-level half of PLE: the gated residual add at the end of a decoder layer."""
+    """The layer-level half of PLE: the gated residual add at the end of a decoder layer::
 
-    def __init__(self, be, w: dict, norm):
-        self.be = be
+        x + post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(x)) * ple_i))
+    """
+
+    def __init__(self, be, idx: int, w: dict, norm, embeddings: PerLayerEmbeddings):
+        self.be, self.idx, self.embeddings = be, idx, embeddings
         self.gate = w["per_layer_input_gate.weight"]  # [P, H]
         self.projection = w["per_layer_projection.weight"]  # [H, P]
         self.norm = norm("post_per_layer_input_norm.weight")
 
-    def __call__(self, x, ple_i):
-        """x [T, H], ple_i [T, P] -> the term added to the residual stream [T, H]."""
+    def __call__(self, x, batch):
+        """x [T, H] -> x plus this layer's per-layer input [T, H]."""
+        ple_i = self.embeddings.of_batch(batch.arrays)[:, self.idx]  # [T, P]
         a = gelu_tanh(self.be.xp, x @ self.gate.T) * ple_i  # [T, P]
-        return self.norm(a @ self.projection.T)
+        return x + self.norm(a @ self.projection.T)
+
+
+class LayerOutput:
+    """What a Gemma 4 layer does after its MLP residual add:
+    ``x -> per_layer_input(x) * layer_scalar``, with ``per_layer_input`` a
+    :class:`PerLayerInput` (E2B / E4B) or the identity (no PLE)."""
+
+    def __init__(self, per_layer_input, layer_scalar):
+        self.per_layer_input, self.layer_scalar = per_layer_input, layer_scalar  # _, [1]
+
+    def __call__(self, x, batch):
+        """x [T, H] -> [T, H]."""
+        return self.per_layer_input(x, batch) * self.layer_scalar
+
+
+def no_per_layer_input(x, batch):
+    """A Gemma 4 layer without per-layer embeddings: x unchanged."""
+    return x
+
+
+class Gemma4DecoderLayer(DecoderLayer):
+    """The reference block, then the layer's :class:`LayerOutput` (module docstring).
+
+    HF records a layer's return value, so the captured stream ("h") is read after the output.
+    """
+
+    def __init__(self, idx: int, w: dict, input_norm, mixer, pre_mlp_norm, feed_forward,
+                 output: LayerOutput):
+        super().__init__(idx, w, input_norm, mixer, pre_mlp_norm, feed_forward)
+        self.output = output
+
+    def __call__(self, x, batch):
+        """x [T, H] -> x [T, H]; taps as :class:`~dflash_ref.models.layers.DecoderLayer`."""
+        x = x + self.mixer_block(self.input_norm(x), batch)
+        x = x + self.mlp_block(x, self.pre_mlp_norm(x), batch)
+        x = self.output(x, batch)  # (x + per_layer_input(x, ple_i)) * layer_scalar
+        batch.tap(self.idx, "h", x)
+        return x

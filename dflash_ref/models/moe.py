@@ -37,6 +37,8 @@ import re
 
 import numpy as np
 
+from dflash_ref.models.gemma import gelu_tanh
+
 _PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
@@ -60,13 +62,6 @@ def fuse_expert_tensors(weights) -> dict:
                                                                                       up)])
         out[f"{prefix}.down_proj"] = np.stack([np.asarray(parts[("down", e)]) for e in range(n)])
     return out
-
-
-def gelu_tanh(xp, g):
-    """GELU with the tanh approximation (HF ``gelu_pytorch_tanh``):
-    ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``."""
-    c = xp.float32(np.sqrt(2.0 / np.pi))
-    return 0.5 * g * (1.0 + xp.tanh(c * (g + xp.float32(0.044715) * g * g * g)))
 
 
 def route_top_k(xp, logits, k: int):
@@ -140,9 +135,9 @@ class QwenSparseMoE:
             self.shared = (be.xp.concatenate([s["gate"], s["up"]]), s["down"],
                            w["mlp.shared_expert_gate.weight"])  # [2Is, H], [H, Is], [1, H]
 
-    def __call__(self, u, tap):
-        """u [T, H] (post-attention-normed) -> [T, H]."""
-        xp = self.be.xp
+    def __call__(self, x, u, batch):
+        """u [T, H] (post-attention-normed) -> [T, H] (a feed-forward: x unused)."""
+        xp, tap = self.be.xp, batch.tap
         logits = u @ self.router.T  # [T, E]
         weights, ids = route_top_k(xp, logits, self.k)
         tap(self.idx, "router_logits", logits)
@@ -157,16 +152,27 @@ class QwenSparseMoE:
 
 
 class Gemma4MoE:
-    """Gemma 4's experts beside the dense MLP (module docstring); called with the residual x."""
+    """Gemma 4's feed-forward with experts **beside** the dense MLP (module docstring)::
 
-    def __init__(self, cfg, be, idx: int, w: dict, norm):
+        feed_forward(x, u) = post_feedforward_layernorm_1(mlp(u))
+                             + post_feedforward_layernorm_2(experts(pre_feedforward_layernorm_2(x)))
+
+    ``mlp`` is the layer's dense feed-forward; the router and the experts read the residual x.
+    """
+
+    def __init__(self, cfg, be, idx: int, w: dict, norm, mlp):
         self.be, self.idx, self.k, self.act = be, idx, cfg.moe.num_experts_per_tok, cfg.hidden_act
-        self.eps, self.H = cfg.rms_norm_eps, cfg.hidden_size
+        self.eps, self.H, self.mlp = cfg.rms_norm_eps, cfg.hidden_size, mlp
         self.proj, self.scale = w["router.proj.weight"], w["router.scale"]  # [E, H], [H]
         self.per_expert_scale = w["router.per_expert_scale"]  # [E]
         self.gate_up, self.down = w["experts.gate_up_proj"], w["experts.down_proj"]
+        self.post_norm_1 = norm("post_feedforward_layernorm_1.weight")
         self.pre_norm = norm("pre_feedforward_layernorm_2.weight")
         self.post_norm = norm("post_feedforward_layernorm_2.weight")
+
+    def __call__(self, x, u, batch):
+        """x [T, H] (the residual stream), u = pre_mlp_norm(x) [T, H] -> [T, H]."""
+        return self.post_norm_1(self.mlp(x, u, batch)) + self.experts(x, batch.tap)
 
     def route(self, x, tap):
         """Router on the residual stream x [T, H]: (weights [T, k], ids [T, k])."""
@@ -180,7 +186,7 @@ class Gemma4MoE:
         tap(self.idx, "expert_weights", weights)
         return weights, ids
 
-    def __call__(self, x, tap):
+    def experts(self, x, tap):
         """x [T, H] (the residual stream) -> the normed expert sum [T, H]."""
         weights, ids = self.route(x, tap)
         y = experts_grouped(self.be.xp, self.pre_norm(x), ids, weights, self.gate_up, self.down,

@@ -7,15 +7,16 @@ tensor names, or from a llama.cpp GGUF (not yet for Gemma 4 or MoE). The forward
 once against a Backend::
 
     h = embed(ids)                          # [T, H] (Gemma: times its embedding scale)
-    ple = per_layer_embeddings(ids, h)      # [T, L, P], Gemma 4 small variants only
     for layer in layers:                    # models/layers.py: norm, mixer, residual, norm, MLP
-        h = layer(h, batch, ple[:, i])      # batch: positions + a KV / GDN store per layer
+        h = layer(h, batch)                 # batch: positions + a KV / GDN store per layer
         if layer in target_layer_ids: capture h
     logits = lm_head(final_norm(h))         # [T, vocab] (Gemma: final softcap)
 
-A layer's last residual add and the next layer's input norm (after the last layer: the final
-norm) run as one fused ``add_rms_norm``, so the loop hands each layer the normed input the
-previous one made (:meth:`TargetModel.hidden_states`; docs/backend.md, "Fused ops").
+The layers are assembled once from the config, each family's components chosen there
+(models/assemble.py). The loop above is the reference (``layers.run_layers``); the model runs
+the same stack with each residual add fused into the norm after it (``fused.run_fused``,
+``TargetModel.run_stack``; docs/backend.md, "Fused ops"), equal to the reference bit for bit
+on NumPy.
 
 Feature capture: with ``target_layer_ids = [i0, i1, ...]`` (HF numbering) the forward returns,
 per token, ``concat(h_i0, h_i1, ...)`` where ``h_i`` is the raw residual stream **after** decoder
@@ -41,8 +42,9 @@ from dflash_ref.backend import Backend, as_backend
 from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.gemma4 import PerLayerEmbeddings
-from dflash_ref.models.layers import DecoderLayer, RMSNorm
+from dflash_ref.models.assemble import decoder_layers
+from dflash_ref.models.fused import run_fused
+from dflash_ref.models.layers import RMSNorm
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.state import TargetState
 
@@ -56,7 +58,14 @@ class TargetOutput:
     features: object | None
 
 class TargetModel:
-    """A causal LM target (see the module docstring). Construct with :meth:`from_pretrained`."""
+    """A causal LM target (see the module docstring). Construct with :meth:`from_pretrained`.
+
+    ``run_stack(layers, h, batch, final_norm, capture)`` runs the decoder layers:
+    :func:`~dflash_ref.models.fused.run_fused` (default) or the unfused reference
+    :func:`~dflash_ref.models.layers.run_layers`, which gives the same results.
+    """
+
+    run_stack = staticmethod(run_fused)
 
     def __init__(self, config: TargetConfig, weights: dict, backend="numpy",
                  target_layer_ids=None):
@@ -77,14 +86,7 @@ class TargetModel:
         self.lm_head_weight = (
             self.embed_tokens if config.tie_word_embeddings else w[config.lm_head_name]
         )  # [vocab, H]
-        self.layers = [
-            DecoderLayer(config, self.be, i, {k[len(f"{p}layers.{i}."):]: v for k, v in w.items()
-                                              if k.startswith(f"{p}layers.{i}.")})
-            for i in range(config.num_hidden_layers)
-        ]
-        g = config.gemma4
-        self.per_layer_embeddings = (PerLayerEmbeddings(config, self.be, w)
-                                     if g is not None and g.hidden_size_per_layer_input else None)
+        self.layers = decoder_layers(config, self.be, w, self.embed)
 
     # ------------------------------------------------------------------ construction
 
@@ -267,24 +269,18 @@ class TargetModel:
 
         Returns the final-normed last hidden state ``final_norm(h)`` [T, H] (the lm_head's input)
         and the captured features [T, C*H] in target_layer_ids order (None without capture
-        layers). Each layer hands the next its input norm, fused with its last residual add,
-        and the last layer the final norm (``DecoderLayer.__call__``), so the final norm runs on
-        every row. Shared by the single-sequence forward and the ragged one (models/batch.py).
+        layers). The layers run through ``run_stack`` (fused by default: the final norm is
+        fused into the last layer's add, so it runs on every row). Shared by the single-sequence
+        forward and the ragged one (models/batch.py).
         """
         h = self.embed(ids)  # [T, H]
-        ple = None if self.per_layer_embeddings is None else self.per_layer_embeddings(ids, h)
-        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.final_rms_norm]
-        captured, u = {}, None  # u: the next layer's normed input, when a layer made it
-        for layer, next_norm in zip(self.layers, next_norms):
-            h, u = layer(h, batch, None if ple is None else ple[:, layer.idx], u=u,
-                         next_norm=next_norm)
-            if layer.idx in self.target_layer_ids:
-                captured[layer.idx] = h  # the residual stream after layer i, un-normed
+        normed, captured = self.run_stack(self.layers, h, batch, self.final_rms_norm,
+                                          self.target_layer_ids)
         features = None
         if self.target_layer_ids:  # [T, C*H], in target_layer_ids order
             features = self.be.xp.concatenate([captured[i] for i in self.target_layer_ids],
                                               axis=1)
-        return (self.final_norm_apply(h) if u is None else u), features
+        return normed, features
 
     def _forward_pieces(self, ids, state: TargetState, tap, rows=None) -> TargetOutput:
         """Forward ``ids`` in chunk-aligned pieces through the pager; outputs concatenated."""

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dflash_ref.models.batch_arrays as batch_arrays
-import dflash_ref.models.layers as layers
+import dflash_ref.models.gemma4 as gemma4
 from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.kvflash.pager import KVFlashPager
 from dflash_ref.models.batch_arrays import BatchArrays
@@ -83,8 +83,8 @@ def test_a_decode_step_copies_one_array_to_the_device_whatever_the_depth(family,
 def test_gemma4_decode_copies_one_array_and_builds_one_proportional_table(monkeypatch, case):
     # Proportional RoPE on the full layers (two of them in each fixture), KV sharing and PLE.
     calls = []
-    real = layers.proportional_cos_sin
-    monkeypatch.setattr(layers, "proportional_cos_sin",
+    real = gemma4.proportional_cos_sin
+    monkeypatch.setattr(gemma4, "proportional_cos_sin",
                         lambda *a: calls.append(1) or real(*a))
     model = TargetModel.from_pretrained(FIXTURES / case, backend=counting_backend())
     full = [i for i, t in enumerate(model.config.layer_types) if t == "full_attention"]

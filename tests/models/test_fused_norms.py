@@ -1,5 +1,12 @@
-"""The decoder layer's fused residual add + RMSNorm (``add_rms_norm``): how often it runs, and
-that the normed input one layer hands the next is the norm of the stream it recorded.
+"""The decoder stack's fused residual add + RMSNorm (``add_rms_norm``, dflash_ref/models/fused.py):
+that it equals the unfused reference stack (dflash_ref/models/layers.py, ``run_layers``) on every
+family, how often it runs, and that the normed input one layer hands the next is the norm of the
+stream it recorded.
+
+Fused == reference is exact (``assert_array_equal``), by construction: the fused stack calls the
+same layer parts in the same order on the same values, and on NumPy ``add_rms_norm`` is the add
+then ``rms_norm`` (tests/ops/test_norm.py checks that bit for bit); the only difference is the
+operand order of one addition (``m + x`` for ``x + m``), which IEEE addition does not see.
 
 The expected counts are by hand from each family's layer order (dflash_ref/models/layers.py,
 docs/backend.md "Fused ops"): every residual add that a norm of the sum follows is one
@@ -23,11 +30,15 @@ import pytest
 
 from dflash_ref.backend import Backend, get_backend
 from dflash_ref.config import TargetConfig, expected_tensors
+from dflash_ref.models.fused import run_fused
+from dflash_ref.models.layers import run_layers
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.norm import rms_norm
+from dflash_ref.testing import Tolerance, assert_close
 from dflash_ref.tiny import tiny_target_config, tiny_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+HF_CASES = ["qwen35_moe", "gemma4_dense", "gemma4_ple_kvshare", "gemma4_moe"]
 
 
 def counting_ops_backend(calls: Counter, hidden: int) -> Backend:
@@ -115,3 +126,76 @@ def test_the_handed_over_input_is_the_next_layers_norm_of_the_recorded_stream(fa
         w_mlp = model.layers[i].pre_mlp_norm.weight
         np.testing.assert_array_equal(seen[i, "mlp_norm"], rms_norm(mid, w_mlp, eps, off))
         np.testing.assert_array_equal(seen[i, "h"], mid + seen[i, "mlp_out"])
+
+
+# ---------------------------------------------------------------- fused == reference
+
+
+def family_model(case: str, backend="numpy") -> TargetModel:
+    """A tiny target of a family (qwen3, qwen3_5, gemma3) or an HF fixture (HF_CASES), with
+    capture on two layers."""
+    if case in HF_CASES:
+        return TargetModel.from_pretrained(FIXTURES / case, backend=backend,
+                                           target_layer_ids=[0, 2])
+    cfg = tiny_config(case, 4)
+    return TargetModel(cfg, tiny_weights(expected_tensors(cfg), 11, cfg.norm_offset),
+                       backend=backend, target_layer_ids=[0, 2])
+
+
+def run_steps(model: TargetModel) -> dict:
+    """Prefill, a decode step and a tree verify on one state: every logit, feature and tap."""
+    seen, state = {}, model.new_state()
+
+    def tap(step):
+        return lambda i, name, x: seen.__setitem__((step, i, name), model.be.to_numpy(x))
+
+    for step, ids in enumerate([np.arange(3, 12), [17]]):
+        out = model.forward(ids, state, tap=tap(step))
+        seen[step, "logits"] = model.be.to_numpy(out.logits)
+        seen[step, "features"] = model.be.to_numpy(out.features)
+    out = model.forward_tree([5, 6, 7, 8], [-1, 0, 0, 1], state)
+    seen["tree", "logits"] = model.be.to_numpy(out.logits)
+    seen["tree", "features"] = model.be.to_numpy(out.features)
+    return seen
+
+
+@pytest.mark.parametrize("case", ["qwen3", "qwen3_5", "gemma3", *HF_CASES])
+def test_the_fused_stack_equals_the_reference_stack_bit_for_bit(case):
+    model = family_model(case)
+    assert model.run_stack is run_fused  # what every other test runs
+    fused = run_steps(model)
+    model.run_stack = run_layers
+    reference = run_steps(model)
+    assert fused.keys() == reference.keys()
+    assert any(k[-1] == "attn_norm" for k in fused)  # the taps ran
+    for key, want in reference.items():
+        np.testing.assert_array_equal(fused[key], want, err_msg=f"{case}: {key}")
+
+
+@pytest.mark.parametrize(("family", "n_layers", "sandwich"), [
+    ("qwen3", 3, False), ("qwen3_5", 4, False), ("gemma3", 5, True)])
+def test_the_reference_stack_fuses_nothing(family, n_layers, sandwich):
+    # Each of the 2L + 1 stream norms (L input norms, L pre-MLP norms, the final norm) runs
+    # alone after a plain add, plus Gemma's 2L post norms: the reference is the unfused block.
+    cfg, calls = tiny_config(family, n_layers), Counter()
+    weights = tiny_weights(expected_tensors(cfg), 7, cfg.norm_offset)
+    model = TargetModel(cfg, weights, backend=counting_ops_backend(calls, cfg.hidden_size))
+    model.run_stack = run_layers
+    L = n_layers
+    assert counts_of_one_forward(model, calls) == Counter(
+        {"rms_norm": 2 * L + 1 + (2 * L if sandwich else 0)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["qwen3", "qwen3_5", "gemma3", *HF_CASES])
+def test_the_fused_stack_equals_the_reference_stack_on_cupy(case):
+    # On CuPy the fused kernel (add_rms_norm_f32) and the plain rms_norm kernel reduce the mean
+    # square in their own orders, so equality holds to float32 rounding, not bit for bit.
+    model = family_model(case, backend="cupy")
+    fused = run_steps(model)
+    model.run_stack = run_layers
+    reference = run_steps(model)
+    tol = Tolerance(1e-5, 1e-5, "the same float32 math; the mean square of each norm summed in "
+                                "another order, carried through 4 layers")
+    for key, want in reference.items():
+        assert_close(fused[key], want, tol, op="run_fused", tensor=str(key), case=case)
