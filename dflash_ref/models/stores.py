@@ -14,18 +14,17 @@ storage decides how it appends and cuts, the caller only says what)::
     snapshot(n)                 layer id -> a copy of positions < n
     restore(length, pieces)     hold exactly a snapshot's positions 0..length-1
 
-=================  ==============================================  ============================
-store              what it holds                                   views it opens
-=================  ==============================================  ============================
-:class:`CacheStore`  one attention layer's K/V in a KVCache          CacheKV (chain), TreeKV
-:class:`PoolStore`   the K/V of every full-attention layer, in a     PooledKVStore, PooledTreeKV
-                     KVFlash pager's pool (one allocation for all)
-``GDNStore``         one Gated DeltaNet layer's state, the last      ChainGDN, TreeGDN
-                     chain batch's trace, a tree's node states
-                     (models/gdn_store.py)
-=================  ==============================================  ============================
+store               what it holds                                  views it opens per forward
+------------------  ---------------------------------------------  --------------------------
+:class:`CacheStore` one attention layer's K/V, in a KVCache        CacheKV (chain), TreeKV
+:class:`PoolStore`  the K/V of every full-attention layer, in a    PooledKVStore, PooledTreeKV
+                    KVFlash pager's pool (one allocation for all)
+``GDNStore``        one Gated DeltaNet layer's state, the last     ChainGDN, TreeGDN
+                    chain batch's trace, a tree's node states
+                    (models/gdn_store.py)
 
-The captured features (:class:`~dflash_ref.models.cache.FeatureBuffer`) keep the same calls.
+The captured features (:class:`~dflash_ref.models.cache.FeatureBuffer`) go through the same
+transitions (``truncate``, ``keep_path``, ``snapshot``, ``restore``), with the rows passed in.
 Which store a layer gets is decided once, when the state is built
 (:func:`~dflash_ref.models.state.build_stores`); the views are in models/kv_store.py.
 """
