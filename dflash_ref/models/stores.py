@@ -106,6 +106,7 @@ class CacheStore(Store):
         self.cache.keep_rows(path.start, path.rows)  # the path's K/V, in path order
 
     def snapshot(self, n: int) -> dict:
+        """Layer id -> (k, v) [n, Hkv, D], copies of rows 0..n-1."""
         return {self.layers[0]: (self.cache.k[:n].copy(), self.cache.v[:n].copy())}
 
     def restore(self, length: int, pieces: dict) -> None:
@@ -179,8 +180,8 @@ class PoolStore(Store):
         self.nodes = {}
 
     def snapshot(self, n: int) -> dict:
-        """Rows gathered by position, so a snapshot does not depend on slot order; every chunk
-        of positions < n must be resident."""
+        """Layer id -> (k, v) [n, Hkv, D] gathered by position (a snapshot does not depend on
+        slot order); every chunk of positions < n must be resident."""
         positions = np.arange(n)
         resident = set(int(c) for c in self.pager.resident_chunks())
         missing = sorted({int(p) // self.pager.chunk_tokens for p in positions} - resident)
