@@ -62,16 +62,16 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     ),
     (
         '4 pager not reset on reuse',
-        'dflash_ref/models/state.py',
+        'dflash_ref/models/stores.py',
         '        pager.reset()  # a reused pager',
         '        pass  # a reused pager',
         'tests/kvflash/test_pager_reuse.py',
     ),
     (
         '5 GDN state not carried after a long prefill',
-        'dflash_ref/models/state.py',
-        '        self.states[self.layer] = after\n',
-        '        self.states[self.layer] = after if self.keep_trace else before\n',
+        'dflash_ref/models/gdn_store.py',
+        '        self.store.state = after\n',
+        '        self.store.state = after if self.keep_trace else before\n',
         'tests/models/test_hybrid_long_prefill.py',
     ),
     (

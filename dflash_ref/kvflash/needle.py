@@ -1,8 +1,8 @@
 """A synthetic needle-in-a-haystack target whose attention is known by construction.
 
 Used by ``tests/kvflash/test_needle.py``, ``notebooks/kvflash.ipynb`` and docs/kvflash.md to show
-what relevance scoring buys: a 1-layer tiny Qwen3 (``dflash_ref.tiny``) whose weights are edited
-so that
+what relevance scoring buys: a 1-layer tiny Qwen3 (written by the caller with
+``dflash_ref.tiny.write_tiny_target``) whose weights :func:`make_needle_target` edits so that
 
 - the **needle** token N writes a flag into hidden dim 0, the **question** token Q and the
   **answer** token A a flag into hidden dim 1 (their embeddings are 8 * e_dim, RMS 1; every other
@@ -34,24 +34,36 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_ref.errors import ConfigError
+
 NEEDLE, QUESTION, ANSWER = 250, 251, 252
 HAYSTACK_TOKENS = (3, 250)  # haystack ids are drawn from [3, 250): no flag, no answer
 FLAG = 8.0  # embedding flag: 8 e_dim has RMS 1 over 64 dims
 QK_NORM_DIM7 = 6.0  # q/k norm weight on head dim 7: logit 24 * 24 / 4 = 144
 
 
-def write_needle_target(path, seed: int = 5) -> Path:
-    """Write the needle target (module docstring) into directory ``path``; returns it.
+BASE = {"model_type": "qwen3", "num_hidden_layers": 1, "hidden_size": 64, "head_dim": 16}
+"""The config fields the construction relies on (the flags' RMS over 64 dims, the logit 144)."""
 
-    A 1-layer ``write_tiny_target(path, "qwen3", seed, num_hidden_layers=1)`` (hidden 64, 4 query
-    heads, 2 kv heads, head_dim 16) with the weights edited as described above; the other
-    weights stay random, so haystack tokens behave like a generic small LM.
+
+def make_needle_target(path) -> Path:
+    """Edit the tiny checkpoint in directory ``path`` into the needle target (module docstring),
+    in place; returns ``path``.
+
+    ``path`` must hold a 1-layer tiny Qwen3 (hidden 64, 4 query heads, 2 kv heads, head_dim 16),
+    as ``dflash_ref.tiny.write_tiny_target(path, "qwen3", seed, num_hidden_layers=1)`` writes
+    it; the weights not edited stay random, so haystack tokens behave like a generic small LM.
     """
     from dflash_ref.io.safetensors_io import load_checkpoint, write_safetensors
-    from dflash_ref.tiny import write_tiny_target
 
-    d = write_tiny_target(path, "qwen3", seed=seed, num_hidden_layers=1)
+    d = Path(path)
     cfg = json.loads((d / "config.json").read_text())
+    wrong = {k: cfg.get(k) for k, v in BASE.items() if cfg.get(k) != v}
+    if wrong or cfg.get("vocab_size", 0) <= ANSWER:
+        raise ConfigError(
+            f"make_needle_target: {d} holds {wrong or {'vocab_size': cfg.get('vocab_size')}}; "
+            f"the needle needs {BASE} and vocab_size > {ANSWER}: write it with "
+            f"write_tiny_target(path, 'qwen3', seed, num_hidden_layers=1)")
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     w = load_checkpoint(d)
     L = "model.layers.0."

@@ -4,10 +4,11 @@ Reproduces lucebox's ``KvFlashPager`` (Luce-Org/lucebox ``server/src/common/kvfl
 main @62880e20, plus the PR#487 rollback fix); docs/kvflash.md draws the data model (position p
 -> chunk p // T -> block -> slot) and walks through every rule. This module is the policy: the
 free list, ``slot_for`` (the one allocating call), eviction, page_out / page_in to a host store,
-reselect under a relevance scorer, and the API the target and ``generate`` use (``alloc_span``,
-``write``, ``kv``, ``maybe_reselect``; docs/kvflash.md, "Integration with the target and
-generate"). The storage it runs on, :class:`~dflash_ref.kvflash.pool.PooledKV` (the device pool
-``[L, 2, P, H, D]``) and :class:`~dflash_ref.kvflash.pool.ChunkTable`, is in pool.py.
+reselect under a relevance scorer, and the calls the target and ``generate`` make
+(``alloc_span``, ``maybe_reselect``; docs/kvflash.md, "Integration with the target and
+generate"). The storage it runs on is in pool.py: :class:`~dflash_ref.kvflash.pool.PooledKV`
+(the device pool ``[L, 2, P, H, D]``) and :class:`~dflash_ref.kvflash.pool.ChunkTable` (the
+chunk table, and the pool's rows by position: ``attach``, ``write``, ``read``, ``kv``).
 """
 
 from __future__ import annotations
@@ -386,61 +387,11 @@ class KVFlashPager(ChunkTable):
         if self.score_hook is not None and self.score_hook is self._scorer_hook:
             self.score_hook = None  # the last request's scores mean nothing for the next one
 
-    def attach(self, backend: Backend | str, layers: Sequence[int], n_kv_heads: int,
-               head_dim: int, dtype="float32") -> None:
-        """Give a mapping-only pager its device pool: what ``TargetModel.new_state(pager=...)``
-        calls with the target's full-attention layers. A pager that already holds a pool for the
-        same layers and shapes on the same backend is kept as it is; any other is an error."""
-        be = as_backend(backend)
-        if self.pool is not None:
-            p = self.pool
-            if (p.be.name, p.layers, p.n_kv_heads, p.head_dim) != (
-                    be.name, tuple(layers), n_kv_heads, head_dim):
-                raise PagerError(
-                    f"this pager's pool serves layers {p.layers} ({p.n_kv_heads} x {p.head_dim}, "
-                    f"{p.be.name}) but the target needs layers {tuple(layers)} ({n_kv_heads} x "
-                    f"{head_dim}, {be.name}); create KVFlashPager(pool_tokens) without layers "
-                    f"and let the target attach it"
-                )
-            return
-        self.be = be
-        self.pool = PooledKV(be, self.pool_tokens, n_kv_heads, head_dim, layers, dtype)
-        self.chunk_bytes = self.pool.chunk_bytes(self.chunk_tokens)
-        self._slot_pos_cache = None
-
     def zero_free_blocks(self) -> None:
         """Zero every free block of the pool (maskless consumers read the whole pool)."""
         if self.pool is not None:
             for b in self._free:
                 self.pool.zero_block(b, self.chunk_tokens)
-
-    # ------------------------------------------------------------------ the target's API
-
-    def _require_pool(self) -> PooledKV:
-        if self.pool is None:
-            raise PagerError("this pager keeps the mapping only; construct it with layers=..., "
-                             "n_kv_heads=..., head_dim=... to hold a KV pool")
-        return self.pool
-
-    def write(self, layer: int, positions, k, v) -> None:
-        """Write one layer's ``k``, ``v`` [T, H, D] at ``positions`` [T] (already allocated):
-        distinct, resident positions (:meth:`alloc_span` them first). Does not tick the clock."""
-        self._require_pool().write(layer, self.resident_slots(positions), k, v)
-
-    def write_slots(self, layer: int, slots, k, v) -> None:
-        """:meth:`write` at ``slots``: the backend copy of :meth:`batch_slots`, made once per
-        forward (``TargetState.begin_batch``) for every layer, so no lookup, check or copy here."""
-        self._require_pool().write(layer, slots, k, v, checked=True)
-
-    def read(self, layer: int, positions):
-        """``(k, v)`` [T, H, D] of one layer at resident ``positions`` (copies; for tests)."""
-        return self._require_pool().read(layer, self.resident_slots(positions))
-
-    def kv(self, layer: int):
-        """``(K [P, H, D], V [P, H, D], k_pos [P] int32)`` of one layer for attention: views of
-        the pool (slot order) and :meth:`slot_positions`."""
-        pool = self._require_pool()
-        return pool.k(layer), pool.v(layer), self.slot_positions()
 
     def __repr__(self) -> str:
         return (f"KVFlashPager(pool_tokens={self.pool_tokens}, chunk_tokens={self.chunk_tokens}, "

@@ -5,7 +5,8 @@
   block, the host buffers: pinned memory on CuPy, plain arrays on NumPy).
 - :class:`ChunkTable`: per chunk, the block that holds it, whether the host store holds a valid
   copy, the LRU clock value of its last allocation, and the host copies themselves; with the
-  read-only queries on them (resident chunks, the slot of a position, the ``k_pos`` table).
+  read-only queries on them (resident chunks, the slot of a position, the ``k_pos`` table) and
+  the pool's rows by position (``write``, ``read``, ``kv``: what the target's pool store uses).
 
 Which chunk goes where, and when it is evicted, paged out or recalled, is decided by
 :class:`~dflash_ref.kvflash.pager.KVFlashPager` (a ChunkTable with the policy on top).
@@ -155,8 +156,11 @@ class ChunkTable:
     - ``_host[c]``: the host copy itself, [2L, T, W] (only when the pager has a device pool).
 
     ``epoch`` is bumped by the pager whenever the mapping changes; :meth:`slot_positions` is
-    cached per epoch.
+    cached per epoch. ``pool`` is the :class:`PooledKV` the rows live in (None: mapping only);
+    :meth:`write`, :meth:`read` and :meth:`kv` move rows in and out of it by position.
     """
+
+    pool: PooledKV | None = None
 
     def __init__(self, chunk_tokens: int, pool_tokens: int, be: Backend):
         self.chunk_tokens, self.pool_tokens, self.be = chunk_tokens, pool_tokens, be
@@ -285,3 +289,57 @@ class ChunkTable:
             pos = self.be.ops.fill_slot_pos(table, self.chunk_tokens, self.pool_tokens)
             self._slot_pos_cache = (self.epoch, pos)
         return self._slot_pos_cache[1]
+
+    # ------------------------------------------------------------------ the pool's rows by position
+
+    def attach(self, backend: Backend | str, layers: Sequence[int], n_kv_heads: int,
+               head_dim: int, dtype="float32") -> None:
+        """Give a mapping-only pager its device pool: what ``TargetModel.new_state(pager=...)``
+        calls with the target's full-attention layers (``PoolStore``, models/stores.py). A
+        pager that already holds a pool for the same layers and shapes on the same backend is
+        kept as it is; any other is an error."""
+        be = as_backend(backend)
+        if self.pool is not None:
+            p = self.pool
+            if (p.be.name, p.layers, p.n_kv_heads, p.head_dim) != (
+                    be.name, tuple(layers), n_kv_heads, head_dim):
+                raise PagerError(
+                    f"this pager's pool serves layers {p.layers} ({p.n_kv_heads} x {p.head_dim}, "
+                    f"{p.be.name}) but the target needs layers {tuple(layers)} ({n_kv_heads} x "
+                    f"{head_dim}, {be.name}); create KVFlashPager(pool_tokens) without layers "
+                    f"and let the target attach it"
+                )
+            return
+        self.be = be
+        self.pool = PooledKV(be, self.pool_tokens, n_kv_heads, head_dim, layers, dtype)
+        self.chunk_bytes = self.pool.chunk_bytes(self.chunk_tokens)
+        self._slot_pos_cache = None
+
+    def _require_pool(self) -> PooledKV:
+        if self.pool is None:
+            raise PagerError("this pager keeps the mapping only; construct it with layers=..., "
+                             "n_kv_heads=..., head_dim=... to hold a KV pool")
+        return self.pool
+
+    def write(self, layer: int, positions, k, v) -> None:
+        """Write one layer's ``k``, ``v`` [T, H, D] at ``positions`` [T] (already allocated):
+        distinct, resident positions (``KVFlashPager.alloc_span`` them first). Does not tick the
+        LRU clock."""
+        self._require_pool().write(layer, self.resident_slots(positions), k, v)
+
+    def write_slots(self, layer: int, slots, k, v) -> None:
+        """:meth:`write` at ``slots``: the backend copy of :meth:`batch_slots`, made once per
+        forward (``PoolStore.reserve`` in models/stores.py) for every layer, so no lookup, check
+        or copy here."""
+        self._require_pool().write(layer, slots, k, v, checked=True)
+
+    def read(self, layer: int, positions):
+        """``(k, v)`` [T, H, D] of one layer at resident ``positions`` (copies: a state
+        snapshot's rows, tests)."""
+        return self._require_pool().read(layer, self.resident_slots(positions))
+
+    def kv(self, layer: int):
+        """``(K [P, H, D], V [P, H, D], k_pos [P] int32)`` of one layer for attention: views of
+        the pool (slot order) and :meth:`slot_positions`."""
+        pool = self._require_pool()
+        return pool.k(layer), pool.v(layer), self.slot_positions()

@@ -89,7 +89,7 @@ class RaggedBatch:
         self.splits = list(zip(ends - sizes, ends))
         self.batches = batches
         self.positions = np.concatenate([b.positions for b in batches])  # [sum T]
-        ids = np.concatenate([b.record.ids for b in batches])  # [sum T]
+        ids = np.concatenate([b.ids for b in batches])  # [sum T]
         self.arrays = BatchArrays(be, ids, self.positions, start=0)  # ids and RoPE positions
         self.tap = batches[0].tap
         joined: dict = {}

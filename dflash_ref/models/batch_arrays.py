@@ -19,6 +19,9 @@ first time a layer asks and reused by the others (per batch)::
     tree_mask(prefix, window)      keys [prefix..., nodes]: committed prefix, then ancestors
     once(key, make)                anything else (a layer type's proportional-RoPE cos / sin)
 
+A tree commit has its own one upload: the accepted path's node indices (:class:`TreePath`),
+which every store of the state reads.
+
 Default and linear RoPE need no table: the ``rope`` op reads the device positions, and its
 kernel forms the float32 angle and its sincos inline (a table would cost a launch per batch and
 a read per element to save one sincosf); proportional RoPE (Gemma 4) runs as array code, so its
@@ -29,6 +32,7 @@ same on both backends.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -115,3 +119,30 @@ class BatchArrays:
 
         key = ("tree", "cache", prefix) if isinstance(prefix, int) else ("tree", id(prefix))
         return self.once((*key, window), make)
+
+
+@dataclass(frozen=True)
+class TreePath:
+    """The accepted branch of a tree verify, as every store of the state reads it.
+
+    Made once per commit by :meth:`~dflash_ref.models.state.TargetState.commit_path` (one host
+    -> backend copy of the node indices), then handed to each store's ``keep_path``.
+
+    Attributes:
+        start: the first position of the branch (the committed length before the tree).
+        nodes: [m] host node indices, root first (node 0 is the root).
+        dev: [m] the same indices on the backend.
+        rows: [m] ``start + dev`` on the backend: the nodes' rows in a cache that appended
+            every node after its committed rows, in node order.
+    """
+
+    start: int
+    nodes: np.ndarray
+    dev: object
+    rows: object
+
+    @classmethod
+    def upload(cls, be, start: int, nodes: np.ndarray) -> TreePath:
+        """The path ``nodes`` [m] at ``start``, copied to the backend once."""
+        dev = be.to_backend(nodes)  # [m] node indices: one copy for every store
+        return cls(int(start), nodes, dev, start + dev)

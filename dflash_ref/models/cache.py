@@ -178,7 +178,7 @@ class FeatureBuffer:
         return self.rows(lo, self.end), self.be.xp.arange(lo, self.end)
 
     def reset(self, start: int = 0) -> None:
-        """Hold nothing; the next append starts at position ``start`` (a snapshot restore)."""
+        """Hold nothing; the next append starts at position ``start``."""
         self.start = self.end = int(start)
 
     def truncate(self, n_keep: int) -> None:
@@ -190,3 +190,24 @@ class FeatureBuffer:
                 f"FeatureBuffer.truncate({n_keep}): positions before {self.start} were evicted"
             )
         self.end = n_keep  # rows past it are overwritten by the next append
+
+    # ------------------------------------------------------------------ as a store of the state
+
+    def keep_path(self, path, node_rows) -> None:
+        """Append the accepted branch of a tree verify: ``node_rows`` [n, width] are every
+        node's features (node order), ``path`` a :class:`~dflash_ref.models.batch_arrays.TreePath`;
+        its rows land at positions path.start, path.start + 1, ..."""
+        self.append(path.start, node_rows[path.dev])
+
+    def snapshot(self, n: int):
+        """``(rows, start)``: a copy of the held rows for positions start..n-1, start being the
+        first held position (> 0 after eviction), or n when nothing before n is held."""
+        start = min(self.start, n)
+        return self.rows(start, n).copy(), start
+
+    def restore(self, start: int, rows, length: int) -> None:
+        """Hold exactly ``rows`` [length - start, width] for positions start..length-1 (a
+        snapshot's; ``rows`` None holds nothing, and the next append starts at ``start``)."""
+        self.reset(start)
+        if rows is not None and length > start:
+            self.append(start, rows)

@@ -1,20 +1,22 @@
-"""Where an attention layer's keys and values live: one small interface, three stores.
+"""What an attention layer sees of the place its keys and values live: one small interface.
 
 A decoder layer does not know whether its K/V sit in a plain cache, in the KVFlash pool, or in a
-tree verify's scratch rows. It hands the batch's new keys and values to a **KV store** and gets
-back everything its queries attend to, with the mask that says which key each query may see::
+tree verify's scratch rows. It hands the batch's new keys and values to a **KV store** (the
+per-forward view of one layer's storage) and gets back everything its queries attend to, with
+the mask that says which key each query may see::
 
     keys, values, mask = store.update(k, v)      # k, v: [T, Hkv, D] post-norm, post-RoPE
     o = attention(q, keys, values, mask)          # keys, values: [S, Hkv, D]; mask: [T, S]
 
-The store is made per forward batch by :meth:`~dflash_ref.models.state.TargetState.begin_batch`,
-which knows the batch's positions (and tree shape); storage and the mask rule are the store's.
-The masks themselves come from the batch's
-:class:`~dflash_ref.models.batch_arrays.BatchArrays`, built on the backend once per batch and
-window kind, so every layer of a kind attends with the same spec.
+A view is opened per forward batch by the store that keeps the rows for the whole sequence
+(``views(arrays, parents)`` of :class:`~dflash_ref.models.stores.CacheStore` for a plain cache,
+of :class:`~dflash_ref.models.stores.PoolStore` for the pool; models/stores.py), which also owns
+what happens to the rows afterwards (rollback, tree commit, snapshot, restore). The masks come
+from the batch's :class:`~dflash_ref.models.batch_arrays.BatchArrays`, built on the backend once
+per batch and window kind, so every layer of a kind attends with the same spec.
 
 ======================  ===========================  =========================================
-store                   storage                      mask (key at position p, query at q)
+view                    storage                      mask (key at position p, query at q)
 ======================  ===========================  =========================================
 :class:`CacheKV`        KVCache rows 0..S-1          causal ``p <= q``; sliding: ``q - p < W``
 :class:`TreeKV`         KVCache + the tree's nodes   committed prefix, then ancestors only
@@ -89,7 +91,7 @@ class TreeKV(_Remember):
     The nodes' K/V are appended after the committed rows in node order; node i (at position
     base + depth(i)) sees the committed prefix and its own ancestors
     (:func:`~dflash_ref.ops.masks.tree_mask`). The rows stay until
-    :meth:`~dflash_ref.models.state.TargetState.commit_path` keeps the accepted branch.
+    :meth:`~dflash_ref.models.stores.CacheStore.keep_path` keeps the accepted branch.
 
     Args:
         cache: the layer's cache holding the committed prefix 0..base-1.
@@ -137,25 +139,25 @@ class PooledTreeKV(_Remember):
     """A tree verify batch over the KVFlash pool: the nodes' K/V stay beside the pool.
 
     Tree nodes at one depth share a position, so they cannot live in the slots of their
-    positions. They are kept aside (in ``record``) and appended after the pool's slots for
+    positions. They are kept aside (in ``nodes``) and appended after the pool's slots for
     attention: node i sees the committed slots (``0 <= p < base``) and the nodes that are itself
     or its ancestors (:func:`~dflash_ref.ops.masks.tree_mask` in slot space, ``node_slots`` after
     the pool). Slots at ``p >= base`` (rejected drafts of an earlier step) stay hidden.
-    :meth:`~dflash_ref.models.state.TargetState.commit_path` writes the accepted path's rows into
+    :meth:`~dflash_ref.models.stores.PoolStore.keep_path` writes the accepted path's rows into
     the pool at positions base, base+1, ...; the others are dropped.
 
     Args:
         pager: the attached :class:`~dflash_ref.kvflash.pager.KVFlashPager`.
         layer: the model layer id.
         arrays: the batch's BatchArrays (node positions, ancestor rows; base = its start).
-        record: dict layer -> (k, v) [n, Hkv, D] that commit_path reads.
+        nodes: the pool store's dict layer -> (k, v) [n, Hkv, D], which its keep_path reads.
     """
 
-    def __init__(self, pager, layer: int, arrays, record: dict):
-        self.pager, self.layer, self.arrays, self.record = pager, layer, arrays, record
+    def __init__(self, pager, layer: int, arrays, nodes: dict):
+        self.pager, self.layer, self.arrays, self.nodes = pager, layer, arrays, nodes
 
     def update(self, k, v):
-        self.record[self.layer] = (k, v)
+        self.nodes[self.layer] = (k, v)
         keys, values, k_pos = self.pager.kv(self.layer)  # [P, Hkv, D] x2, [P]
         xp = self.pager.be.xp
         self.last = (xp.concatenate([keys, k], axis=0), xp.concatenate([values, v], axis=0),

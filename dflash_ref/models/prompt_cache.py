@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from dflash_ref.errors import StateError
-from dflash_ref.models.state import StateSnapshot, TargetState
+from dflash_ref.models.snapshot import StateSnapshot, empty_snapshot
+from dflash_ref.models.state import TargetState
 
 
 def common_prefix(a, b) -> int:
@@ -68,9 +69,7 @@ def restore_checkpoint(state: TargetState, checkpoints: Sequence[StateSnapshot],
     """Restore the longest checkpoint whose tokens properly prefix ``prompt``; 0 if none does."""
     usable = [c for c in checkpoints if _usable(c, prompt)]
     if not usable:
-        empty = dict.fromkeys((*state.kv, *state.pooled_layers))
-        state.restore(StateSnapshot(0, np.zeros(0, np.int64), empty, dict.fromkeys(state.gdn),
-                                    None))
+        state.restore(empty_snapshot(state))
         return 0
     best = max(usable, key=lambda c: c.length)
     state.restore(best)

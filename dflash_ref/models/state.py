@@ -1,90 +1,65 @@
-"""Per-sequence state of the target: KV stores, GDN states, captured features, commit and rollback.
+"""Per-sequence state of the target: its stores, the committed tokens, commit and rollback.
 
-:class:`TargetState` is everything a continuation depends on: one
-:class:`~dflash_ref.models.cache.KVCache` per attention layer (or the KVFlash pager's pool for the
-full-attention layers), one :class:`~dflash_ref.models.gdn_layer.GDNState` per Gated DeltaNet
-layer, the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, the committed length, and
-what the last batch needs to be rolled back. The model talks to it through three calls::
+:class:`TargetState` is everything a continuation depends on. The per-position state lives in
+stores that own their transitions (models/stores.py): a
+:class:`~dflash_ref.models.stores.CacheStore` per attention layer, or one
+:class:`~dflash_ref.models.stores.PoolStore` for the full-attention layers a KVFlash pager
+pools; a :class:`~dflash_ref.models.gdn_store.GDNStore` per Gated DeltaNet layer; and the
+captured :class:`~dflash_ref.models.cache.FeatureBuffer`. The state itself keeps the committed
+tokens and length, and a pending tree verify. The model talks to it through two calls::
 
-    batch = state.begin_batch(ids, parents=None) # arrays on the backend once, a store per layer
+    batch = state.begin_batch(ids, parents=None) # arrays on the backend once, a view per layer
     ... every layer runs on batch.kv[i] or batch.gdn[i] ...
     state.end_batch(batch, features)             # chain: committed; tree: pending
 
-and the loop through two: :meth:`TargetState.rollback` (chain verify: keep the accepted rows) and
-:meth:`TargetState.commit_path` (tree verify: keep the accepted branch). The state never calls
-into the model's layers: a GDN rewind needs only the layer's saved trace
-(:func:`~dflash_ref.models.gdn_layer.rewind_state`).
+and the loop through two: :meth:`TargetState.rollback` (chain verify: keep the accepted rows)
+and :meth:`TargetState.commit_path` (tree verify: keep the accepted branch). Each transition is
+the same call on every store; which store a layer gets is decided once, by
+:func:`build_stores`. Snapshot and restore are in models/snapshot.py. The state never calls
+into the model's layers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_ref.errors import ConfigError, StateError
-from dflash_ref.models.batch_arrays import BatchArrays
-from dflash_ref.models.cache import FeatureBuffer, KVCache
-from dflash_ref.models.gdn_layer import rewind_state
-from dflash_ref.models.kv_store import CacheKV, KVStore, PooledKVStore, PooledTreeKV, TreeKV
+from dflash_ref.errors import StateError
+from dflash_ref.models.batch_arrays import BatchArrays, TreePath
+from dflash_ref.models.cache import FeatureBuffer
+from dflash_ref.models.gdn_store import GDNStore
+from dflash_ref.models.kv_store import KVStore
+from dflash_ref.models.snapshot import StateSnapshot, restore_stores, take_snapshot
+from dflash_ref.models.stores import CacheStore, PoolStore, Store
 from dflash_ref.ops.masks import tree_depths
-
-TRACE_MAX_TOKENS = 64
-"""A batch of at most this many tokens keeps the GDN per-token trace (recurrent scan) so that
-rollback can rewind into it; longer batches (prefill) take the chunked scan and keep none."""
 
 
 def no_tap(layer: int, name: str, x) -> None:
     """The default observer of intermediate tensors: ignores them (see ``TargetModel.forward``)."""
 
 
-@dataclass
-class _BatchRecord:
-    """What rollback / commit_path need from the last forward: its span and GDN rewind data."""
+def build_stores(config, be, pager=None) -> tuple[list[Store], list[GDNStore]]:
+    """The stores of a new state: ``(attention stores, GDN stores)``.
 
-    start: int
-    length: int
-    ids: np.ndarray  # [T] the batch's tokens (node order for a tree)
-    gdn: dict = field(default_factory=dict)  # layer -> (state before, trace) | GDNTreeStates
-    pooled: dict = field(default_factory=dict)  # pooled layer -> node (k, v) (tree verify only)
-    tree_features: object = None  # features of every tree node (tree verify only)
-
-
-class ChainGDN:
-    """A chain batch through one GDN layer: run from the committed state, keep the trace."""
-
-    def __init__(self, states: dict, layer: int, record: _BatchRecord, keep_trace: bool):
-        self.states, self.layer, self.record, self.keep_trace = states, layer, record, keep_trace
-
-    def run(self, mixer, u):
-        """``mixer`` (a GDNLayer) over u [T, hidden] from the committed state; returns y."""
-        before = self.states[self.layer] or mixer.initial_state()
-        y, after, trace = mixer.forward(u, before, return_trace=self.keep_trace)
-        self.states[self.layer] = after
-        if self.keep_trace:
-            self.record.gdn[self.layer] = (before, trace)
-        return y
-
-
-class TreeGDN:
-    """A tree batch through one GDN layer: the layer runs once over all nodes, node i from its
-    parent's state (``GDNLayer.forward_tree``).
-
-    The root starts from the committed state. Every node's state is recorded
-    (:class:`~dflash_ref.models.gdn_layer.GDNTreeStates`) so that
-    :meth:`TargetState.commit_path` can keep the state after the accepted path's last node.
+    Every attention layer that keeps its own K/V (Gemma 4 KV-sharing layers read their source
+    layer's) gets a :class:`CacheStore`; with a ``pager``, the full-attention ones share one
+    :class:`PoolStore` instead (sliding-window layers are bounded anyway and GDN layers hold a
+    fixed-size state). Each linear-attention layer gets a :class:`GDNStore`.
     """
-
-    def __init__(self, states: dict, layer: int, record: _BatchRecord, parents):
-        self.states, self.layer, self.record, self.parents = states, layer, record, parents
-
-    def run(self, mixer, u):
-        """``mixer`` (a GDNLayer) over the tree's nodes u [n, hidden]; returns y [n, hidden]."""
-        root = self.states[self.layer] or mixer.initial_state()
-        y, node_states = mixer.forward_tree(u, root, self.parents)
-        self.record.gdn[self.layer] = node_states
-        return y
+    kinds = config.layer_types
+    own_kv = [i for i, t in enumerate(kinds)
+              if t != "linear_attention" and config.kv_source_for(i) is None]
+    dims = {i: (config.num_key_value_heads_for(i), config.head_dim_for(i)) for i in own_kv}
+    full = [i for i in own_kv if kinds[i] == "full_attention"]
+    pool = [PoolStore(pager, be, full, dims)] if pager is not None else []
+    in_pool = {i for store in pool for i in store.layers}
+    window = {i: config.sliding_window if kinds[i] == "sliding_attention" else None
+              for i in own_kv}
+    plain = [CacheStore(be, i, *dims[i], window[i]) for i in own_kv if i not in in_pool]
+    gdn = [GDNStore(be, i) for i, t in enumerate(kinds) if t == "linear_attention"]
+    return plain + pool, gdn
 
 
 @dataclass
@@ -95,8 +70,10 @@ class Batch:
         start: the first position (the committed length before the batch).
         positions: [T] host absolute positions (start + depth for a tree).
         parents: [n] tree parents, or None for a chain.
+        ids: [T] host token ids (node order for a tree).
         kv: attention layer id -> its :class:`~dflash_ref.models.kv_store.KVStore`.
-        gdn: GDN layer id -> its :class:`ChainGDN` / :class:`TreeGDN`.
+        gdn: GDN layer id -> its :class:`~dflash_ref.models.gdn_store.ChainGDN` /
+            :class:`~dflash_ref.models.gdn_store.TreeGDN`.
         tap: ``tap(layer, name, x)`` observer of intermediate tensors.
         arrays: the ids, positions (and pager slots) on the backend, one copy per batch, and
             the RoPE tables and masks the layers derive from them
@@ -106,33 +83,20 @@ class Batch:
     start: int
     positions: np.ndarray
     parents: np.ndarray | None
+    ids: np.ndarray
     kv: dict[int, KVStore]
     gdn: dict[int, object]
     tap: Callable
-    record: _BatchRecord
     arrays: BatchArrays
 
 
 @dataclass
-class StateSnapshot:
-    """Everything a continuation depends on, for positions 0..length-1 (a copy, not a view).
+class _PendingTree:
+    """A tree verify waiting for :meth:`TargetState.commit_path`: its span and node features."""
 
-    Attributes:
-        length: committed positions covered.
-        tokens: [length] their token ids (a restore checks a new prompt against them).
-        kv: attention layer id -> (k, v) [length, Hkv, D] (plain caches and pooled layers alike:
-            pooled rows are gathered by position, so a snapshot is independent of slot order).
-        gdn: GDN layer id -> the GDNState after position length-1 (None before any token).
-        features: [length - start, C*H] captured rows for positions start..length-1, or None
-            when the state captured nothing; ``feature_start`` is start (> 0 after eviction).
-    """
-
-    length: int
-    tokens: np.ndarray
-    kv: dict
-    gdn: dict
-    features: object | None
-    feature_start: int = 0
+    start: int
+    ids: np.ndarray  # [n] node tokens
+    features: object  # [n, C*H] every node's features, or None without capture
 
 
 class TargetState:
@@ -145,50 +109,27 @@ class TargetState:
         feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
         pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers then
             keep K/V in its bounded pool (attached and reset here, once per sequence).
+
+    Attributes:
+        kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
+        features: the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, or None.
+        length: the committed positions.
     """
 
     def __init__(self, config, be, capture_width: int = 0, feature_capacity: int | None = None,
                  feature_window: int | None = None, pager=None):
-        self.config, self.be = config, be
-        self.length = 0
-        kinds = config.layer_types
-        self.pager = pager
-        # Gemma 4 KV-sharing layers keep no K/V: they read their source layer's.
-        own_kv = [i for i, t in enumerate(kinds)
-                  if t != "linear_attention" and config.kv_source_for(i) is None]
-        pooled = [i for i in own_kv if kinds[i] == "full_attention"]
-        if pager is not None:
-            self._attach(pager, pooled)
-        self.pooled_layers = frozenset(pooled if pager is not None else ())
-        self.kv: dict[int, KVCache] = {
-            i: KVCache(be, config.num_key_value_heads_for(i), config.head_dim_for(i))
-            for i in own_kv if i not in self.pooled_layers
-        }
-        self.gdn: dict[int, object] = {i: None for i, t in enumerate(kinds)
-                                       if t == "linear_attention"}
+        self.config, self.be, self.pager = config, be, pager
+        self.kv_stores, self.gdn_stores = build_stores(config, be, pager)
         self.features = (FeatureBuffer(be, capture_width, capacity=feature_capacity,
                                        window=feature_window) if capture_width else None)
-        self._last: _BatchRecord | None = None  # the last chain batch (rollback rewinds into it)
-        self._pending: _BatchRecord | None = None  # an uncommitted tree verify
+        self.length = 0
+        self._pending: _PendingTree | None = None
         self._tokens = np.zeros(0, dtype=np.int64)  # the committed token ids, positions 0..len-1
 
-    def _attach(self, pager, pooled: list[int]) -> None:
-        """Attach the pager to this model's full-attention layers and reset it for a new request.
-
-        KVFlash pools full-attention layers only: sliding-window layers are bounded anyway and
-        GDN layers hold a fixed-size state.
-        """
-        cfg = self.config
-        if not pooled:
-            raise ConfigError("this target has no full-attention layer to page; run it "
-                              "without a pager")
-        dims = {(cfg.num_key_value_heads_for(i), cfg.head_dim_for(i)) for i in pooled}
-        if len(dims) != 1:
-            raise ConfigError(f"KVFlash pools one K/V shape; the full-attention layers "
-                              f"use {sorted(dims)}")
-        (nkv, d), = dims
-        pager.attach(self.be, pooled, nkv, d)
-        pager.reset()  # a reused pager must not carry the previous request's chunks
+    @property
+    def stores(self) -> list[Store]:
+        """Every store: the attention stores, then the GDN stores."""
+        return [*self.kv_stores, *self.gdn_stores]
 
     @property
     def tokens(self) -> np.ndarray:
@@ -200,15 +141,26 @@ class TargetState:
         """True while a tree verify waits for :meth:`commit_path`."""
         return self._pending is not None
 
+    @property
+    def kv(self) -> dict:
+        """Layer id -> the plain :class:`~dflash_ref.models.cache.KVCache` of each layer that
+        keeps one, for inspection (pooled layers' rows are in ``pager``)."""
+        return {i: c for store in self.kv_stores for i, c in store.caches().items()}
+
+    @property
+    def gdn(self) -> dict:
+        """GDN layer id -> its current state (None before any token), for inspection."""
+        return {store.layer: store.state for store in self.gdn_stores}
+
     # ------------------------------------------------------------------ one forward batch
 
     def begin_batch(self, ids, parents=None, tap: Callable | None = None) -> Batch:
         """Open a batch of tokens ``ids`` [T] at positions length.. (a chain), or a tree with
         ``parents`` (node i at length + depth(i)).
 
-        Allocates pager slots for a pooled chain batch before any layer writes (a pooled tree
-        keeps its nodes beside the pool until :meth:`commit_path`), and copies ids, positions
-        and slots to the backend in one piece (:class:`BatchArrays`).
+        Every store first makes room for the batch (the pool allocates a chain's slots before
+        any layer writes), then ids, positions and whatever the stores ask for go to the backend
+        in one piece (:class:`BatchArrays`) and each store opens its layers' views on it.
         """
         if self._pending is not None:
             raise ValueError("the state holds an uncommitted tree verify; call "
@@ -217,41 +169,24 @@ class TargetState:
         T, start = ids.size, self.length
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
-        slots = None
-        if self.pager is not None and parents is None:
-            self.pager.alloc_span(start, T)  # slot_for each new position, evicting if needed
-            slots = self.pager.batch_slots(positions)  # [T] host, checked once for all layers
-        arrays = BatchArrays(self.be, ids, positions, start, slots, parents)
-        record = _BatchRecord(start, T, ids)
-        kv = {i: self._kv_store(i, arrays, parents, record)
-              for i in (*self.kv, *self.pooled_layers)}
-        keep_trace = T <= TRACE_MAX_TOKENS
-        gdn = {i: (ChainGDN(self.gdn, i, record, keep_trace) if parents is None
-                   else TreeGDN(self.gdn, i, record, parents)) for i in self.gdn}
-        return Batch(start, positions, parents, kv, gdn, tap or no_tap, record, arrays)
-
-    def _kv_store(self, layer: int, arrays: BatchArrays, parents, record) -> KVStore:
-        if layer in self.pooled_layers and parents is not None:
-            return PooledTreeKV(self.pager, layer, arrays, record.pooled)
-        if layer in self.pooled_layers:
-            return PooledKVStore(self.pager, layer, arrays)
-        kind = self.config.layer_types[layer]
-        window = self.config.sliding_window if kind == "sliding_attention" else None
-        return (CacheKV if parents is None else TreeKV)(self.kv[layer], arrays, window)
+        uploads = {}
+        for store in self.stores:
+            uploads.update(store.reserve(start, T, parents))
+        arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)
+        kv = {i: v for store in self.kv_stores for i, v in store.views(arrays, parents).items()}
+        gdn = {i: v for store in self.gdn_stores for i, v in store.views(arrays, parents).items()}
+        return Batch(start, positions, parents, ids, kv, gdn, tap or no_tap, arrays)
 
     def end_batch(self, batch: Batch, features) -> None:
         """Close a batch: a chain is committed (features appended, length advanced); a tree is
         left pending until :meth:`commit_path`."""
-        rec = batch.record
         if batch.parents is not None:
-            rec.tree_features = features
-            self._pending = rec
+            self._pending = _PendingTree(batch.start, batch.ids, features)
             return
         if features is not None:
             self.features.append(batch.start, features)
-        self._set_tokens(batch.start, rec.ids)
-        self.length = batch.start + rec.length
-        self._last = rec
+        self._set_tokens(batch.start, batch.ids)
+        self.length = batch.start + batch.ids.size
 
     def _set_tokens(self, start: int, ids) -> None:
         need = start + len(ids)
@@ -271,40 +206,30 @@ class TargetState:
         path, their features, and each GDN layer's state after the path's last node, exactly as
         if the path's tokens had been run as a chain.
         """
-        rec = self._pending
-        if rec is None:
+        tree = self._pending
+        if tree is None:
             raise ValueError("commit_path: no tree verify is pending (call forward_tree first)")
         path = np.asarray(path, dtype=np.int64)
-        if path.size == 0 or path[0] != 0 or np.any(path >= rec.length):
+        n = tree.ids.size
+        if path.size == 0 or path[0] != 0 or np.any(path >= n):
             raise ValueError(f"commit_path: path must start at the root 0 and index the "
-                             f"{rec.length} tree nodes, got {path.tolist()}")
-        start = rec.start
-        dev = self.be.to_backend(path)  # [m] node indices: one copy for every layer below
-        rows = start + dev  # the path's cache rows
-        for cache in self.kv.values():
-            cache.keep_rows(start, rows)  # the path's K/V, in path order
-        for i, node_states in rec.gdn.items():
-            self.gdn[i] = node_states.node(int(path[-1]))
-        if rec.pooled:  # the path's rows enter the pool at positions start, start+1, ...
-            self.pager.alloc_span(start, path.size)
-            slots = self.be.to_backend(  # [m] int32, checked on the host, one copy
-                self.pager.batch_slots(start + np.arange(path.size)).astype(np.int32))
-            for layer, (k, v) in rec.pooled.items():
-                self.pager.write_slots(layer, slots, k[dev], v[dev])
+                             f"{n} tree nodes, got {path.tolist()}")
+        kept = TreePath.upload(self.be, tree.start, path)
+        for store in self.stores:
+            store.keep_path(kept)
         if self.features is not None:
-            self.features.append(start, rec.tree_features[dev])
-        self._set_tokens(start, rec.ids[path])
-        self.length = start + path.size
+            self.features.keep_path(kept, tree.features)
+        self._set_tokens(tree.start, tree.ids[path])
+        self.length = tree.start + path.size
         self._pending = None
-        self._last = None  # a tree commit cannot be rewound further
 
     def rollback(self, n_keep: int) -> None:
-        """Drop positions >= n_keep from every cache and rewind GDN states to match.
+        """Drop positions >= n_keep from every store and the features.
 
-        KV caches and features truncate (pooled layers need nothing: rows at positions >= the
-        next batch's start are hidden by its mask). A GDN state cannot be truncated: it is
-        rewound from the last batch's trace, so ``n_keep`` must lie within the last batch
-        ``[start, start + T]`` unless no GDN layer exists. Rolling back further is an error.
+        Attention rows and features truncate; a GDN state cannot be truncated: it is rewound
+        from the last batch's trace, so ``n_keep`` must lie within the last batch
+        ``[start, start + T]`` unless no GDN layer exists. Rolling back further is an error,
+        raised before any store changes.
         """
         if self._pending is not None:
             raise ValueError("rollback: a tree verify is pending; call commit_path(path)")
@@ -312,10 +237,12 @@ class TargetState:
             raise ValueError(f"rollback({n_keep}): the state holds {self.length} positions")
         if n_keep == self.length:
             return
-        if self.gdn:
-            self._rewind_gdn(n_keep)
-        for cache in self.kv.values():
-            cache.truncate(n_keep)
+        for store in self.stores:
+            why = store.refusal(n_keep)
+            if why is not None:
+                raise ValueError(f"rollback({n_keep}): {why}")
+        for store in self.stores:
+            store.truncate(n_keep)
         if self.features is not None:
             self.features.truncate(n_keep)
         self.length = n_keep
@@ -326,31 +253,12 @@ class TargetState:
         Like :meth:`rollback`, but a GDN state that cannot be rewound there (outside the last
         batch) raises :class:`~dflash_ref.errors.StateError` naming the fix.
         """
-        last = self._last
-        if self.gdn and n_keep < self.length and (
-                last is None or len(last.gdn) != len(self.gdn) or n_keep < last.start):
+        if n_keep < self.length and any(s.refusal(n_keep) is not None for s in self.stores):
             raise StateError(
                 f"truncate({n_keep}): a GDN state cannot be truncated to an earlier position "
                 f"than its last batch; restore a checkpoint snapshot taken at or before "
                 f"position {n_keep} instead (models/prompt_cache.py restore_checkpoint)")
         self.rollback(n_keep)
-
-    def _rewind_gdn(self, n_keep: int) -> None:
-        last = self._last
-        if last is None or not last.start <= n_keep <= last.start + last.length:
-            span = "none" if last is None else f"[{last.start}, {last.start + last.length}]"
-            raise ValueError(
-                f"rollback({n_keep}): GDN layers can only rewind within the last forward "
-                f"batch (positions {span}); re-run the prefix from a saved state instead"
-            )
-        if len(last.gdn) != len(self.gdn):
-            raise ValueError(
-                f"rollback({n_keep}): the last batch had {last.length} tokens, more than "
-                f"TRACE_MAX_TOKENS={TRACE_MAX_TOKENS}, so no GDN trace was kept; run long "
-                f"prefills before speculating, or in smaller batches"
-            )
-        for i, (before, trace) in last.gdn.items():
-            self.gdn[i] = rewind_state(before, trace, n_keep - last.start, self.be.xp)
 
     # ------------------------------------------------------------------ snapshot and restore
 
@@ -366,81 +274,18 @@ class TargetState:
             raise StateError("snapshot: a tree verify is pending; call commit_path(path) first")
         if not 0 <= n <= self.length:
             raise StateError(f"snapshot(upto={n}): the state holds {self.length} positions")
-        kv = {i: (c.k[:n].copy(), c.v[:n].copy()) for i, c in self.kv.items()}
-        if self.pooled_layers and n:
-            positions = np.arange(n)
-            resident = set(int(c) for c in self.pager.resident_chunks())
-            missing = sorted({int(p) // self.pager.chunk_tokens for p in positions} - resident)
-            if missing:
-                raise StateError(f"snapshot: chunks {missing} of the KVFlash pool are paged out; "
-                                 f"snapshot before they are evicted, or page them in first")
-            kv.update({i: self.pager.read(i, positions) for i in self.pooled_layers})
-        gdn = {i: self._gdn_at(i, n) for i in self.gdn}
-        features, start = None, 0
-        if self.features is not None:
-            start = min(self.features.start, n)
-            features = self.features.rows(start, n).copy()
-        return StateSnapshot(n, self.tokens[:n], kv, gdn, features, start)
-
-    def _gdn_at(self, layer: int, n: int):
-        if n == self.length:
-            st = self.gdn[layer]
-            return None if st is None else st.copy()
-        last = self._last
-        rec = None if last is None else last.gdn.get(layer)
-        if rec is None or not last.start <= n <= last.start + last.length:
-            raise StateError(
-                f"snapshot(upto={n}): a GDN state cannot be truncated; it exists at the "
-                f"committed length {self.length} and inside the last batch only. Take "
-                f"checkpoints while prefilling (snapshot after each prefill piece) instead")
-        before, trace = rec
-        return rewind_state(before, trace, n - last.start, self.be.xp)
+        return take_snapshot(self, n)
 
     def restore(self, snap: StateSnapshot) -> None:
         """Make this state hold exactly ``snap`` (any previous content is dropped).
 
         A state that captures features needs them for every position the drafter will read:
         a snapshot without features, or with fewer rows than the drafter's window needs, is
-        refused here rather than drafting from garbage later.
+        refused here rather than drafting from garbage later
+        (:func:`~dflash_ref.models.snapshot.restore_stores`).
         """
         if self._pending is not None:
             raise StateError("restore: a tree verify is pending; call commit_path(path) first")
-        layers = set(self.kv) | set(self.pooled_layers)
-        if set(snap.kv) != layers or set(snap.gdn) != set(self.gdn):
-            raise StateError("restore: the snapshot was taken from a different model (its "
-                             "layers do not match this state's)")
-        if self.features is not None and snap.length:
-            need_from = max(0, snap.length - (self.features.window or snap.length))
-            held = "none" if snap.features is None else f"positions {snap.feature_start}.."
-            if snap.features is None or snap.feature_start > need_from:
-                raise StateError(
-                    f"restore: this state captures features for the drafter, which needs "
-                    f"positions {need_from}..{snap.length - 1}, but the snapshot holds {held}; "
-                    f"the drafter would read rows that do not exist. Snapshot a state that "
-                    f"captured features (same target_layer_ids, no smaller window)")
-        for i, cache in self.kv.items():
-            cache.truncate(0)
-            if snap.length:
-                cache.append(*snap.kv[i])
-        if self.pooled_layers:
-            self._restore_pool(snap)
-        for i in self.gdn:
-            self.gdn[i] = None if snap.gdn[i] is None else snap.gdn[i].copy()
-        if self.features is not None:
-            self.features.reset(snap.feature_start)
-            if snap.features is not None and snap.length > snap.feature_start:
-                self.features.append(snap.feature_start, snap.features)
+        restore_stores(self, snap)
         self._set_tokens(0, snap.tokens)
         self.length = snap.length
-        self._last = None
-
-    def _restore_pool(self, snap: StateSnapshot) -> None:
-        """Refill the pager's pool with the snapshot's rows, one chunk-aligned piece at a time."""
-        pager, T = self.pager, self.pager.chunk_tokens
-        pager.reset()
-        for a in range(0, snap.length, T):
-            b = min(snap.length, a + T)
-            pager.alloc_span(a, b - a)
-            for i in self.pooled_layers:
-                k, v = snap.kv[i]
-                pager.write(i, np.arange(a, b), k[a:b], v[a:b])

@@ -170,9 +170,9 @@ class TargetModel:
                      piece_tokens: int = 256) -> tuple[np.ndarray, np.ndarray]:
         """Tail queries and all keys of ``ids`` for the KVFlash scorer.
 
-        See :func:`dflash_ref.kvflash.qk_probe.attention_qk`, which this calls.
+        See :func:`dflash_ref.models.qk_probe.attention_qk`, which this calls.
         """
-        from dflash_ref.kvflash.qk_probe import attention_qk
+        from dflash_ref.models.qk_probe import attention_qk
 
         return attention_qk(self, ids, n_tail=n_tail, rope=rope, layers=layers,
                             piece_tokens=piece_tokens)

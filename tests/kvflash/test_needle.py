@@ -1,6 +1,6 @@
 """Needle in a haystack under a bounded pool: LRU loses the needle, the attention scorer keeps it.
 
-The target is :func:`dflash_ref.kvflash.needle.write_needle_target`: a 1-layer tiny Qwen3 whose
+The target is :func:`dflash_ref.kvflash.needle.make_needle_target`: a 1-layer tiny Qwen3 whose
 question token Q puts all its attention on the needle token N (logit 144, every other key ~0)
 and emits the answer A when it sees the needle, Q again when it does not. The context is
 160 haystack tokens (20 chunks of 8) with the needle at position 43 (chunk 5), then 8 question
@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from dflash_ref.kvflash import KVFlashPager
-from dflash_ref.kvflash.needle import ANSWER, QUESTION, needle_context, write_needle_target
+from dflash_ref.kvflash.needle import ANSWER, QUESTION, make_needle_target, needle_context
 from dflash_ref.kvflash.scorers import LRUScorer, ModelTailScorer
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
+from dflash_ref.tiny import write_tiny_target
 
 CHUNK = dict(chunk_tokens=8, sink_chunks=1, tail_window_chunks=1)
 POOL = 48
@@ -32,11 +33,15 @@ NEEDLE_MATCH = Tolerance(1e-5, 2e-5, "evicted haystack keys carry attention weig
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("needle")
-    target = TargetModel.from_pretrained(write_needle_target(root / "target", seed=5))
+    target = TargetModel.from_pretrained(_needle(root / "target", seed=5))
     # A separate scoring model (upstream scores with a small LM, not the target): the same
     # construction with other random weights everywhere else.
-    scorer_model = TargetModel.from_pretrained(write_needle_target(root / "scorer", seed=9))
+    scorer_model = TargetModel.from_pretrained(_needle(root / "scorer", seed=9))
     return target, scorer_model
+
+
+def _needle(path, seed):
+    return make_needle_target(write_tiny_target(path, "qwen3", seed=seed, num_hidden_layers=1))
 
 
 def _context():

@@ -100,7 +100,7 @@ def test_the_probe_leaves_the_forward_unchanged(targets):
     ids = _ids(30, seed=2)
     ref = t.forward(ids, t.new_state()).logits
     state = t.new_state()
-    from dflash_ref.kvflash.qk_probe import QKProbe
+    from dflash_ref.models.qk_probe import QKProbe
 
     probe = QKProbe([0, 3], rope=False, n_tail=8)
     np.testing.assert_array_equal(t.forward(ids, state, tap=probe).logits, ref)

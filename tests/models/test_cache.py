@@ -1,4 +1,5 @@
-"""KVCache and FeatureBuffer: position bookkeeping, capacity, eviction, rollback."""
+"""KVCache and FeatureBuffer: position bookkeeping, capacity, eviction, rollback; the feature
+buffer's store transitions (keep a tree path, snapshot, restore)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError
+from dflash_ref.models.batch_arrays import TreePath
 from dflash_ref.models.cache import FeatureBuffer, KVCache
 
 be = get_backend("numpy")
@@ -65,6 +67,32 @@ def test_feature_buffer_window_evicts_oldest_rows_explicitly():
         buf.rows(0, 3)
     with pytest.raises(ConfigError, match="smaller than the drafter context window"):
         FeatureBuffer(be, 3, capacity=4, window=6)
+
+
+def test_feature_buffer_keeps_a_tree_path_at_consecutive_positions():
+    buf = FeatureBuffer(be, 3)
+    buf.append(0, rows(0, 4))
+    nodes = rows(100, 6)  # six tree nodes; node i's first column is 100 + i
+    buf.keep_path(TreePath.upload(be, 4, np.array([0, 2, 5])), nodes)
+    np.testing.assert_array_equal(buf.rows()[:, 0], [0, 1, 2, 3, 100, 102, 105])
+    assert (buf.start, buf.end) == (0, 7)
+
+
+def test_feature_buffer_snapshot_and_restore_keep_positions_after_eviction():
+    buf = FeatureBuffer(be, 3, capacity=8, window=6)
+    buf.append(0, rows(0, 10))  # holds positions 2..9
+    snap, start = buf.snapshot(7)
+    assert start == 2
+    np.testing.assert_array_equal(snap[:, 0], np.arange(2, 7))
+    buf.append(10, rows(10, 1))  # the snapshot is a copy: the live buffer moves on
+    other = FeatureBuffer(be, 3, capacity=8, window=6)
+    other.restore(start, snap, 7)
+    assert (other.start, other.end) == (2, 7)
+    np.testing.assert_array_equal(other.rows()[:, 0], np.arange(2, 7))
+    other.restore(5, None, 5)  # nothing held; the next append starts at 5
+    assert len(other) == 0 and other.end == 5
+    other.append(5, rows(5, 2))
+    np.testing.assert_array_equal(other.rows()[:, 0], [5, 6])
 
 
 def test_kv_cache_append_truncate_and_shape_errors():

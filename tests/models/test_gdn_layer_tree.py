@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ref.models import state as state_mod
+from dflash_ref.models import gdn_store
 from dflash_ref.models.gdn_layer import GDNLayer, GDNState
 from dflash_ref.models.target import TargetModel
 from dflash_ref.testing import Tolerance, assert_close
@@ -100,13 +100,13 @@ def test_forward_tree_errors_name_the_problem(rng):
 
 def per_node_run(self, mixer, u):
     """TreeGDN.run as it was before the batched tree: a one-token layer forward per node."""
-    root = self.states[self.layer] or mixer.initial_state()
+    root = self.store.state or mixer.initial_state()
     node_states, ys = [], []
     for i, p in enumerate(self.parents):
         y, st_i, _ = mixer.forward(u[i:i + 1], root if p < 0 else node_states[p])
         node_states.append(st_i)
         ys.append(y)
-    self.record.gdn[self.layer] = _NodeList(node_states)
+    self.store.tree = _NodeList(node_states)
     return np.concatenate(ys, axis=0)  # [n, hidden]
 
 
@@ -139,7 +139,7 @@ def test_hybrid_tree_verify_gives_the_logits_and_committed_state_of_the_per_node
         hybrid, monkeypatch, path):
     out, state = _tree_then_commit(hybrid, path)
     with monkeypatch.context() as m:
-        m.setattr(state_mod.TreeGDN, "run", per_node_run)
+        m.setattr(gdn_store.TreeGDN, "run", per_node_run)
         ref, ref_state = _tree_then_commit(hybrid, path)
     assert_close(out.logits, ref.logits, ROWS, op="forward_tree", tensor="logits")
     assert_close(out.features, ref.features, ROWS, op="forward_tree", tensor="features")

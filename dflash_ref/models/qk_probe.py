@@ -4,6 +4,9 @@ The tail-attention scorer (:class:`~dflash_ref.kvflash.scorers.ModelTailScorer`)
 history of S tokens, the last few queries and every key of some attention layers. Rather than a
 mode inside the model, the probe is a ``tap``: ``TargetModel.forward(ids, state, tap=probe)``
 shows it each attention layer's q and k, and it keeps what the scorer reads.
+
+It lives with the model, not in kvflash/: it runs the model (``TargetModel.attention_qk``),
+and the pager's scorer only receives what it returns (kvflash never imports models).
 """
 
 from __future__ import annotations
