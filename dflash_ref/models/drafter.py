@@ -17,8 +17,10 @@ nh / nkv heads, d head_dim, B block size, ctx context rows.
     logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   head
 
 DFlash 2 drafters (``DFlash2DraftModel``) add a grouped dynamic causal convolution before and
-after the attention and the MLP of every layer, and draft a path through a candidate selector
-instead of a per-row argmax: :mod:`dflash_ref.models.dflash2` has the equations. The head follows
+after the attention and the MLP of every layer (:mod:`dflash_ref.models.dflash2_conv`), and draft
+a path through a candidate selector instead of a per-row argmax: they are
+:class:`~dflash_ref.models.dflash2.DFlash2Drafter`, which overrides
+:meth:`DFlashDrafter.propose`. The head follows
 the release's draft-head keys: ``logits * output_multiplier``, then the drafter's
 ``final_logit_softcapping`` when its config states one (else the target's cap).
 
@@ -51,21 +53,27 @@ from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.cache import KVCache
-from dflash_ref.models.dflash2 import (
-    CandidateSelector,
-    conv_finish,
-    conv_prepare,
-    map_zlab_selector_keys,
-)
+from dflash_ref.models.dflash2_conv import conv_finish, conv_prepare
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
 from dflash_ref.ops.reductions import argmax_rows_checked
+from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_rows
 
 
 class DFlashDrafter:
-    """A DFlash drafter bound to its target. Construct with :meth:`from_pretrained`."""
+    """A DFlash drafter bound to its target. Construct with :meth:`from_pretrained`.
+
+    ``kind`` is the :attr:`DrafterConfig.kind <dflash_ref.config.DrafterConfig.kind>` a class
+    runs; the loaders return the subclass of a config's kind (:meth:`class_for`).
+    """
+
+    kind = "dflash"
 
     def __init__(self, config: DrafterConfig, weights: dict, target: TargetModel):
+        if config.kind != self.kind:
+            raise ConfigError(f"a {config.kind!r} drafter config cannot run as "
+                              f"{type(self).__name__} ({self.kind!r}); load it with "
+                              f"DFlashDrafter.from_pretrained (or from_gguf)")
         fc_name = config.fc_name
         if fc_name not in weights:
             raise FormatError(
@@ -75,8 +83,6 @@ class DFlashDrafter:
         config = config.validate_against(target.config, fc_shape=tuple(weights[fc_name].shape))
         self.config, self.target = config, target
         self.be: Backend = target.be
-        if config.kind == "dflash2":
-            weights = map_zlab_selector_keys(weights)
         self._check_weights(weights)
         xp = self.be.xp
         w = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()}
@@ -88,8 +94,6 @@ class DFlashDrafter:
             for i in range(config.num_hidden_layers)
         ]
         self.embedding_scale = config.noise_embedding_scale(target.config)
-        self.selector = (CandidateSelector(self.be, w, config.dflash2["selector_top_k"])
-                         if config.kind == "dflash2" else None)
         self._bind(target)
 
     # ------------------------------------------------------------------ construction
@@ -115,7 +119,7 @@ class DFlashDrafter:
             raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
         config = DrafterConfig.from_hf(json.loads(cfg_path.read_text()),
                                        swa_convention=swa_convention)
-        return cls(config, load_checkpoint(path), target)
+        return cls.class_for(config)(config, load_checkpoint(path), target)
 
     @classmethod
     def from_gguf(cls, path, target: TargetModel,
@@ -132,7 +136,17 @@ class DFlashDrafter:
 
         config_dict, weights = read_gguf_drafter(path, target.config)
         config = DrafterConfig.from_hf(config_dict, swa_convention=swa_convention)
-        return cls(config, weights, target)
+        return cls.class_for(config)(config, weights, target)
+
+    @staticmethod
+    def class_for(config: DrafterConfig) -> type[DFlashDrafter]:
+        """The class that runs ``config.kind``: DFlashDrafter, or the subclass of that kind
+        (DFlash 2: :class:`~dflash_ref.models.dflash2.DFlash2Drafter`, defined when
+        ``dflash_ref.models`` is imported)."""
+        for klass in (DFlashDrafter, *DFlashDrafter.__subclasses__()):
+            if klass.kind == config.kind:
+                return klass
+        raise ConfigError(f"no drafter class runs kind {config.kind!r}")
 
     def _bind(self, target: TargetModel) -> None:
         ids = list(self.config.target_layer_ids)
@@ -292,17 +306,23 @@ class DFlashDrafter:
             raise ValueError(f"n_rows must be >= 1 (the anchor row), got {n_rows}")
         return int(n_rows)
 
-    def propose(self, hidden, logits, anchor_token: int, choose=None) -> np.ndarray:
-        """The drafts of rows 1..n-1 as host int64 [n-1]: the argmax per row (DFlash), or the
-        selector's path (DFlash 2; ``choose`` samples it, see
-        :meth:`~dflash_ref.models.dflash2.CandidateSelector.select`).
+    def propose(self, hidden, logits, anchor_token: int, law: SamplingParams | None = None,
+                rng=None) -> DraftProposal:
+        """The drafts of rows 1..n-1 of one block: the argmax per row for ``law`` None (or
+        greedy), else one draw per row from ``sampling_probs`` (one uniform per row), returned
+        with its law q. :class:`~dflash_ref.models.dflash2.DFlash2Drafter` overrides it.
 
         Args:
-            hidden, logits: :meth:`forward_block` with ``with_hidden=True`` ([n, H], [n, V]).
+            hidden, logits: :meth:`forward_block` with ``with_hidden=True`` ([n, H], [n, V]);
+                ``hidden`` and ``anchor_token`` are what a selector reads (unused here).
+            law: the sampling parameters, or None.
+            rng: ``np.random.Generator`` for the draws.
+        Returns:
+            :class:`~dflash_ref.ops.sampling.DraftProposal`: tokens [n-1] (and q [n-1, V]).
         """
-        if self.selector is None:
-            return self.draft_tokens(logits)
-        return self.selector.select(hidden[1:], logits[1:], anchor_token, choose).tokens
+        if law is None or law.greedy:
+            return DraftProposal(self.draft_tokens(logits))
+        return sample_rows(self.be, logits[1:], law, rng)
 
     # ------------------------------------------------------------------ stateless entry point
 
