@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dflash_ref.errors import ConfigError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.sampling import SamplingParams, sampling_probs
@@ -175,3 +176,26 @@ def test_greedy_output_is_unchanged_by_top_p_top_k(tiny_pair):
         assert generate(target, drafter, PROMPT, 12, sampling=greedy).tokens == plain
         assert generate(target, drafter, PROMPT, 12,
                         verify=ChainVerifier(draft_rows="verify")).tokens == plain
+
+
+def test_the_loaders_return_the_dflash2_subclass_which_proposes_its_path(tiny_pair):
+    from dflash_ref.models.dflash2 import DFlash2Drafter
+
+    target, d2 = tiny_pair["dflash2"]
+    _, d1 = tiny_pair["dflash"]
+    assert type(d2) is DFlash2Drafter and type(d1) is DFlashDrafter
+    assert d2.is_dflash2 and not d1.is_dflash2
+    with pytest.raises(ConfigError, match="from_pretrained"):  # no silent argmax drafter
+        DFlashDrafter(d2.config, {}, target)
+    cache = d2.new_cache()
+    state = target.new_state()
+    target.forward(PROMPT, state)
+    cache.extend(state.features.rows(0, PROMPT.size), np.arange(PROMPT.size))
+    logits, hidden = cache.forward_block(5, PROMPT.size, with_hidden=True)
+    greedy = d2.propose(hidden, logits, 5)
+    path = d2.selector.select(hidden[1:], logits[1:], 5)
+    assert greedy.q is None and greedy.tokens.tolist() == path.tokens.tolist()
+    sampled = d2.propose(hidden, logits, 5, SamplingParams(1.0), np.random.default_rng(0))
+    assert sampled.q.shape == sampled.candidates.shape == path.candidates.shape
+    np.testing.assert_allclose(sampled.q.sum(-1), 1.0)
+    assert all(t in c for t, c in zip(sampled.tokens, sampled.candidates))
