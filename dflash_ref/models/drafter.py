@@ -33,16 +33,15 @@ Two equivalent ways to hold the context:
 
 - stateless: :meth:`DFlashDrafter.forward_block` recomputes context K/V from the features every
   call (lucebox ``build_draft_graph``), the oracle other implementations can call directly;
-- cached: :class:`DraftCache` keeps per-layer context K/V (post k_norm, post RoPE at
-  absolute positions) appended as committed features arrive; the block's K/V go into the
-  cache's spare rows after the context, uncommitted, so a draft copies no context (the
-  authors' ``DynamicCache`` + ``crop(s)``). tests/models/test_drafter.py checks that
-  cached == stateless.
+- cached: :class:`~dflash_ref.models.draft_cache.DraftCache` keeps per-layer context K/V
+  (post k_norm, post RoPE at absolute positions) appended as committed features arrive; the
+  block's K/V go into the cache's spare rows after the context, uncommitted, so a draft copies
+  no context (the authors' ``DynamicCache`` + ``crop(s)``). tests/models/test_drafter.py checks
+  that cached == stateless.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -52,8 +51,8 @@ from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.cache import KVCache
 from dflash_ref.models.dflash2_conv import conv_finish, conv_prepare
+from dflash_ref.models.draft_cache import DraftCache
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
 from dflash_ref.ops.reductions import argmax_rows_checked
@@ -138,13 +137,16 @@ class DFlashDrafter:
         config = DrafterConfig.from_hf(config_dict, swa_convention=swa_convention)
         return cls.class_for(config)(config, weights, target)
 
-    @staticmethod
-    def class_for(config: DrafterConfig) -> type[DFlashDrafter]:
-        """The class that runs ``config.kind``: DFlashDrafter, or the subclass of that kind
-        (DFlash 2: :class:`~dflash_ref.models.dflash2.DFlash2Drafter`, defined when
-        ``dflash_ref.models`` is imported)."""
-        for klass in (DFlashDrafter, *DFlashDrafter.__subclasses__()):
-            if klass.kind == config.kind:
+    @classmethod
+    def class_for(cls, config: DrafterConfig) -> type[DFlashDrafter]:
+        """The class that runs ``config.kind``: this class when it runs that kind (a user's
+        subclass stays itself), else the subclass that declares it (DFlash 2:
+        :class:`~dflash_ref.models.dflash2.DFlash2Drafter`, defined when ``dflash_ref.models``
+        is imported)."""
+        if cls.kind == config.kind:
+            return cls
+        for klass in DFlashDrafter.__subclasses__():
+            if vars(klass).get("kind") == config.kind:
                 return klass
         raise ConfigError(f"no drafter class runs kind {config.kind!r}")
 
@@ -196,7 +198,7 @@ class DFlashDrafter:
         ``n_rows`` defaults to the block size B; the release's loop drafts shorter blocks
         (``verify_size``) near the end of a generation.
         """
-        B, m = self._rows(n_rows), self.config.mask_token_id
+        B, m = self.block_rows(n_rows), self.config.mask_token_id
         ids = np.full(B, m, dtype=np.int64)
         ids[0] = int(anchor_token)
         e = self.target.embed_tokens[self.be.xp.asarray(ids)]  # raw rows, including row m
@@ -299,7 +301,8 @@ class DFlashDrafter:
         z = self.final_norm(h)
         return (self.logits(z), z) if with_hidden else self.logits(z)
 
-    def _rows(self, n_rows: int | None) -> int:
+    def block_rows(self, n_rows: int | None) -> int:
+        """The rows of a drafted block: ``n_rows``, or the block size B when None."""
         if n_rows is None:
             return self.block_size
         if n_rows < 1:  # past block_size: positions never trained on (generate asks for opt-in)
@@ -350,7 +353,7 @@ class DFlashDrafter:
             raise ValueError(
                 f"context_positions has shape {ctx_pos.shape}, expected ({feats.shape[0]},)"
             )
-        n = self._rows(n_rows)
+        n = self.block_rows(n_rows)
         noise_pos = np.arange(anchor_position, anchor_position + n)
         c = self.encode(feats)
         h = self.embed_block(anchor_token, n)
@@ -382,64 +385,3 @@ def context_then_block(xp, ctx_k, ctx_v):
     def join_kv(nk, nv):
         return xp.concatenate([ctx_k, nk], axis=0), xp.concatenate([ctx_v, nv], axis=0)
     return join_kv
-
-
-class DraftCache:
-    """Per-layer context K/V of the committed positions 0..length-1.
-
-    ``extend(features, positions)`` appends new committed context (post-norm, post-RoPE keys)
-    to one :class:`~dflash_ref.models.cache.KVCache` per layer; ``forward_block(anchor_token,
-    anchor_position)`` drafts over the cached context, or over its last ``window`` positions
-    when a drafter context window is set. Each layer's block K/V are written into the cache's
-    spare rows right after the context (``KVCache.stage``) and attended as one view, so no
-    context row is copied per draft; they are never committed and the next ``extend`` or draft
-    overwrites them (the authors append then ``crop(s)``, which nets to the same thing).
-    """
-
-    def __init__(self, drafter: DFlashDrafter, window: int | None = None):
-        if window is not None and window < 1:
-            raise ConfigError(f"drafter context window must be >= 1, got {window}")
-        self.drafter, self.window = drafter, window
-        cfg = drafter.config
-        self.kv = [KVCache(drafter.be, cfg.num_key_value_heads, cfg.head_dim)
-                   for _ in range(cfg.num_hidden_layers)]
-
-    @property
-    def length(self) -> int:
-        """One past the last cached position (the authors' ``cache_len``)."""
-        return self.kv[0].length
-
-    def extend(self, features, positions) -> None:
-        """Append context for ``positions`` (must continue the cache) from features [n, C*H]."""
-        d, xp = self.drafter, self.drafter.be.xp
-        positions = np.asarray(d.be.to_numpy(positions), dtype=np.int64)
-        if positions.size == 0:
-            return
-        if positions[0] != self.length or np.any(np.diff(positions) != 1):
-            raise ValueError(
-                f"DraftCache.extend: positions {positions[0]}..{positions[-1]} must continue the "
-                f"cache, which ends at {self.length}"
-            )
-        c = d.encode(xp.asarray(features, dtype=xp.float32))
-        for i, cache in enumerate(self.kv):
-            cache.append(*d.context_kv(i, c, positions))
-
-    def crop(self, n_keep: int) -> None:
-        """Drop cached positions >= n_keep (the authors crop to s after every draft)."""
-        for cache in self.kv:
-            cache.truncate(min(n_keep, cache.length))
-
-    def forward_block(self, anchor_token: int, anchor_position: int, n_rows: int | None = None,
-                      with_hidden: bool = False):
-        """Draft logits [B, vocab] over the cached context (same result as the stateless form;
-        ``n_rows`` and ``with_hidden`` as in :meth:`DFlashDrafter.forward_block`)."""
-        d = self.drafter
-        lo = 0 if self.window is None else max(0, self.length - self.window)
-        ctx_pos = np.arange(lo, self.length)
-        n = d._rows(n_rows)
-        noise_pos = np.arange(anchor_position, anchor_position + n)
-        h = d.embed_block(anchor_token, n)
-        for i, cache in enumerate(self.kv):
-            join_kv = functools.partial(cache.stage, start=lo)  # rows lo..length+n-1, a view
-            h = d.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
-        return d.head(h, with_hidden)

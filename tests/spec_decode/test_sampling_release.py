@@ -199,3 +199,15 @@ def test_the_loaders_return_the_dflash2_subclass_which_proposes_its_path(tiny_pa
     assert sampled.q.shape == sampled.candidates.shape == path.candidates.shape
     np.testing.assert_allclose(sampled.q.sum(-1), 1.0)
     assert all(t in c for t, c in zip(sampled.tokens, sampled.candidates))
+
+
+def test_a_users_drafter_subclass_loads_as_itself(tiny_pair):
+    from dflash_ref.models.dflash2 import DFlash2Drafter
+
+    class Mine(DFlashDrafter):
+        pass
+
+    target, d1 = tiny_pair["dflash"]
+    assert Mine.class_for(d1.config) is Mine  # e.g. the end-to-end notebook's ablation drafter
+    assert DFlashDrafter.class_for(tiny_pair["dflash2"][1].config) is DFlash2Drafter
+    assert Mine.class_for(tiny_pair["dflash2"][1].config) is DFlash2Drafter
