@@ -64,8 +64,8 @@ from dflash_ref.config import (  # noqa: E402
 )
 from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
 from dflash_ref.models.target import TargetModel  # noqa: E402
-from dflash_ref.spec_decode.cost import Clock  # noqa: E402
 from dflash_ref.spec_decode.loop import generate  # noqa: E402
+from dflash_ref.spec_decode.observe import Clock  # noqa: E402
 
 VERIFY = 16  # the verify width of goal 5 and the drafter's block size
 VERIFY_TOL = 1e-3  # of max |logit|: 16-row and 1-row matrix products sum in different orders

@@ -73,6 +73,7 @@ def demo_dirs() -> tuple[Path, Path]:
 
 def _run_timed(target, drafter, prompt, args, label):
     from dflash_ref.spec_decode.loop import generate
+    from dflash_ref.spec_decode.observe import Progress
 
     try:
         from tqdm.auto import tqdm
@@ -80,7 +81,7 @@ def _run_timed(target, drafter, prompt, args, label):
         tqdm = None
     bar = tqdm(total=args.max_new_tokens, desc=label, leave=False) if tqdm else None
     res = generate(target, drafter, prompt, args.max_new_tokens, block_size=args.block_size,
-                   verify=args.verify, on_tokens=bar.update if bar else None)
+                   verify=args.verify, observer=Progress(bar.update) if bar else None)
     if bar:
         bar.close()
     return res

@@ -47,7 +47,9 @@ def _load(path: Path, backend: str):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.ops.sampling import SamplingParams
     from dflash_ref.spec_decode.loop import generate
+    from dflash_ref.spec_decode.observe import Stream
 
     target_path = Path(args.target)
     if not target_path.exists():
@@ -74,10 +76,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.chat:  # the prompt as the tokenizer reads it back, then the continuation
         print(stream.shown, end="", flush=True)
     t1 = time.perf_counter()
-    res = generate(target, drafter, ids, args.max_new_tokens, temperature=args.temperature,
-                   seed=args.seed, block_size=args.block_size, verify=args.verify,
+    res = generate(target, drafter, ids, args.max_new_tokens,
+                   sampling=SamplingParams(args.temperature, seed=args.seed),
+                   block_size=args.block_size, verify=args.verify,
                    stop_token_ids=[t for t in (tok.eos_token_id,) if t is not None],
-                   on_ids=stream.add)
+                   observer=Stream(stream.add))
     wall = time.perf_counter() - t1
     print()
     rate = len(res.tokens) / max(wall, 1e-9)

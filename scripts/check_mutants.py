@@ -76,14 +76,14 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     ),
     (
         '6 entropy gate fed the last verify row',
-        'dflash_ref/spec_decode/loop.py',
-        'self.last_logits = out.logits[res.a: res.a + 1]',
+        'dflash_ref/spec_decode/decoding.py',
+        'self.last_logits = out.logits[res.bonus_row: res.bonus_row + 1]',
         'self.last_logits = out.logits[-1:]',
         'tests/spec_decode/test_gate_wiring.py',
     ),
     (
         '7 commit-EMA commit count without the bonus',
-        'dflash_ref/spec_decode/loop.py',
+        'dflash_ref/spec_decode/decoding.py',
         'StepObservation(commit_n=produced, step_wall=modelled',
         'StepObservation(commit_n=produced - 1, step_wall=modelled',
         'tests/spec_decode/test_gate_wiring.py',
@@ -118,9 +118,9 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     ),
     (
         'F zeroed features into the drafter',
-        'dflash_ref/spec_decode/loop.py',
-        'cache.extend(self.state.features.rows(cache.length, s),',
-        'cache.extend(self.state.features.rows(cache.length, s) * 0,',
+        'dflash_ref/spec_decode/decoding.py',
+        'features, positions = self.state.features.rows(cache.length, s),',
+        'features, positions = self.state.features.rows(cache.length, s) * 0,',
         'tests/spec_decode/test_feature_drafter.py',
     ),
     (

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_ref.models.batch_arrays import BatchArrays
+from dflash_ref.models.output import TargetOutput
 from dflash_ref.models.state import Batch, TargetState
 from dflash_ref.ops.masks import MaskSpec, visible
 
@@ -107,8 +108,6 @@ def forward_batch(model, ids_list, states: list[TargetState], tap=None) -> list:
     reassociation of the joined matrix products), and each state is left exactly as that call
     leaves it (so ``rollback`` works per sequence).
     """
-    from dflash_ref.models.target import TargetOutput
-
     if len(ids_list) != len(states) or not states:
         raise ValueError(f"forward_batch: {len(ids_list)} id lists for {len(states)} states")
     if len({id(s) for s in states}) != len(states):

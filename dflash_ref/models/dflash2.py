@@ -1,26 +1,10 @@
-"""DFlash 2: the grouped dynamic causal convolutions and the candidate selector.
+"""DFlash 2: a DFlash drafter that drafts a path through a candidate selector.
 
 Public source: the authors' release, PyPI ``dflash`` 0.1.0, ``dflash/model.py``
-(``DFlash2DraftModel``, ``GroupedDynamicCausalConv``, ``CandidateSelector``); docs/drafter.md,
-"DFlash 2". A DFlash 2 drafter is a DFlash drafter (same encoder, same block decoder) plus:
-
-**Convolutions.** Every decoder layer has two, ``attention_conv`` and ``mlp_conv``, each with a
-fixed base kernel ``base [2, K, H]`` and a kernel projection ``P [2*K*G, H]`` (K =
-conv_kernel_size, G = H / conv_group_size groups of channels). Around the attention (and likewise
-around the MLP), with ``u = RMSNorm_in(h)`` the block's normed rows [B, H]:
-
-    D = (u P^T).reshape(B, 2, K, G)                          per-token kernels, from u
-    u1 = conv(u, D[:, 0], base[0])                           before the attention
-    o  = attention(u1 ...)  (the MLP: mlp(u1))
-    o1 = conv(o, D[:, 1], base[1])                           after it, before the residual add
-    h  = h + o1
-
-    conv(x, D, base)[t, c] = sum_{j=0}^{K-1} (base[j, c] + D[t, j, c // group_size]) * x[t - j, c]
-
-with ``x[t - j] = 0`` for ``t - j < 0``: causal along the block only (row 0, the anchor, sees
-itself), never across the context. The per-token kernel of output row t scales every channel of a
-group alike. The context rows are not convolved, so a draft cache holds exactly what it holds for
-DFlash (cached == stateless).
+(``DFlash2DraftModel``, ``CandidateSelector``); docs/drafter.md, "DFlash 2". A DFlash 2 drafter
+is a DFlash drafter (same encoder, same block decoder, with two grouped dynamic causal
+convolutions per layer: :mod:`dflash_ref.models.dflash2_conv`) that proposes differently:
+:class:`DFlash2Drafter` overrides :meth:`~dflash_ref.models.drafter.DFlashDrafter.propose`.
 
 **Candidate selector.** Instead of an argmax per row, DFlash 2 drafts a *path*. With z [L, H] the
 final-normed rows 1..B-1 and ``l = head(z)`` their logits:
@@ -38,8 +22,10 @@ store them without the ``.weight`` suffix; the release's loader maps
 ``candidate_selector.{predecessor,successor}_codebook`` to ``...codebook.weight``
 (:func:`map_zlab_selector_keys` does the same).
 
-Everything is written against the backend (``xp``): the convolution loops over the K kernel taps,
-the selector over the block's positions, nothing over tokens of the context or the vocabulary.
+Sampled (the release's rule at T > 0): row i's candidate is drawn from ``q_i = softmax(score_i /
+T)`` over its k candidates, one uniform per row in order, and the proposal carries the q_i with
+the candidates they are defined on (no top-p / top-k there). Everything is written against the
+backend (``xp``): the selector loops over the block's positions, nothing over the vocabulary.
 """
 
 from __future__ import annotations
@@ -50,6 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dflash_ref.backend import Backend
+from dflash_ref.config import DrafterConfig
+from dflash_ref.models.drafter import DFlashDrafter
+from dflash_ref.models.target import TargetModel
+from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_from_probs, target_probs
 
 SELECTOR_PREFIX = "candidate_selector."
 CODEBOOKS = ("predecessor_codebook", "successor_codebook")
@@ -70,46 +60,6 @@ def map_zlab_selector_keys(weights: dict) -> dict:
                 raise ValueError(f"the checkpoint holds both {bare} and {bare}.weight")
             out[bare + ".weight"] = out.pop(bare)
     return out
-
-
-def grouped_dynamic_causal_conv(xp, x, dynamic, base, group_size: int):
-    """``y[t, c] = sum_{j<K} (base[j, c] + dynamic[t, j, c // group_size]) * x[t - j, c]``.
-
-    Causal along the rows (``x[t - j] = 0`` for ``t < j``). The release sums, per tap j, the base
-    term then the dynamic term (``_grouped_dynamic_convolve``); this sums their kernel first,
-    which differs only by rounding.
-
-    Args:
-        x: [T, H] rows along the block.
-        dynamic: [T, K, G] per-output-row kernels, G = H / group_size.
-        base: [K, H] the fixed kernel.
-    Returns:
-        [T, H], dtype of x.
-    """
-    T, H = x.shape
-    K, G = base.shape[0], H // group_size
-    xg = x.reshape(T, G, group_size)
-    y = xp.zeros_like(xg)
-    for j in range(min(K, T)):  # kernel taps; row t reads row t - j
-        kernel = base[j].reshape(1, G, group_size) + dynamic[j:, j, :, None]  # [T-j, G, gs]
-        y[j:] += kernel * xg[: T - j]
-    return y.reshape(T, H)
-
-
-def conv_prepare(xp, w: dict, name: str, u, group_size: int):
-    """The first half of one DFlash 2 convolution pair (``name`` = "attention_conv" | "mlp_conv").
-
-    ``D = (u P^T).reshape(T, 2, K, G)``; returns ``(conv(u, D[:, 0], base[0]), D[:, 1])``.
-    """
-    base = w[name + ".base_kernel"]  # [2, K, H]
-    T, K = u.shape[0], base.shape[1]
-    dyn = (u @ w[name + ".kernel_projection.weight"].T).reshape(T, 2, K, -1)  # [T, 2, K, G]
-    return grouped_dynamic_causal_conv(xp, u, dyn[:, 0], base[0], group_size), dyn[:, 1]
-
-
-def conv_finish(xp, w: dict, name: str, o, dyn1, group_size: int):
-    """The second half: ``conv(o, D[:, 1], base[1])`` on the attention (or MLP) output."""
-    return grouped_dynamic_causal_conv(xp, o, dyn1, w[name + ".base_kernel"][1], group_size)
 
 
 @dataclass(frozen=True)
@@ -174,3 +124,47 @@ class CandidateSelector:
                 index[i] = int(choose(i, scores[i]))
             prev = tokens[i] = int(cand_h[i, index[i]])
         return SelectorPath(tokens=tokens, candidates=cand_h, scores=scores, index=index)
+
+
+class DFlash2Drafter(DFlashDrafter):
+    """A DFlash 2 drafter (``DFlash2DraftModel``): drafts the selector's path (module docstring).
+
+    ``DFlashDrafter.from_pretrained`` / ``from_gguf`` return one for a DFlash 2 config. Its
+    checkpoint may store the codebooks without ``.weight`` (:func:`map_zlab_selector_keys`).
+    """
+
+    kind = "dflash2"
+
+    def __init__(self, config: DrafterConfig, weights: dict, target: TargetModel):
+        weights = map_zlab_selector_keys(weights)
+        super().__init__(config, weights, target)
+        xp = self.be.xp
+        selector = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()
+                    if k.startswith(SELECTOR_PREFIX)}
+        self.selector = CandidateSelector(self.be, selector, self.config.dflash2["selector_top_k"])
+
+    def propose(self, hidden, logits, anchor_token: int, law: SamplingParams | None = None,
+                rng=None) -> DraftProposal:
+        """The selector's path over rows 1..n-1: the argmax path for ``law`` None (or greedy),
+        else sampled, ``c_i ~ q_i = softmax(score_i / T)`` (one uniform per row, in order).
+
+        Args:
+            hidden, logits: :meth:`forward_block` with ``with_hidden=True`` ([n, H], [n, V]).
+            anchor_token: the token before row 1 (the path's predecessor of row 1).
+            law: the sampling parameters (only T is used), or None.
+            rng: ``np.random.Generator`` for the draws.
+        Returns:
+            :class:`~dflash_ref.ops.sampling.DraftProposal`: tokens [n-1]; sampled, q [n-1, k]
+            on candidates [n-1, k].
+        """
+        if law is None or law.greedy:
+            return DraftProposal(self.selector.select(hidden[1:], logits[1:], anchor_token).tokens)
+        q_rows = []
+
+        def choose(i, scores):  # the selector's row i, given the path so far
+            q_i = target_probs("numpy", scores, law.temperature)  # softmax(score / T)
+            q_rows.append(q_i)
+            return int(sample_from_probs(q_i, rng.random()))
+
+        path = self.selector.select(hidden[1:], logits[1:], anchor_token, choose)
+        return DraftProposal(path.tokens, np.stack(q_rows), path.candidates)

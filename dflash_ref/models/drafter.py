@@ -17,8 +17,10 @@ nh / nkv heads, d head_dim, B block size, ctx context rows.
     logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   head
 
 DFlash 2 drafters (``DFlash2DraftModel``) add a grouped dynamic causal convolution before and
-after the attention and the MLP of every layer, and draft a path through a candidate selector
-instead of a per-row argmax: :mod:`dflash_ref.models.dflash2` has the equations. The head follows
+after the attention and the MLP of every layer (:mod:`dflash_ref.models.dflash2_conv`), and draft
+a path through a candidate selector instead of a per-row argmax: they are
+:class:`~dflash_ref.models.dflash2.DFlash2Drafter`, which overrides
+:meth:`DFlashDrafter.propose`. The head follows
 the release's draft-head keys: ``logits * output_multiplier``, then the drafter's
 ``final_logit_softcapping`` when its config states one (else the target's cap).
 
@@ -31,16 +33,15 @@ Two equivalent ways to hold the context:
 
 - stateless: :meth:`DFlashDrafter.forward_block` recomputes context K/V from the features every
   call (lucebox ``build_draft_graph``), the oracle other implementations can call directly;
-- cached: :class:`DraftCache` keeps per-layer context K/V (post k_norm, post RoPE at
-  absolute positions) appended as committed features arrive; the block's K/V go into the
-  cache's spare rows after the context, uncommitted, so a draft copies no context (the
-  authors' ``DynamicCache`` + ``crop(s)``). tests/models/test_drafter.py checks that
-  cached == stateless.
+- cached: :class:`~dflash_ref.models.draft_cache.DraftCache` keeps per-layer context K/V
+  (post k_norm, post RoPE at absolute positions) appended as committed features arrive; the
+  block's K/V go into the cache's spare rows after the context, uncommitted, so a draft copies
+  no context (the authors' ``DynamicCache`` + ``crop(s)``). tests/models/test_drafter.py checks
+  that cached == stateless.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -50,22 +51,28 @@ from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.cache import KVCache
-from dflash_ref.models.dflash2 import (
-    CandidateSelector,
-    conv_finish,
-    conv_prepare,
-    map_zlab_selector_keys,
-)
+from dflash_ref.models.dflash2_conv import conv_finish, conv_prepare
+from dflash_ref.models.draft_cache import DraftCache
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
 from dflash_ref.ops.reductions import argmax_rows_checked
+from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_rows
 
 
 class DFlashDrafter:
-    """A DFlash drafter bound to its target. Construct with :meth:`from_pretrained`."""
+    """A DFlash drafter bound to its target. Construct with :meth:`from_pretrained`.
+
+    ``kind`` is the :attr:`DrafterConfig.kind <dflash_ref.config.DrafterConfig.kind>` a class
+    runs; the loaders return the subclass of a config's kind (:meth:`class_for`).
+    """
+
+    kind = "dflash"
 
     def __init__(self, config: DrafterConfig, weights: dict, target: TargetModel):
+        if config.kind != self.kind:
+            raise ConfigError(f"a {config.kind!r} drafter config cannot run as "
+                              f"{type(self).__name__} ({self.kind!r}); load it with "
+                              f"DFlashDrafter.from_pretrained (or from_gguf)")
         fc_name = config.fc_name
         if fc_name not in weights:
             raise FormatError(
@@ -75,8 +82,6 @@ class DFlashDrafter:
         config = config.validate_against(target.config, fc_shape=tuple(weights[fc_name].shape))
         self.config, self.target = config, target
         self.be: Backend = target.be
-        if config.kind == "dflash2":
-            weights = map_zlab_selector_keys(weights)
         self._check_weights(weights)
         xp = self.be.xp
         w = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()}
@@ -88,8 +93,6 @@ class DFlashDrafter:
             for i in range(config.num_hidden_layers)
         ]
         self.embedding_scale = config.noise_embedding_scale(target.config)
-        self.selector = (CandidateSelector(self.be, w, config.dflash2["selector_top_k"])
-                         if config.kind == "dflash2" else None)
         self._bind(target)
 
     # ------------------------------------------------------------------ construction
@@ -115,7 +118,7 @@ class DFlashDrafter:
             raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
         config = DrafterConfig.from_hf(json.loads(cfg_path.read_text()),
                                        swa_convention=swa_convention)
-        return cls(config, load_checkpoint(path), target)
+        return cls.class_for(config)(config, load_checkpoint(path), target)
 
     @classmethod
     def from_gguf(cls, path, target: TargetModel,
@@ -132,7 +135,20 @@ class DFlashDrafter:
 
         config_dict, weights = read_gguf_drafter(path, target.config)
         config = DrafterConfig.from_hf(config_dict, swa_convention=swa_convention)
-        return cls(config, weights, target)
+        return cls.class_for(config)(config, weights, target)
+
+    @classmethod
+    def class_for(cls, config: DrafterConfig) -> type[DFlashDrafter]:
+        """The class that runs ``config.kind``: this class when it runs that kind (a user's
+        subclass stays itself), else the subclass that declares it (DFlash 2:
+        :class:`~dflash_ref.models.dflash2.DFlash2Drafter`, defined when ``dflash_ref.models``
+        is imported)."""
+        if cls.kind == config.kind:
+            return cls
+        for klass in DFlashDrafter.__subclasses__():
+            if vars(klass).get("kind") == config.kind:
+                return klass
+        raise ConfigError(f"no drafter class runs kind {config.kind!r}")
 
     def _bind(self, target: TargetModel) -> None:
         ids = list(self.config.target_layer_ids)
@@ -182,7 +198,7 @@ class DFlashDrafter:
         ``n_rows`` defaults to the block size B; the release's loop drafts shorter blocks
         (``verify_size``) near the end of a generation.
         """
-        B, m = self._rows(n_rows), self.config.mask_token_id
+        B, m = self.block_rows(n_rows), self.config.mask_token_id
         ids = np.full(B, m, dtype=np.int64)
         ids[0] = int(anchor_token)
         e = self.target.embed_tokens[self.be.xp.asarray(ids)]  # raw rows, including row m
@@ -285,24 +301,31 @@ class DFlashDrafter:
         z = self.final_norm(h)
         return (self.logits(z), z) if with_hidden else self.logits(z)
 
-    def _rows(self, n_rows: int | None) -> int:
+    def block_rows(self, n_rows: int | None) -> int:
+        """The rows of a drafted block: ``n_rows``, or the block size B when None."""
         if n_rows is None:
             return self.block_size
         if n_rows < 1:  # past block_size: positions never trained on (generate asks for opt-in)
             raise ValueError(f"n_rows must be >= 1 (the anchor row), got {n_rows}")
         return int(n_rows)
 
-    def propose(self, hidden, logits, anchor_token: int, choose=None) -> np.ndarray:
-        """The drafts of rows 1..n-1 as host int64 [n-1]: the argmax per row (DFlash), or the
-        selector's path (DFlash 2; ``choose`` samples it, see
-        :meth:`~dflash_ref.models.dflash2.CandidateSelector.select`).
+    def propose(self, hidden, logits, anchor_token: int, law: SamplingParams | None = None,
+                rng=None) -> DraftProposal:
+        """The drafts of rows 1..n-1 of one block: the argmax per row for ``law`` None (or
+        greedy), else one draw per row from ``sampling_probs`` (one uniform per row), returned
+        with its law q. :class:`~dflash_ref.models.dflash2.DFlash2Drafter` overrides it.
 
         Args:
-            hidden, logits: :meth:`forward_block` with ``with_hidden=True`` ([n, H], [n, V]).
+            hidden, logits: :meth:`forward_block` with ``with_hidden=True`` ([n, H], [n, V]);
+                ``hidden`` and ``anchor_token`` are what a selector reads (unused here).
+            law: the sampling parameters, or None.
+            rng: ``np.random.Generator`` for the draws.
+        Returns:
+            :class:`~dflash_ref.ops.sampling.DraftProposal`: tokens [n-1] (and q [n-1, V]).
         """
-        if self.selector is None:
-            return self.draft_tokens(logits)
-        return self.selector.select(hidden[1:], logits[1:], anchor_token, choose).tokens
+        if law is None or law.greedy:
+            return DraftProposal(self.draft_tokens(logits))
+        return sample_rows(self.be, logits[1:], law, rng)
 
     # ------------------------------------------------------------------ stateless entry point
 
@@ -330,7 +353,7 @@ class DFlashDrafter:
             raise ValueError(
                 f"context_positions has shape {ctx_pos.shape}, expected ({feats.shape[0]},)"
             )
-        n = self._rows(n_rows)
+        n = self.block_rows(n_rows)
         noise_pos = np.arange(anchor_position, anchor_position + n)
         c = self.encode(feats)
         h = self.embed_block(anchor_token, n)
@@ -362,64 +385,3 @@ def context_then_block(xp, ctx_k, ctx_v):
     def join_kv(nk, nv):
         return xp.concatenate([ctx_k, nk], axis=0), xp.concatenate([ctx_v, nv], axis=0)
     return join_kv
-
-
-class DraftCache:
-    """Per-layer context K/V of the committed positions 0..length-1.
-
-    ``extend(features, positions)`` appends new committed context (post-norm, post-RoPE keys)
-    to one :class:`~dflash_ref.models.cache.KVCache` per layer; ``forward_block(anchor_token,
-    anchor_position)`` drafts over the cached context, or over its last ``window`` positions
-    when a drafter context window is set. Each layer's block K/V are written into the cache's
-    spare rows right after the context (``KVCache.stage``) and attended as one view, so no
-    context row is copied per draft; they are never committed and the next ``extend`` or draft
-    overwrites them (the authors append then ``crop(s)``, which nets to the same thing).
-    """
-
-    def __init__(self, drafter: DFlashDrafter, window: int | None = None):
-        if window is not None and window < 1:
-            raise ConfigError(f"drafter context window must be >= 1, got {window}")
-        self.drafter, self.window = drafter, window
-        cfg = drafter.config
-        self.kv = [KVCache(drafter.be, cfg.num_key_value_heads, cfg.head_dim)
-                   for _ in range(cfg.num_hidden_layers)]
-
-    @property
-    def length(self) -> int:
-        """One past the last cached position (the authors' ``cache_len``)."""
-        return self.kv[0].length
-
-    def extend(self, features, positions) -> None:
-        """Append context for ``positions`` (must continue the cache) from features [n, C*H]."""
-        d, xp = self.drafter, self.drafter.be.xp
-        positions = np.asarray(d.be.to_numpy(positions), dtype=np.int64)
-        if positions.size == 0:
-            return
-        if positions[0] != self.length or np.any(np.diff(positions) != 1):
-            raise ValueError(
-                f"DraftCache.extend: positions {positions[0]}..{positions[-1]} must continue the "
-                f"cache, which ends at {self.length}"
-            )
-        c = d.encode(xp.asarray(features, dtype=xp.float32))
-        for i, cache in enumerate(self.kv):
-            cache.append(*d.context_kv(i, c, positions))
-
-    def crop(self, n_keep: int) -> None:
-        """Drop cached positions >= n_keep (the authors crop to s after every draft)."""
-        for cache in self.kv:
-            cache.truncate(min(n_keep, cache.length))
-
-    def forward_block(self, anchor_token: int, anchor_position: int, n_rows: int | None = None,
-                      with_hidden: bool = False):
-        """Draft logits [B, vocab] over the cached context (same result as the stateless form;
-        ``n_rows`` and ``with_hidden`` as in :meth:`DFlashDrafter.forward_block`)."""
-        d = self.drafter
-        lo = 0 if self.window is None else max(0, self.length - self.window)
-        ctx_pos = np.arange(lo, self.length)
-        n = d._rows(n_rows)
-        noise_pos = np.arange(anchor_position, anchor_position + n)
-        h = d.embed_block(anchor_token, n)
-        for i, cache in enumerate(self.kv):
-            join_kv = functools.partial(cache.stage, start=lo)  # rows lo..length+n-1, a view
-            h = d.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
-        return d.head(h, with_hidden)

@@ -33,7 +33,7 @@ are all this one call. Commit and rollback are the state's (``state.rollback``,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,19 +43,13 @@ from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.assemble import decoder_layers
+from dflash_ref.models.batch import forward_batch
 from dflash_ref.models.fused import run_fused
 from dflash_ref.models.layers import RMSNorm
 from dflash_ref.models.moe import fuse_expert_tensors
+from dflash_ref.models.output import TargetOutput
 from dflash_ref.models.state import TargetState
 
-
-@dataclass
-class TargetOutput:
-    """Result of one forward: ``logits`` [T, vocab] float32 (or the rows ``logits_rows`` chose);
-    ``features`` [T, C*hidden] or None."""
-
-    logits: object
-    features: object | None
 
 class TargetModel:
     """A causal LM target (see the module docstring). Construct with :meth:`from_pretrained`.
@@ -243,6 +237,11 @@ class TargetModel:
             raise ValueError("forward_tree: parents must be [-1, p1, p2, ...] with 0 <= p_i < i "
                              "(one root, node 0, topologically ordered)")
         return self._run(ids, state.begin_batch(ids, parents=parents), state)
+
+    def forward_batch(self, ids_list, states: list[TargetState], tap=None) -> list:
+        """Several sequences in one forward, each appended to its own state (ragged; one
+        output per sequence): :func:`dflash_ref.models.batch.forward_batch`."""
+        return forward_batch(self, ids_list, states, tap)
 
     def _check_ids(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)

@@ -1,9 +1,10 @@
 """Export a golden-vector case: run ``generate`` under the recorder and write the layout.
 
-:func:`export_case` loads the target and drafter, wraps them in the recording proxies of
-:mod:`dflash_ref.oracle.record`, runs :func:`~dflash_ref.spec_decode.loop.generate` unchanged, and
-writes ``manifest.json``, ``inputs.safetensors``, one ``step<NNNN>.safetensors`` per step and, on
-request, the models as GGUF in llama.cpp's naming (docs/golden_vectors.md).
+:func:`export_case` loads the target and drafter, runs
+:func:`~dflash_ref.spec_decode.loop.generate` with the
+:class:`~dflash_ref.oracle.record.Recorder` as its observer, and writes ``manifest.json``,
+``inputs.safetensors``, one ``step<NNNN>.safetensors`` per step and, on request, the models as
+GGUF in llama.cpp's naming (docs/golden_vectors.md).
 """
 
 from __future__ import annotations
@@ -30,12 +31,7 @@ from dflash_ref.oracle.layout import (
     tensor_key,
     write_tensors,
 )
-from dflash_ref.oracle.record import (
-    Recorder,
-    RecordingDrafter,
-    RecordingGate,
-    RecordingTarget,
-)
+from dflash_ref.oracle.record import Recorder
 
 
 def _options(text: str | None, kind_name: str) -> tuple[str | None, dict]:
@@ -122,7 +118,8 @@ def export_case(out, target_dir, drafter_dir, prompt_ids, max_new_tokens: int = 
     """
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
-    from dflash_ref.spec_decode.loop import generate
+    from dflash_ref.ops.sampling import SamplingParams
+    from dflash_ref.spec_decode.loop import GateOptions, generate
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -136,12 +133,11 @@ def export_case(out, target_dir, drafter_dir, prompt_ids, max_new_tokens: int = 
     sampled = temperature > 0
     gate_obj, cost, gate_spec = make_gate(gate, sampled)
     pager_obj, pager_spec = make_pager(pager)
-    rec = Recorder(target, detail_steps)
-    rtarget = RecordingTarget(target, rec)
-    result = generate(rtarget, RecordingDrafter(drafter, rtarget, rec), prompt, max_new_tokens,
-                      temperature=temperature, block_size=block_size, verify=verify,
-                      gate=RecordingGate(gate_obj, rec) if gate_obj is not None else None,
-                      pager=pager_obj, seed=seed, cost_model=cost, on_commit=rec.on_commit)
+    rec = Recorder(target, drafter, detail_steps)
+    result = generate(target, drafter, prompt, max_new_tokens,
+                      sampling=SamplingParams(temperature, seed=seed), block_size=block_size,
+                      verify=verify, gate=GateOptions(gate_obj, cost), pager=pager_obj,
+                      observer=rec)
     tensors = rec.finished()
     inputs = {tensor_key(None, "", "prompt_ids"): prompt,
               tensor_key(None, "", "prompt_positions"): np.arange(prompt.size, dtype=np.int64)}

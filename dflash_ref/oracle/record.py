@@ -1,11 +1,13 @@
-"""Recording proxies: watch :func:`~dflash_ref.spec_decode.loop.generate` without changing it.
+"""The golden-vector recorder: an observer of :func:`~dflash_ref.spec_decode.loop.generate`.
 
-The loop is handed stand-ins for the target, the drafter (and its draft cache) and the gate. Each
-forwards every call to the real object and writes what it saw into a :class:`Recorder` under the
-golden-vector keys (:mod:`dflash_ref.oracle.layout`); ``generate(on_commit=recorder.on_commit)``
-reports what each step commits, after the state's rollback, when the state is snapshotted.
+``generate(..., observer=Recorder(target, drafter))`` reports each event of the loop
+(:mod:`dflash_ref.spec_decode.observe`) and the recorder writes what it saw under the
+golden-vector keys (:mod:`dflash_ref.oracle.layout`): the gate's decision, the drafter's context
+and block, the target's forwards (with a tap for the per-layer intermediates of detail steps),
+and after each commit the state, when it is snapshotted. It reads no verify mode: a step's kind
+follows from what ran.
 
-A step opens with its first event (gate check, draft-cache extend, draft, or a target forward
+A step opens with its first event (gate decision, draft context, draft, or a target forward
 when the current step already ran one) and has a kind: ``prefill``, ``chain``, ``tree`` or
 ``plain``. Keys are recorded in execution order; the committed rows' features are placed right
 after the forward that computed them (after each capture layer's ``h`` when intermediates are
@@ -17,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_ref.oracle.layout import tensor_key
+from dflash_ref.spec_decode.observe import Observer
 
 
 def _host(be, x) -> np.ndarray:
@@ -28,24 +31,30 @@ def _host(be, x) -> np.ndarray:
     return a
 
 
-class Recorder:
+class Recorder(Observer):
     """Tensors by key in execution order, plus one descriptive dict per step.
 
+    The prefill computes every row's logits while recording (``full_prefill_logits``), as it
+    always has for the committed cases.
+
     Args:
-        target: the real :class:`~dflash_ref.models.target.TargetModel`.
+        target: the :class:`~dflash_ref.models.target.TargetModel` generate runs.
+        drafter: its drafter (it encodes the context rows for ``encoder_out``), or None.
         detail_steps: steps whose target forward records every layer's intermediates
             (``embed``, ``attn_norm``, ``q``/``k``/``v`` before and after RoPE, ``attn_out``,
             ``mlp_norm``, ``mlp_out``, ``h``).
         prefill_logits: "last" (the row that samples the first token) or "all".
     """
 
-    def __init__(self, target, detail_steps=(), prefill_logits: str = "last"):
-        self.target, self.be = target, target.be
+    full_prefill_logits = True
+
+    def __init__(self, target, drafter=None, detail_steps=(), prefill_logits: str = "last"):
+        self.target, self.drafter, self.be = target, drafter, target.be
         self.detail_steps = {int(s) for s in detail_steps}
         self.prefill_logits = prefill_logits
         self.tensors: dict[str, np.ndarray | None] = {}
         self.steps: list[dict] = []
-        self.state = None  # the real TargetState (set by RecordingTarget.new_state)
+        self.state = None  # the request's TargetState (on_start)
         self.pager = None
         self._feature_keys: dict[int, str] = {}  # capture layer -> placeholder key this step
 
@@ -75,10 +84,49 @@ class Recorder:
         return self.put(component, name, np.asarray(values, dtype=np.float64).reshape(-1),
                         raw=True)
 
-    # ------------------------------------------------------------------ target forward
+    # ------------------------------------------------------------------ the observer's events
 
-    def before_forward(self, ids, positions, parents=None) -> object:
+    def on_start(self, state) -> None:
+        self.state, self.pager = state, state.pager
+
+    def on_gate(self, observation, decision) -> None:
+        """The gate's input and decision open the step."""
+        self.open_step()
+        self.put_int("gate", "n_generated", [observation.n_generated])
+        if decision.p1 is not None:
+            self.put_float64("gate", "p1", [decision.p1])
+        self.put_float64("gate", "ema", [decision.ema])
+        self.put_int("gate", "streak", [decision.streak])
+        self.put_int("gate", "n_draft_steps", [decision.n_draft_steps])
+        self.put_int("gate", "floor", [int(decision.floor)])
+        self.steps[-1]["gate_reason"] = decision.reason
+
+    def _drafted(self) -> None:
+        self.open_step()
+        self.steps[-1]["drafted"] = True
+
+    def on_draft_context(self, features, positions) -> None:
+        """The positions joining the drafter's context and their encoding."""
+        self._drafted()
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        self.put_int("drafter", "context_positions", pos)
+        if pos.size:
+            self.put("drafter", "encoder_out", self.drafter.encode(features))
+
+    def on_draft(self, anchor, positions, logits, proposal) -> None:
+        """The drafter's block, its logits (rows 1..), and greedy draft tokens."""
+        self._drafted()
+        n = len(positions)
+        mask = self.drafter.config.mask_token_id
+        self.put_int("drafter", "block_ids", [anchor] + [mask] * (n - 1))
+        self.put_int("drafter", "block_positions", positions)
+        self.put("drafter", "draft_logits", logits[1:])
+        if proposal is not None and proposal.q is None:  # the layout holds greedy drafts only
+            self.put_int("drafter", "draft_tokens", proposal.tokens)
+
+    def before_forward(self, ids, positions, parents=None):
         """Record the forward's inputs; returns the tap to pass (None without detail)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         first = not self.steps
         self.open_step("prefill" if first else ("tree" if parents is not None else None))
         info = self.steps[-1]
@@ -108,8 +156,7 @@ class Recorder:
         if name == "h" and layer in self.target.target_layer_ids:
             self._feature_keys[layer] = self._placeholder("features", layer)
 
-    def after_forward(self, out) -> None:
-        logits = out.logits
+    def after_forward(self, logits) -> None:
         if self.steps[-1]["kind"] == "prefill" and self.prefill_logits == "last":
             logits = logits[-1:]
         self.put("target", "logits", logits)
@@ -118,7 +165,7 @@ class Recorder:
     # ------------------------------------------------------------------ commit
 
     def on_commit(self, tokens) -> None:
-        """What the step committed (``generate(on_commit=...)``), then the state after it."""
+        """What the step committed, then the state after its rollback / path commit."""
         info, st = self.steps[-1], self.state
         kind = info["kind"]
         if kind in ("chain", "tree"):
@@ -149,122 +196,3 @@ class Recorder:
     def finished(self) -> dict[str, np.ndarray]:
         """The recorded tensors (placeholders never filled are dropped: uncommitted forwards)."""
         return {k: v for k, v in self.tensors.items() if v is not None}
-
-
-class RecordingTarget:
-    """Stands in for the target in ``generate``; forwards everything else to the real one."""
-
-    def __init__(self, target, recorder: Recorder):
-        self._target, self._rec = target, recorder
-
-    def __getattr__(self, name):
-        return getattr(self._target, name)
-
-    def new_state(self, *args, **kwargs):
-        state = self._target.new_state(*args, **kwargs)
-        self._rec.state, self._rec.pager = state, kwargs.get("pager")
-        return state
-
-    def forward(self, ids, state, tap=None, logits_rows=None):
-        # logits_rows is ignored: the case records every row (the loop reads the rows it needs)
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        my_tap = self._rec.before_forward(ids, state.length + np.arange(ids.size))
-        if tap is not None and my_tap is not None:
-            def both(layer, name, x, _a=tap, _b=my_tap):
-                _a(layer, name, x)
-                _b(layer, name, x)
-            tap = both
-        out = self._target.forward(ids, state, tap=tap or my_tap)
-        self._rec.after_forward(out)
-        return out
-
-    def forward_tree(self, ids, parents, state):
-        from dflash_ref.ops.masks import tree_depths
-
-        parents = np.asarray(parents, dtype=np.int64).reshape(-1)
-        self._rec.before_forward(ids, state.length + tree_depths(parents), parents)
-        out = self._target.forward_tree(ids, parents, state)
-        self._rec.after_forward(out)
-        return out
-
-
-class RecordingDraftCache:
-    """Stands in for the drafter's :class:`~dflash_ref.models.drafter.DraftCache`."""
-
-    def __init__(self, cache, drafter, recorder: Recorder):
-        self._cache, self._drafter, self._rec = cache, drafter, recorder
-
-    def __getattr__(self, name):
-        return getattr(self._cache, name)
-
-    def extend(self, features, positions):
-        rec = self._rec
-        rec.open_step()
-        rec.steps[-1]["drafted"] = True
-        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
-        rec.put_int("drafter", "context_positions", pos)
-        if pos.size:
-            rec.put("drafter", "encoder_out", self._drafter.encode(features))
-        return self._cache.extend(features, positions)
-
-    def forward_block(self, anchor_token, anchor_position, n_rows=None, with_hidden=False):
-        rec, d = self._rec, self._drafter
-        rec.open_step()
-        rec.steps[-1]["drafted"] = True
-        B = d.block_size if n_rows is None else int(n_rows)
-        rec.put_int("drafter", "block_ids", [anchor_token] + [d.config.mask_token_id] * (B - 1))
-        rec.put_int("drafter", "block_positions", anchor_position + np.arange(B))
-        out = self._cache.forward_block(anchor_token, anchor_position, n_rows=n_rows,
-                                        with_hidden=with_hidden)
-        logits = out[0] if with_hidden else out
-        rec.put("drafter", "draft_logits", logits[1:])
-        return out
-
-
-class RecordingDrafter:
-    """Stands in for the drafter; its ``target`` is the recording target (the loop checks it)."""
-
-    def __init__(self, drafter, target: RecordingTarget, recorder: Recorder):
-        self._drafter, self.target, self._rec = drafter, target, recorder
-
-    def __getattr__(self, name):
-        return getattr(self._drafter, name)
-
-    def new_cache(self, *args, **kwargs):
-        return RecordingDraftCache(self._drafter.new_cache(*args, **kwargs), self._drafter,
-                                   self._rec)
-
-    def draft_tokens(self, logits):
-        tokens = self._drafter.draft_tokens(logits)
-        self._rec.put_int("drafter", "draft_tokens", tokens)
-        return tokens
-
-    def propose(self, hidden, logits, anchor):
-        """The greedy draft (DFlash: argmax rows; DFlash 2: the selector's path), recorded."""
-        tokens = self._drafter.propose(hidden, logits, anchor)
-        self._rec.put_int("drafter", "draft_tokens", tokens)
-        return tokens
-
-
-class RecordingGate:
-    """Stands in for a gate: records each observation and decision."""
-
-    def __init__(self, gate, recorder: Recorder):
-        self._gate, self._rec = gate, recorder
-
-    def __getattr__(self, name):
-        return getattr(self._gate, name)
-
-    def check(self, observation):
-        rec = self._rec
-        rec.open_step()
-        decision = self._gate.check(observation)
-        rec.put_int("gate", "n_generated", [observation.n_generated])
-        if decision.p1 is not None:
-            rec.put_float64("gate", "p1", [decision.p1])
-        rec.put_float64("gate", "ema", [decision.ema])
-        rec.put_int("gate", "streak", [decision.streak])
-        rec.put_int("gate", "n_draft_steps", [decision.n_draft_steps])
-        rec.put_int("gate", "floor", [int(decision.floor)])
-        rec.steps[-1]["gate_reason"] = decision.reason
-        return decision

@@ -3,9 +3,9 @@
 :func:`generate_batch` is :func:`~dflash_ref.spec_decode.loop.generate` for a list of prompts.
 Each sequence keeps its own state, drafter cache, acceptance and finish time; per step::
 
-    blocks = [seq.draft_block() for seq in active]          # the drafter, per sequence
-    outs   = forward_batch(target, blocks, states)           # ONE target forward for all
-    for seq, block, out in ...: seq.accept_chain(block, out) # verify, rollback, emit
+    blocks = [run.verifier.draft(run) for run in active]      # the drafter, per sequence
+    outs   = target.forward_batch(ids, states)                # ONE target forward for all
+    for run, block, out in ...: run.accept(block, out)        # verify, rollback, emit
 
 Sequences of different lengths sit at their own positions (ragged), and a sequence that has
 finished leaves the batch. Each sequence emits exactly the tokens and acceptance lengths of its
@@ -19,59 +19,61 @@ forward; a device path without those loops is future work.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from dflash_ref.errors import ConfigError
-from dflash_ref.models.batch import forward_batch
-from dflash_ref.spec_decode.loop import GenerationResult, _check_arguments, _Decoding
-from dflash_ref.spec_decode.sampling import SamplingParams
+from dflash_ref.ops.sampling import SamplingParams
+from dflash_ref.spec_decode.decoding import Decoding, GenerationResult
+from dflash_ref.spec_decode.loop import check_arguments
 
 
-def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int,
-                   temperature: float = 0.0, block_size: int | None = None, seeds=None,
+def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
+                   sampling: SamplingParams | None = None, seeds=None,
+                   block_size: int | None = None,
                    stop_token_ids: Sequence[int] | None = None) -> list[GenerationResult]:
     """Generate after each of ``prompts`` (see the module docstring); one result per prompt.
 
     Args:
-        target, drafter, max_new_tokens, temperature, block_size, stop_token_ids: as for
+        target, drafter, max_new_tokens, sampling, block_size, stop_token_ids: as for
             :func:`~dflash_ref.spec_decode.loop.generate` (drafter None: plain decoding).
         prompts: a list of [N_j] token-id sequences (different lengths are fine).
-        seeds: one seed per prompt when temperature > 0 (sequence j samples as
-            ``generate(..., seed=seeds[j])`` would).
+        seeds: one seed per prompt when sampling at T > 0 (sequence j samples as
+            ``generate(..., sampling=replace(sampling, seed=seeds[j]))`` would); None: every
+            sequence takes ``sampling.seed``.
     """
     prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
     if not prompts:
         raise ValueError("generate_batch: no prompts")
-    seeds = [None] * len(prompts) if seeds is None else list(seeds)
+    sampling = sampling or SamplingParams()
+    seeds = [sampling.seed] * len(prompts) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
         raise ConfigError(f"generate_batch: {len(seeds)} seeds for {len(prompts)} prompts; "
                           f"pass one seed per prompt")
-    B = 1
-    for p, seed in zip(prompts, seeds):
-        B = _check_arguments(target, drafter, p, max_new_tokens, temperature, block_size,
-                             "chain", seed, None)
-    params = SamplingParams(float(temperature))
-    runs = [_Decoding(target, drafter, B, max_new_tokens, params, seed, stops=stop_token_ids)
-            for seed in seeds]
-    outs = forward_batch(target, [r.prefill_ids(p) for r, p in zip(runs, prompts)],
-                         [r.state for r in runs])  # 1. one prefill for all
+    laws = [dataclasses.replace(sampling, seed=seed) for seed in seeds]
+    checked = [check_arguments(target, drafter, p, max_new_tokens, law, block_size, "chain")
+               for p, law in zip(prompts, laws)]
+    runs = [Decoding(target, drafter, B, max_new_tokens, law, verifier, stops=stop_token_ids)
+            for (B, verifier), law in zip(checked, laws)]
+    outs = target.forward_batch([r.prefill_ids(p) for r, p in zip(runs, prompts)],
+                                [r.state for r in runs])  # 1. one prefill for all
     for r, out in zip(runs, outs):
         r.accept_prefill(out)
     while True:
         active = [r for r in runs if not r.done()]
         if not active:
             break
-        speculate = [r.draft_cache is not None for r in active]
         t0 = [r.clock.start() for r in active]
-        drafted = [r.draft_block() if sp else (np.array([r.anchor]), None) for r, sp in
-                   zip(active, speculate)]  # 2b. (block, draft), per sequence
-        blocks = [block for block, _ in drafted]
-        outs = forward_batch(target, blocks, [r.state for r in active])  # 2c. one verify
-        for r, sp, (block, draft), out, t in zip(active, speculate, drafted, outs, t0):
-            if sp:
-                r.accept_chain(block, draft, out, t)  # 2d. keep rows 0..a, emit a + 1 tokens
+        blocks = [r.verifier.draft(r) if r.draft_cache is not None else None
+                  for r in active]  # 2b. per sequence; None: a plain step
+        ids = [b.tokens if b is not None else np.array([r.anchor]) for r, b in zip(active,
+                                                                                    blocks)]
+        outs = target.forward_batch(ids, [r.state for r in active])  # 2c. one verify
+        for r, block, out, t in zip(active, blocks, outs, t0):
+            if block is not None:
+                r.accept(block, out, t)  # 2d. keep rows 0..a, emit a + 1 tokens
             else:
                 r.accept_plain(out)
     return [r.finish() for r in runs]

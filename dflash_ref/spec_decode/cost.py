@@ -1,15 +1,14 @@
 """Modelled time: a cost model for target and drafter forwards, and a gate run on it alone.
 
-A :class:`Clock` measures wall time per phase (syncing the device on CuPy); a :class:`CostModel`
-replaces wall times with modelled ones so that ``generate`` (its
-``cost_model`` argument) and :func:`simulate_gated_decode` are deterministic under test, and so
-that the break-even of speculation can be reasoned about: a spec step costs a draft plus one
-wide verify, plain decoding one narrow forward per token.
+A :class:`CostModel` replaces wall times with modelled ones so that ``generate`` (through
+``GateOptions(gate, cost_model)``) and :func:`simulate_gated_decode` are deterministic under
+test, and so that the break-even of speculation can be reasoned about: a spec step costs a draft
+plus one wide verify, plain decoding one narrow forward per token. (Wall times per phase are the
+loop's :class:`~dflash_ref.spec_decode.observe.Clock`.)
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -116,30 +115,3 @@ def probe_steps_bound(gate: CommitEmaGate, bad_ratio: float, ema_start: float) -
         if ema < m:
             break
     return max(gate.warmup, k_drop + gate.sustain - 1)
-
-
-class Clock:
-    """Wall time per phase (synchronising the device on CuPy) plus optional modelled time."""
-
-    def __init__(self, be, cost: CostModel | None):
-        self.be, self.cost = be, cost
-        self.walls: dict[str, float] = {}
-        self.modelled = 0.0 if cost is not None else None
-
-    def sync(self):
-        if self.be.name == "cupy":
-            self.be.xp.cuda.Stream.null.synchronize()
-
-    def start(self) -> float:
-        self.sync()
-        return time.perf_counter()
-
-    def elapsed(self, t0: float) -> float:
-        self.sync()
-        return time.perf_counter() - t0
-
-    def stop(self, phase: str, t0: float) -> float:
-        """Add the time since ``t0`` to ``phase``; return it."""
-        dt = self.elapsed(t0)
-        self.walls[phase] = self.walls.get(phase, 0.0) + dt
-        return dt

@@ -172,6 +172,11 @@ class TreeVerifyResult:
         """Tokens this step appends after the root: the accepted tokens, then the bonus."""
         return (*self.accepted, self.bonus)
 
+    @property
+    def bonus_row(self) -> int:
+        """The verify row whose logits chose the bonus: the path's last node."""
+        return self.path[-1]
+
 
 # ---------------------------------------------------------------------------------------------
 # Building.

@@ -27,6 +27,7 @@ from dflash_ref.io.safetensors_io import load_checkpoint, write_safetensors  # n
 from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
 from dflash_ref.models.target import TargetModel  # noqa: E402
 from dflash_ref.spec_decode.loop import generate  # noqa: E402
+from dflash_ref.spec_decode.verifiers import ChainVerifier  # noqa: E402
 
 RELEASE_VERSION = "0.1.0"
 if importlib.metadata.version("dflash") != RELEASE_VERSION:
@@ -127,7 +128,7 @@ def test_block_logits_and_selector_path_match_the_release(pair, kind):
         anchor = int(prompt[-1]) ^ 1
         l_rel, z_rel, logits, z = _block_logits(hf_target, rel, target, drafter, prompt, anchor)
         np.testing.assert_allclose(logits, l_rel, atol=1e-4, rtol=1e-4)
-        ours = drafter.propose(z, logits, anchor)
+        ours = drafter.propose(z, logits, anchor).tokens
         if kind == "dflash2":
             with torch.no_grad():
                 path, cand, _ = rel.propose(z_rel[:, 1:], torch.tensor([anchor]),
@@ -172,13 +173,14 @@ def test_greedy_generate_equals_the_release_token_for_token(pair, kind, monkeypa
     longest = 1
     for prompt, n in zip(PROMPTS, (40, 33, 25)):
         tokens, acc = _release_generate(monkeypatch, rel, hf_target, prompt, n)
-        res = generate(target, drafter, prompt, n, draft_rows="verify")
+        res = generate(target, drafter, prompt, n, verify=ChainVerifier(draft_rows="verify"))
         assert res.tokens == tokens
         assert res.acceptance_lengths == acc
         longest = max(longest, *acc)
         # A stop token cuts a step: the release counts what was produced up to it.
         stop = tokens[n // 2]
         tokens, acc = _release_generate(monkeypatch, rel, hf_target, prompt, n, [stop])
-        res = generate(target, drafter, prompt, n, draft_rows="verify", stop_token_ids=[stop])
+        res = generate(target, drafter, prompt, n, verify=ChainVerifier(draft_rows="verify"),
+                       stop_token_ids=[stop])
         assert res.tokens == tokens and res.acceptance_lengths == acc
     assert longest > 1, "the drafter must be accepted sometimes for this to be a test"

@@ -2,14 +2,17 @@
 
 A real tiny drafter with random weights is almost never accepted, which would leave the loop's
 acceptance paths untested. :class:`ScriptedDrafter` has the drafter interface the loop uses
-(``block_size``, ``target``, ``new_cache()``, ``draft_tokens``) and drafts the known greedy
-continuation, corrupting each row with probability ``error_rate`` (the true token then falls to
-rank 2, so DDTree can still find it). With ``adversarial_token`` it always drafts that token.
+(``block_size``, ``target``, ``new_cache()`` with ``extend`` / ``forward_block``, ``propose``)
+and drafts the known greedy continuation, corrupting each row with probability ``error_rate``
+(the true token then falls to rank 2, so DDTree can still find it). With ``adversarial_token``
+it always drafts that token.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from dflash_ref.ops.sampling import DraftProposal, sample_rows
 
 
 class ScriptedDrafter:
@@ -26,6 +29,12 @@ class ScriptedDrafter:
 
     def draft_tokens(self, logits):
         return np.argmax(self.target.be.to_numpy(logits)[1:], axis=-1).astype(np.int64)
+
+    def propose(self, hidden, logits, anchor_token, law=None, rng=None) -> DraftProposal:
+        """As ``DFlashDrafter.propose``: argmax rows, or one draw per row from ``law``."""
+        if law is None or law.greedy:
+            return DraftProposal(self.draft_tokens(logits))
+        return sample_rows(self.target.be, logits[1:], law, rng)
 
     def logits_for(self, anchor_position: int):
         B, V = self.block_size, self.V
@@ -54,9 +63,10 @@ class _ScriptedCache:
             assert positions[0] == self.length, "features must arrive in position order"
             self.length = int(positions[-1]) + 1
 
-    def forward_block(self, anchor_token, anchor_position):
+    def forward_block(self, anchor_token, anchor_position, n_rows=None, with_hidden=False):
         assert anchor_position == self.length, "the drafter must see features up to s - 1"
-        return self.drafter.logits_for(anchor_position)
+        logits = self.drafter.logits_for(anchor_position)[:n_rows]  # [n, V]: rows of a B block
+        return (logits, None) if with_hidden else logits
 
 
 # Three families; gemma3 untied so its greedy text varies (tied tiny Gemmas repeat one token).

@@ -18,6 +18,7 @@ from dflash_ref import generate_batch
 from dflash_ref.models.batch import forward_batch
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
+from dflash_ref.ops.sampling import SamplingParams
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
 from tests.spec_decode.drafters import FAMILIES, tiny_pairs
@@ -101,6 +102,7 @@ def test_features_never_leak_between_sequences(models, data):
 def test_sampled_batch_uses_one_seed_per_sequence(models):
     target, drafter = models["qwen3"]
     prompts = [_ids(6, 1), _ids(11, 2)]
-    got = generate_batch(target, drafter, prompts, 10, temperature=1.0, seeds=[5, 7])
+    got = generate_batch(target, drafter, prompts, 10, sampling=SamplingParams(1.0), seeds=[5, 7])
     for p, seed, g in zip(prompts, [5, 7], got):
-        assert g.tokens == generate(target, drafter, p, 10, temperature=1.0, seed=seed).tokens
+        assert g.tokens == generate(target, drafter, p, 10,
+                                    sampling=SamplingParams(1.0, seed=seed)).tokens

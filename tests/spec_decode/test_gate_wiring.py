@@ -14,7 +14,7 @@ import pytest
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.cost import CostModel
 from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate
-from dflash_ref.spec_decode.loop import generate
+from dflash_ref.spec_decode.loop import GateOptions, generate
 from dflash_ref.tiny import write_tiny_target
 from tests.spec_decode.drafters import ScriptedDrafter
 
@@ -68,7 +68,7 @@ def test_commit_ema_counts_the_bonus_token(target):
     cost = CostModel(target_fixed=0.010, target_per_row=0.001, drafter_fixed=0.004)
     # A tiny margin: the gate never floors (no streak, no hard floor), so each step is recorded.
     gate = CommitEmaGate("v2", margin=1e-9)
-    res = generate(target, _scripted(target, n, seed=9), PROMPT, n, gate=gate, cost_model=cost)
+    res = generate(target, _scripted(target, n, seed=9), PROMPT, n, gate=GateOptions(gate, cost))
     assert res.floored_at is None and len(res.acceptance_lengths) >= 4
     assert len(set(res.acceptance_lengths)) >= 3  # varied commits, so the EMA path is specific
     # By hand: t_ar = target(1) = 0.011 s; a spec step = drafter 0.004 + target(8) 0.018 =

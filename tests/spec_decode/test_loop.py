@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 from dflash_ref.errors import ConfigError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
+from dflash_ref.ops.sampling import SamplingParams
 from dflash_ref.spec_decode.cost import CostModel, probe_steps_bound
 from dflash_ref.spec_decode.gate import CommitEmaGate
-from dflash_ref.spec_decode.loop import generate
+from dflash_ref.spec_decode.loop import GateOptions, generate
+from dflash_ref.spec_decode.verifiers import ChainVerifier
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 from tests.spec_decode.chisquare import chi_square_gof
 from tests.spec_decode.drafters import FAMILIES, ScriptedDrafter, tiny_pairs
@@ -109,7 +111,7 @@ def test_stop_tokens_cut_after_the_first(models):
 def test_bad_arguments(models):
     target, drafter = models["qwen3"]
     with pytest.raises(ValueError, match="seed"):
-        generate(target, drafter, PROMPTS[0], 4, temperature=0.7)
+        generate(target, drafter, PROMPTS[0], 4, sampling=SamplingParams(0.7))
     with pytest.raises(ConfigError, match="verify"):
         generate(target, drafter, PROMPTS[0], 4, verify="beam")
     with pytest.raises(ConfigError, match="block_size"):
@@ -121,16 +123,18 @@ def test_bad_arguments(models):
 @pytest.mark.parametrize("fam", ["qwen3", "gemma3"])
 def test_blocks_past_the_trained_size_only_on_request_and_still_lossless(models, fam):
     # The drafters here are trained-size 16. Past it the drafter drafts positions it never saw;
-    # generate refuses that by default (the fix named), allows it with draft_rows="verify" and
-    # chain verify, and the output is still plain greedy's (the loop's losslessness, not the
-    # drafter's quality). Catches a check that compares B with the wrong size, or a drafter that
-    # silently drafts only its trained rows (the acceptance lengths would stay <= 16).
+    # generate refuses that by default (the fix named), allows it with a chain verifier drafting
+    # the verify block (draft_rows="verify"; a tree has no such option), and the output is still
+    # plain greedy's (the loop's losslessness, not the drafter's quality). Catches a check that
+    # compares B with the wrong size, or a drafter that silently drafts only its trained rows
+    # (the acceptance lengths would stay <= 16).
     target, drafter = models[fam]
-    for kwargs in ({}, {"draft_rows": "verify", "verify": "tree"}):
+    for kwargs in ({}, {"verify": "tree"}):
         with pytest.raises(ConfigError, match="draft_rows='verify'"):
             generate(target, drafter, PROMPTS[0], 4, block_size=20, **kwargs)
     plain = _plain(target, PROMPTS[2], 40)
-    res = generate(target, drafter, PROMPTS[2], 40, block_size=20, draft_rows="verify")
+    res = generate(target, drafter, PROMPTS[2], 40, block_size=20,
+                   verify=ChainVerifier(draft_rows="verify"))
     assert res.tokens == plain
     assert res.drafted[0] == 19  # the first step drafted 19 tokens: all of the 20-row block
 
@@ -158,7 +162,7 @@ def test_sampled_verify_is_lossless_with_an_adversarial_draft(tmp_path):
     rng = np.random.default_rng(1234)
     counts = np.zeros((8, 8))
     for _ in range(3000):
-        t = generate(target, drafter, prompt, 2, temperature=1.0, seed=rng).tokens
+        t = generate(target, drafter, prompt, 2, sampling=SamplingParams(1.0, seed=rng)).tokens
         counts[t[0], t[1]] += 1
     keep = joint.ravel() > 1e-3  # cells with expected count >= 3
     expected = joint.ravel()[keep] / joint.ravel()[keep].sum()
@@ -181,7 +185,7 @@ def test_gated_loop_is_never_worse_than_plain_by_more_than_the_probe(models):
     n = 60
     for version in ("v1", "v2"):
         gate = CommitEmaGate(version=version)
-        res = generate(target, drafter, PROMPTS[0], n, gate=gate, cost_model=cost)
+        res = generate(target, drafter, PROMPTS[0], n, gate=GateOptions(gate, cost))
         assert res.tokens == _plain(target, PROMPTS[0], n)
         assert res.floored_at is not None
         B = drafter.block_size

@@ -1,6 +1,7 @@
 """Verify and draft refuse non-finite logits (docs/conventions.md, "Non-finite logits").
 
-Every verifier (greedy chain, sampled chain in both forms, tree) and both draft paths
+Every verifier (greedy chain, sampled chain: the package's form and the HF reference's form of
+tests/spec_decode/oracle_sampling.py, tree) and both draft paths
 (``DFlashDrafter.draft_tokens``, the DDTree top-k) raise NonFiniteLogitsError naming the role, the
 rows and the NaN/+inf/-inf counts, instead of emitting a token; finite logits pass untouched.
 Expected rows and counts are read off the hand-built inputs.
@@ -18,14 +19,11 @@ from dflash_ref.errors import DFlashRefError, NonFiniteLogitsError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.reductions import argmax_rows_checked
+from dflash_ref.ops.sampling import SamplingParams, sample_tokens
 from dflash_ref.spec_decode.ddtree import build_ddtree, chain_tree, topk_log_probs, verify_tree
-from dflash_ref.spec_decode.verify import (
-    sample_tokens,
-    verify_chain_greedy,
-    verify_chain_rejection,
-    verify_chain_sampled,
-)
+from dflash_ref.spec_decode.verify import verify_chain_greedy
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+from tests.spec_decode.oracle_sampling import hf_verify_chain_sampled, verify_one_hot
 from tests.spec_decode.targets import logits_for
 
 NP = get_backend("numpy")
@@ -71,8 +69,8 @@ def test_greedy_chain_and_tree_verify_refuse(case, entries, rows, counts):
     calls = {
         "greedy": lambda: verify_chain_greedy(NP, BLOCK, x),
         "tree": lambda: verify_tree(NP, chain_tree(BLOCK), x),
-        "sampled T~0": lambda: verify_chain_sampled(NP, BLOCK, x, 1e-6, rng=0),
-        "rejection T~0": lambda: verify_chain_rejection(NP, BLOCK, x, 1e-6, rng=0),
+        "sampled T~0": lambda: hf_verify_chain_sampled(NP, BLOCK, x, 1e-6, rng=0),
+        "rejection T~0": lambda: verify_one_hot(NP, BLOCK, x, 1e-6, rng=0),
     }
     for name, call in calls.items():
         with pytest.raises(NonFiniteLogitsError) as info:
@@ -84,12 +82,12 @@ def test_greedy_chain_and_tree_verify_refuse(case, entries, rows, counts):
 @pytest.mark.parametrize("case,entries,rows,counts", CASES, ids=[c[0] for c in CASES])
 def test_sampled_verify_refuses(case, entries, rows, counts):
     x = _poisoned(entries)
-    for fn in (verify_chain_sampled, verify_chain_rejection):
+    for fn in (hf_verify_chain_sampled, verify_one_hot):
         with pytest.raises(NonFiniteLogitsError) as info:
             fn(NP, BLOCK, x, 0.7, rng=0)
         _check(info.value, "verify", rows, counts)
     with pytest.raises(NonFiniteLogitsError) as info:  # the prefill's first token
-        sample_tokens(NP, x, 0.7, rng=0)
+        sample_tokens(NP, x, SamplingParams(0.7), rng=0)
     _check(info.value, "target", rows, counts)
 
 
@@ -98,9 +96,9 @@ def test_finite_logits_pass_every_verifier():
     x[1, 0] = -1e30  # large but finite
     assert verify_chain_greedy(NP, BLOCK, x).committed == (7, 9, 4)
     assert verify_tree(NP, chain_tree(BLOCK), x).committed == (7, 9, 4)
-    for fn in (verify_chain_sampled, verify_chain_rejection):
+    for fn in (hf_verify_chain_sampled, verify_one_hot):
         assert fn(NP, BLOCK, x, 0.7, rng=0).a in range(4)
-    assert sample_tokens(NP, x, 0.7, rng=0).shape == (4,)
+    assert sample_tokens(NP, x, SamplingParams(0.7), rng=0).shape == (4,)
 
 
 def test_already_reduced_ids_are_taken_as_they_are():
@@ -186,7 +184,7 @@ def test_cupy_verify_and_draft_refuse_like_numpy(case, entries, rows, counts):
     x = cp_be.to_backend(_poisoned(entries))
     for call in (lambda: verify_chain_greedy(cp_be, BLOCK, x),
                  lambda: verify_tree(cp_be, chain_tree(BLOCK), x),
-                 lambda: verify_chain_sampled(cp_be, BLOCK, x, 0.7, rng=0)):
+                 lambda: verify_one_hot(cp_be, BLOCK, x, 0.7, rng=0)):
         with pytest.raises(NonFiniteLogitsError) as info:
             call()
         _check(info.value, "verify", rows, counts)

@@ -10,6 +10,11 @@ so the first emitted token is distributed as p_0, whatever the draft. The expect
 are these products computed in the test from the chosen p; the observed counts come from the
 verifiers. Threshold: a chi-square p-value above 1e-4, fixed seeds, 20000 trials (vectorised).
 A deliberately wrong verifier must fail the same test (so the test has power).
+
+The vectorised trials run the two independent forms of tests/spec_decode/oracle_sampling.py (the
+HF reference's per-row sampling and one-hot rejection sampling); the single-step tests run the
+HF form and the package's :func:`verify_chain_sampled` (the release's rejection sampling, here
+with greedy drafts' one-hot law).
 """
 
 from __future__ import annotations
@@ -20,15 +25,14 @@ import numpy as np
 import pytest
 
 from dflash_ref.backend import get_backend
-from dflash_ref.spec_decode.verify import (
-    chain_rejection_core,
-    chain_sampled_core,
-    sample_from_probs,
-    target_probs,
-    verify_chain_rejection,
-    verify_chain_sampled,
-)
+from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_from_probs, target_probs
+from dflash_ref.spec_decode.verify import chain_sampled_core, verify_chain_sampled
 from tests.spec_decode.chisquare import chi2_sf, chi_square_gof, gamma_q
+from tests.spec_decode.oracle_sampling import (
+    chain_rejection_core,
+    hf_verify_chain_sampled,
+    verify_one_hot,
+)
 
 NP = get_backend("numpy")
 P_MIN = 1e-4
@@ -163,7 +167,7 @@ def test_a_wrong_verifier_fails_the_test():
     assert pv < 1e-12
 
 
-@pytest.mark.parametrize("fn", [verify_chain_sampled, verify_chain_rejection])
+@pytest.mark.parametrize("fn", [hf_verify_chain_sampled, verify_one_hot])
 def test_wrappers_scale_by_temperature_and_use_the_seed(fn):
     # logits = T log p, so softmax(logits / T) = p: the wrapper must divide by T. 4000 steps
     # through the public single-step API (slower than the cores, hence fewer trials).
@@ -182,4 +186,6 @@ def test_wrappers_scale_by_temperature_and_use_the_seed(fn):
 
 def test_sampling_needs_an_explicit_generator():
     with pytest.raises(TypeError, match="Generator or an int seed"):
-        verify_chain_sampled(NP, [1, 2], np.zeros((2, 3)), 1.0, rng=None)
+        verify_chain_sampled(NP, [1, 2], np.zeros((2, 3)),
+                             DraftProposal(np.array([2]), np.eye(3)[[2]]), SamplingParams(1.0),
+                             rng=None)

@@ -1,5 +1,6 @@
-"""The release's sampling (dflash 0.1.0; dflash_ref/spec_decode/sampling.py): the top-p / top-k
-filter by hand, rejection sampling with the residual, and generate() end to end.
+"""The release's sampling (dflash 0.1.0; dflash_ref/ops/sampling.py, the rejection rule in
+dflash_ref/spec_decode/verify.py): the top-p / top-k filter by hand, rejection sampling with the
+residual, and generate() end to end with both sampled verifiers.
 
 Lossless means: the emitted tokens are distributed as sampling from the (filtered) target one
 token at a time. Expected laws are computed in the test, from the target's logits through an
@@ -13,10 +14,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dflash_ref.errors import ConfigError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
+from dflash_ref.ops.sampling import SamplingParams, sampling_probs
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.spec_decode.sampling import rejection_core, sampling_probs
+from dflash_ref.spec_decode.verifiers import (
+    ChainVerifier,
+    GreedyDraftChainVerifier,
+    RejectionChainVerifier,
+)
+from dflash_ref.spec_decode.verify import rejection_core
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 from tests.spec_decode.chisquare import chi_square_gof
 
@@ -130,7 +138,8 @@ def tiny_pair(tmp_path_factory):
 
 
 PROMPT = np.array([3, 1, 4])
-CASES = [(form, kind) for form in ("rejection", "greedy_draft") for kind in ("dflash", "dflash2")]
+FORMS = {"rejection": RejectionChainVerifier(), "greedy_draft": GreedyDraftChainVerifier()}
+CASES = [(form, kind) for form in FORMS for kind in ("dflash", "dflash2")]
 
 
 @pytest.mark.parametrize("form, kind", CASES)
@@ -147,8 +156,8 @@ def test_generate_samples_the_filtered_target_token_by_token(tiny_pair, form, ki
     rng = np.random.default_rng(11)
     counts, accepted = np.zeros((8, 8)), 0
     for _ in range(1500):
-        res = generate(target, drafter, PROMPT, 3, temperature=T, top_p=top_p, top_k=top_k,
-                       seed=rng, sampled_verify=form)
+        res = generate(target, drafter, PROMPT, 3, sampling=SamplingParams(T, top_p, top_k, rng),
+                       verify=FORMS[form])
         counts[res.tokens[0], res.tokens[1]] += 1
         accepted += res.acceptance_lengths[0] > 1
     assert accepted > 50, "drafts must be accepted often enough to test the accept path"
@@ -163,5 +172,42 @@ def test_greedy_output_is_unchanged_by_top_p_top_k(tiny_pair):
     for kind in ("dflash", "dflash2"):
         target, drafter = tiny_pair[kind]
         plain = generate(target, None, PROMPT, 12).tokens
-        assert generate(target, drafter, PROMPT, 12, top_p=0.5, top_k=2).tokens == plain
-        assert generate(target, drafter, PROMPT, 12, draft_rows="verify").tokens == plain
+        greedy = SamplingParams(top_p=0.5, top_k=2)
+        assert generate(target, drafter, PROMPT, 12, sampling=greedy).tokens == plain
+        assert generate(target, drafter, PROMPT, 12,
+                        verify=ChainVerifier(draft_rows="verify")).tokens == plain
+
+
+def test_the_loaders_return_the_dflash2_subclass_which_proposes_its_path(tiny_pair):
+    from dflash_ref.models.dflash2 import DFlash2Drafter
+
+    target, d2 = tiny_pair["dflash2"]
+    _, d1 = tiny_pair["dflash"]
+    assert type(d2) is DFlash2Drafter and type(d1) is DFlashDrafter
+    assert d2.is_dflash2 and not d1.is_dflash2
+    with pytest.raises(ConfigError, match="from_pretrained"):  # no silent argmax drafter
+        DFlashDrafter(d2.config, {}, target)
+    cache = d2.new_cache()
+    state = target.new_state()
+    target.forward(PROMPT, state)
+    cache.extend(state.features.rows(0, PROMPT.size), np.arange(PROMPT.size))
+    logits, hidden = cache.forward_block(5, PROMPT.size, with_hidden=True)
+    greedy = d2.propose(hidden, logits, 5)
+    path = d2.selector.select(hidden[1:], logits[1:], 5)
+    assert greedy.q is None and greedy.tokens.tolist() == path.tokens.tolist()
+    sampled = d2.propose(hidden, logits, 5, SamplingParams(1.0), np.random.default_rng(0))
+    assert sampled.q.shape == sampled.candidates.shape == path.candidates.shape
+    np.testing.assert_allclose(sampled.q.sum(-1), 1.0)
+    assert all(t in c for t, c in zip(sampled.tokens, sampled.candidates))
+
+
+def test_a_users_drafter_subclass_loads_as_itself(tiny_pair):
+    from dflash_ref.models.dflash2 import DFlash2Drafter
+
+    class Mine(DFlashDrafter):
+        pass
+
+    target, d1 = tiny_pair["dflash"]
+    assert Mine.class_for(d1.config) is Mine  # e.g. the end-to-end notebook's ablation drafter
+    assert DFlashDrafter.class_for(tiny_pair["dflash2"][1].config) is DFlash2Drafter
+    assert Mine.class_for(tiny_pair["dflash2"][1].config) is DFlash2Drafter

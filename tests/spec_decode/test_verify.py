@@ -8,14 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
-from dflash_ref.spec_decode.verify import (
-    accept_length,
-    greedy_posterior,
-    sample_tokens,
-    verify_chain_greedy,
-    verify_chain_rejection,
-    verify_chain_sampled,
-)
+from dflash_ref.ops.sampling import SamplingParams, sample_tokens
+from dflash_ref.spec_decode.verify import accept_length, greedy_posterior, verify_chain_greedy
+from tests.spec_decode.oracle_sampling import hf_verify_chain_sampled, verify_one_hot
 from tests.spec_decode.targets import greedy_next, greedy_rollout, logits_for
 
 NP = get_backend("numpy")
@@ -86,10 +81,10 @@ def test_greedy_below_1e5_temperature():
     # HF ref sample(): T < 1e-5 is argmax, so the sampled verifiers reduce to the greedy one.
     logits = logits_for([7, 9, 4, 11], V=12)
     g = verify_chain_greedy(NP, [5, 7, 9, 2], logits)
-    for fn in (verify_chain_sampled, verify_chain_rejection):
+    for fn in (hf_verify_chain_sampled, verify_one_hot):
         r = fn(NP, [5, 7, 9, 2], logits, 0.0, rng=0)
         assert (r.a, r.committed) == (g.a, g.committed)
-    assert sample_tokens(NP, logits, 1e-6, rng=0).tolist() == [7, 9, 4, 11]
+    assert sample_tokens(NP, logits, SamplingParams(1e-6), rng=0).tolist() == [7, 9, 4, 11]
 
 
 # -- properties --------------------------------------------------------------------------------
@@ -160,7 +155,7 @@ def test_sampled_verify_cupy_matches_numpy_for_a_seed(rng):
     cp_be = get_backend("cupy")
     logits = (2 * rng.standard_normal((8, 50))).astype(np.float32)
     block = np.array([1, 2, 3, 4, 5, 6, 7, 8])
-    for fn in (verify_chain_sampled, verify_chain_rejection):
+    for fn in (hf_verify_chain_sampled, verify_one_hot):
         for seed in range(5):
             a = fn(NP, block, logits, 0.7, rng=seed)
             b = fn(cp_be, block, cp_be.to_backend(logits), 0.7, rng=seed)

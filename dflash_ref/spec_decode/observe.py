@@ -1,0 +1,203 @@
+"""Watching a generation: one observer protocol for timing, progress, streaming and recording.
+
+``generate(..., observer=...)`` reports what the loop does to an :class:`Observer`; the loop's
+own clock (:class:`Clock`, which writes ``GenerationResult.timings``) is one, a progress bar
+(:class:`Progress`), a text stream (:class:`Stream`) and the golden-vector recorder
+(:class:`dflash_ref.oracle.record.Recorder`) are others. :class:`Observers` fans one report out
+to several. An observer watches: it never changes what is generated.
+
+The events, in the order a step sends them (docs/spec_decode.md, "Observers"):
+
+- ``on_start(state)``: before the prefill; the request's ``TargetState`` (and its ``pager``);
+- ``on_gate(observation, decision)``: a gate judged the step (``GateObservation``,
+  ``GateDecision``);
+- ``on_draft_context(features, positions)``: committed rows [n, C*H] at ``positions`` [n] enter
+  the drafter's context (n may be 0);
+- ``on_draft(anchor, positions, logits, proposal)``: the drafter ran ``[anchor, MASK x (n-1)]``
+  at ``positions`` [n] and gave ``logits`` [n, V]; ``proposal`` is its ``DraftProposal``, or
+  None when only the logits were used (a tree);
+- ``before_forward(ids, positions, parents)``: the target is about to run ``ids`` [T] at
+  ``positions`` [T] (``parents`` [T] for a tree, else None); returns a ``tap(layer, name, x)``
+  for the per-layer intermediates, or None;
+- ``after_forward(logits)``: its logits [T, V] (prefill: the last row, or every row when an
+  observer sets ``full_prefill_logits``);
+- ``on_commit(tokens)``: the step's tokens are committed (the state rolled back or the path
+  kept), before the ``max_new_tokens`` cut;
+- ``on_emit(ids)``: the ids the caller receives, cut at ``max_new_tokens`` (possibly none);
+- ``on_finish(result)``: the ``GenerationResult`` is complete.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+
+class Observer:
+    """The protocol, with no-op defaults: subclass it and override the events you need.
+
+    Attributes:
+        full_prefill_logits: True makes the prefill compute every row's logits (the loop
+            otherwise computes only the last row, the one it samples from) and report them.
+    """
+
+    full_prefill_logits = False
+
+    def on_start(self, state) -> None:
+        """Before the prefill; ``state`` is the request's target state."""
+
+    def on_gate(self, observation, decision) -> None:
+        """A gate took ``decision`` on ``observation`` at the top of a step."""
+
+    def on_draft_context(self, features, positions) -> None:
+        """Feature rows [n, C*H] of committed ``positions`` [n] join the drafter's context."""
+
+    def on_draft(self, anchor: int, positions, logits, proposal) -> None:
+        """The drafter ran ``[anchor, MASK x (n-1)]`` at ``positions`` [n]: ``logits`` [n, V]."""
+
+    def before_forward(self, ids, positions, parents=None):
+        """The target will run ``ids`` at ``positions``; return a tap or None."""
+        return None
+
+    def after_forward(self, logits) -> None:
+        """The target's ``logits`` for the forward just reported."""
+
+    def on_commit(self, tokens) -> None:
+        """The step committed ``tokens`` (the state already holds them)."""
+
+    def on_emit(self, ids) -> None:
+        """``ids`` (cut at max_new_tokens) were emitted."""
+
+    def on_finish(self, result) -> None:
+        """``result`` is complete."""
+
+
+class Observers(Observer):
+    """Several observers as one: every event goes to each, in order (None entries skipped)."""
+
+    def __init__(self, *observers: Observer | None):
+        self.observers = [o for o in observers if o is not None]
+        self.full_prefill_logits = any(o.full_prefill_logits for o in self.observers)
+
+    def on_start(self, state) -> None:
+        for o in self.observers:
+            o.on_start(state)
+
+    def on_gate(self, observation, decision) -> None:
+        for o in self.observers:
+            o.on_gate(observation, decision)
+
+    def on_draft_context(self, features, positions) -> None:
+        for o in self.observers:
+            o.on_draft_context(features, positions)
+
+    def on_draft(self, anchor, positions, logits, proposal) -> None:
+        for o in self.observers:
+            o.on_draft(anchor, positions, logits, proposal)
+
+    def before_forward(self, ids, positions, parents=None):
+        taps = [t for o in self.observers
+                if (t := o.before_forward(ids, positions, parents)) is not None]
+        if len(taps) <= 1:
+            return taps[0] if taps else None
+
+        def tap(layer, name, x):
+            for t in taps:
+                t(layer, name, x)
+        return tap
+
+    def after_forward(self, logits) -> None:
+        for o in self.observers:
+            o.after_forward(logits)
+
+    def on_commit(self, tokens) -> None:
+        for o in self.observers:
+            o.on_commit(tokens)
+
+    def on_emit(self, ids) -> None:
+        for o in self.observers:
+            o.on_emit(ids)
+
+    def on_finish(self, result) -> None:
+        for o in self.observers:
+            o.on_finish(result)
+
+
+class Lap:
+    """The seconds one :meth:`Clock.phase` took (set when it ends)."""
+
+    seconds = 0.0
+
+
+class Clock(Observer):
+    """The loop's clock: wall seconds per phase, written into ``GenerationResult.timings``.
+
+    ``phase(name)`` times a block of the loop and adds it to ``walls[name]`` ("prefill",
+    "draft", "verify", "plain", "reselect"); "total" runs from ``on_start`` to ``on_finish``.
+    The device is synchronised before each reading on CuPy, so a phase holds its kernels.
+    ``start`` / ``elapsed`` time a whole step for a gate. ``modelled`` sums a cost model's times
+    (None without one); ``on_finish`` writes it into ``GenerationResult.modelled_time``.
+    """
+
+    def __init__(self, be, cost=None):
+        self.be, self.cost = be, cost
+        self.walls: dict[str, float] = {}
+        self.modelled = 0.0 if cost is not None else None
+        self._t_total = None
+
+    def sync(self) -> None:
+        if self.be.name == "cupy":
+            self.be.xp.cuda.Stream.null.synchronize()
+
+    def start(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+    def elapsed(self, t0: float) -> float:
+        self.sync()
+        return time.perf_counter() - t0
+
+    def stop(self, phase: str, t0: float) -> float:
+        """Add the time since ``t0`` to ``phase``; return it."""
+        dt = self.elapsed(t0)
+        self.walls[phase] = self.walls.get(phase, 0.0) + dt
+        return dt
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time the ``with`` block into ``walls[name]``; yields a :class:`Lap` with its seconds."""
+        lap, t0 = Lap(), self.start()
+        try:
+            yield lap
+        finally:
+            lap.seconds = self.stop(name, t0)
+
+    def on_start(self, state) -> None:
+        self._t_total = self.start()
+
+    def on_finish(self, result) -> None:
+        self.stop("total", self._t_total)
+        result.timings = self.walls
+        result.modelled_time = self.modelled
+
+
+class Progress(Observer):
+    """Calls ``update(n)`` with the number of tokens each step emits (a progress bar's update,
+    e.g. ``tqdm(total=max_new_tokens).update``)."""
+
+    def __init__(self, update):
+        self.update = update
+
+    def on_emit(self, ids) -> None:
+        self.update(len(ids))
+
+
+class Stream(Observer):
+    """Calls ``write(ids)`` with the token ids each step emits, as they come (streaming text)."""
+
+    def __init__(self, write):
+        self.write = write
+
+    def on_emit(self, ids) -> None:
+        if ids:
+            self.write(ids)

@@ -1,0 +1,281 @@
+"""Verify rules as objects: what the drafter proposes, what the target runs, what is kept.
+
+vLLM's split is the model (proposer / scorer / sampler): the drafter proposes, the target scores
+the proposal in one forward, and a *verifier* decides what is accepted. One class per rule:
+
+- :class:`ChainVerifier`: greedy drafts (argmax rows; DFlash 2: the selector's greedy path), the
+  target runs the chain, :func:`~dflash_ref.spec_decode.verify.verify_chain_greedy` decides,
+  rows 0..a are kept;
+- :class:`RejectionChainVerifier`: sampled drafts with their law q, the chain,
+  :func:`~dflash_ref.spec_decode.verify.verify_chain_sampled` (the release's rejection sampling),
+  rows 0..a;
+- :class:`GreedyDraftChainVerifier`: greedy drafts, the chain, one sample per target row and a
+  draft accepted on equality (the older form), rows 0..a;
+- :class:`TreeVerifier`: the draft rows' top-k make a DDTree, the target runs the tree,
+  :func:`~dflash_ref.spec_decode.ddtree.verify_tree` decides, the accepted path is kept.
+
+``generate(verify="chain")`` is :class:`ChainVerifier` when greedy and
+:class:`RejectionChainVerifier` when sampled, ``verify="tree"`` is :class:`TreeVerifier` with the
+authors' options (:func:`make_verifier`, the one place a verify-mode string is read). Any
+:class:`Verifier` instance can be passed instead, so a new rule is one new class plus its tests:
+the loop and :mod:`dflash_ref.oracle` only call the interface below.
+
+**The interface.** A verifier is built once per ``generate`` call; per speculative step the loop
+calls ``block = v.draft(run)``, runs the target on ``block`` (``block.forward``), then
+``result = v.verify(block, logits, run)`` and ``v.keep(state, s, result)``. ``run`` is the
+request's decoding state as a verifier may use it:
+
+- ``run.anchor``, ``run.s`` (its position), ``run.B`` (the block size), ``run.remaining`` (tokens
+  still wanted), ``run.sampling`` (:class:`~dflash_ref.ops.sampling.SamplingParams`), ``run.rng``,
+  ``run.be``;
+- ``run.propose(n_rows, law)``: the drafter's :class:`~dflash_ref.ops.sampling.DraftProposal` for
+  an ``n_rows`` block (greedy drafts for ``law=None``, else sampled from ``law``);
+- ``run.draft_logits()``: the drafter's logits over its trained block [Bd, V].
+
+A result has ``a`` (accepted drafts), ``committed`` (accepted drafts then the bonus) and
+``bonus_row`` (the verify row whose logits chose the bonus: what a gate reads next).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dflash_ref.errors import ConfigError
+from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sampling_probs
+from dflash_ref.spec_decode.ddtree import DDTree, DDTreeOptions, build_ddtree, verify_tree
+from dflash_ref.spec_decode.verify import (
+    ChainVerifyResult,
+    chain_sampled_core,
+    verify_chain_greedy,
+    verify_chain_sampled,
+)
+
+VERIFY_MODES = ("chain", "tree")
+DRAFT_ROWS = ("trained", "verify")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the target runs.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ChainBlock:
+    """Tokens [n] run at consecutive positions with a causal mask: a verify block
+    ``[anchor, d_1 .. d_{n-1}]`` (with the ``proposal`` it came from), a prompt, or an anchor."""
+
+    tokens: np.ndarray
+    proposal: DraftProposal | None = None
+    parents = None  # a chain has no tree
+
+    def positions(self, start: int) -> np.ndarray:
+        """[n] ``start .. start+n-1``."""
+        return start + np.arange(len(self.tokens))
+
+    def forward(self, target, state, tap=None, logits_rows=None):
+        """The target's forward over the block (``TargetModel.forward``)."""
+        return target.forward(self.tokens, state, tap=tap, logits_rows=logits_rows)
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBlock:
+    """A DDTree run in one pass, each node at ``start + depth`` seeing its ancestors."""
+
+    tree: DDTree
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """[N] the node tokens, root first."""
+        return self.tree.tokens
+
+    @property
+    def parents(self) -> np.ndarray:
+        """[N] parent node of each node, -1 for the root."""
+        return self.tree.parents
+
+    def positions(self, start: int) -> np.ndarray:
+        """[N] ``start + depth``."""
+        return self.tree.positions(start)
+
+    def forward(self, target, state, tap=None, logits_rows=None):
+        """``TargetModel.forward_tree`` (it takes no tap and returns every node's logits)."""
+        return target.forward_tree(self.tree.tokens, self.tree.parents, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules.
+# ---------------------------------------------------------------------------------------------
+
+
+class Verifier:
+    """The interface every verify rule implements (module docstring)."""
+
+    def check(self, sampling: SamplingParams, block_size: int, trained_block_size: int) -> None:
+        """Refuse a run this rule cannot verify (a :class:`~dflash_ref.errors.ConfigError`
+        naming the fix). ``block_size`` B; ``trained_block_size`` the drafter's (B without one)."""
+
+    def draft(self, run):
+        """Ask the drafter for this step's block (a :class:`ChainBlock` or :class:`TreeBlock`)."""
+        raise NotImplementedError
+
+    def verify(self, block, logits, run):
+        """The decision on the target's ``logits`` for ``block`` (host values)."""
+        raise NotImplementedError
+
+    def keep(self, state, start: int, result) -> None:
+        """Keep what ``result`` accepted in the target ``state`` (the block ran at ``start``)."""
+        raise NotImplementedError
+
+
+def _block_too_wide(B: int, trained: int) -> ConfigError:
+    return ConfigError(
+        f"block_size {B} exceeds the drafter's trained block size {trained}; to draft past it "
+        f"anyway (positions the drafter never saw in training), verify with a chain that drafts "
+        f"exactly the verify block: verify=ChainVerifier(draft_rows='verify') (at temperature > "
+        f"0: RejectionChainVerifier(draft_rows='verify'))")
+
+
+@dataclass(frozen=True)
+class ChainVerifier(Verifier):
+    """Greedy chain verify: argmax drafts, accept the prefix the target's argmax agrees with.
+
+    Attributes:
+        draft_rows: "trained" drafts B rows (B at most the drafter's trained block size);
+            "verify" drafts exactly the verify block, ``min(B, remaining + 1)`` rows, as the
+            release's ``verify_size`` (acceptance lengths then match the release's; a B above
+            the trained block size drafts positions never trained on, still lossless).
+    """
+
+    draft_rows: str = "trained"
+
+    def __post_init__(self):
+        if self.draft_rows not in DRAFT_ROWS:
+            raise ConfigError(f"draft_rows={self.draft_rows!r} is unknown; expected one of "
+                              f"{DRAFT_ROWS}")
+
+    def draft_law(self, sampling: SamplingParams) -> SamplingParams | None:
+        """What the drafter must propose: None, greedy drafts."""
+        return None
+
+    def check(self, sampling, block_size, trained_block_size) -> None:
+        if not sampling.greedy:
+            raise ConfigError("ChainVerifier verifies greedy decoding; at temperature > 0 use "
+                              "verify='chain' or RejectionChainVerifier()")
+        self.check_rows(block_size, trained_block_size)
+
+    def check_rows(self, block_size: int, trained_block_size: int) -> None:
+        """Past the trained block only with ``draft_rows="verify"``."""
+        if block_size > trained_block_size and self.draft_rows != "verify":
+            raise _block_too_wide(block_size, trained_block_size)
+
+    def rows(self, run) -> int:
+        """n, the rows of this step's block (``draft_rows``)."""
+        if self.draft_rows == "verify":  # the release's verify_size
+            return min(run.B, run.remaining + 1)
+        return run.B
+
+    def draft(self, run) -> ChainBlock:
+        """2b. ``[anchor, d_1 .. d_{n-1}]`` from the drafter's proposal under :meth:`draft_law`."""
+        n = self.rows(run)
+        proposal = run.propose(n, self.draft_law(run.sampling))
+        tokens = np.concatenate([[run.anchor], proposal.tokens[: n - 1]]).astype(np.int64)
+        return ChainBlock(tokens, proposal)
+
+    def verify(self, block: ChainBlock, logits, run) -> ChainVerifyResult:
+        return verify_chain_greedy(run.be, block.tokens, logits)
+
+    def keep(self, state, start: int, result) -> None:
+        """Rows 0..a: KV truncated, features of the kept rows, GDN rewound."""
+        state.rollback(start + result.a + 1)
+
+
+@dataclass(frozen=True)
+class RejectionChainVerifier(ChainVerifier):
+    """Sampled chain verify as the release does it (:func:`verify_chain_sampled`): sampled drafts
+    ``d_j ~ q_j``, accept with probability ``min(1, p/q)``, the bonus from the residual. At
+    T < 1e-5 it is :class:`ChainVerifier`."""
+
+    def draft_law(self, sampling: SamplingParams) -> SamplingParams | None:
+        """Drafts sampled from ``sampling`` (None when it is greedy)."""
+        return None if sampling.greedy else sampling
+
+    def check(self, sampling, block_size, trained_block_size) -> None:
+        self.check_rows(block_size, trained_block_size)
+
+    def verify(self, block: ChainBlock, logits, run) -> ChainVerifyResult:
+        return verify_chain_sampled(run.be, block.tokens, logits, block.proposal, run.sampling,
+                                    run.rng)
+
+
+@dataclass(frozen=True)
+class GreedyDraftChainVerifier(ChainVerifier):
+    """The older sampled form (z-lab @44947fb): greedy drafts, one token sampled per target row
+    from ``sampling_probs`` (n uniforms), a draft accepted iff it equals the sampled token
+    (:func:`~dflash_ref.spec_decode.verify.chain_sampled_core`); lossless too. Greedy at
+    T < 1e-5."""
+
+    def check(self, sampling, block_size, trained_block_size) -> None:
+        self.check_rows(block_size, trained_block_size)
+
+    def verify(self, block: ChainBlock, logits, run) -> ChainVerifyResult:
+        law = run.sampling
+        if law.greedy:
+            return verify_chain_greedy(run.be, block.tokens, logits)
+        p = sampling_probs(run.be, logits, law.temperature, law.top_p, law.top_k)  # [n, V]
+        n = len(block.tokens)
+        if p.shape[0] != n:
+            raise ValueError(f"target_logits has {p.shape[0]} rows, block has {n}")
+        a, bonus, posterior = chain_sampled_core(block.tokens, p, run.rng.random(n))
+        a = int(a)
+        return ChainVerifyResult(a=a, accepted=tuple(int(t) for t in block.tokens[1: 1 + a]),
+                                 bonus=int(bonus), posterior=posterior)
+
+
+@dataclass(frozen=True)
+class TreeVerifier(Verifier):
+    """DDTree, greedy (liranringel/ddtree ``ddtree.py``; :mod:`~dflash_ref.spec_decode.ddtree`):
+    a best-first tree over the draft rows 1..B-1, one target pass with an ancestor-only mask,
+    the verified path kept.
+
+    Attributes:
+        options: how the tree is built (the authors' defaults; ``DDTreeOptions.lucebox()``).
+    """
+
+    options: DDTreeOptions = field(default_factory=DDTreeOptions)
+
+    def check(self, sampling, block_size, trained_block_size) -> None:
+        if not sampling.greedy:
+            raise ConfigError("tree verify is greedy only; use verify='chain' with "
+                              "temperature > 0")
+        if block_size > trained_block_size:
+            raise _block_too_wide(block_size, trained_block_size)
+
+    def draft(self, run) -> TreeBlock:
+        """2b. The tree over the drafter's rows 1..B-1 (its trained block is drafted)."""
+        logits = run.draft_logits()
+        return TreeBlock(build_ddtree(run.be, run.anchor, logits[1:run.B], self.options))
+
+    def verify(self, block: TreeBlock, logits, run):
+        return verify_tree(run.be, block.tree, logits)
+
+    def keep(self, state, start: int, result) -> None:
+        """The path's KV rows, features and GDN state, as if it had run as a chain."""
+        state.commit_path(result.path)
+
+
+def make_verifier(verify, sampling: SamplingParams) -> Verifier:
+    """``generate``'s ``verify`` as a :class:`Verifier`: "chain", "tree" or a verifier itself.
+
+    The one place a verify-mode string is read: "chain" is :class:`ChainVerifier` when
+    ``sampling`` is greedy, else :class:`RejectionChainVerifier`; "tree" is :class:`TreeVerifier`.
+    """
+    if isinstance(verify, Verifier):
+        return verify
+    if verify == "chain":
+        return ChainVerifier() if sampling.greedy else RejectionChainVerifier()
+    if verify == "tree":
+        return TreeVerifier()
+    raise ConfigError(f"verify={verify!r} is unknown; expected one of {VERIFY_MODES} or a "
+                      f"Verifier (dflash_ref.spec_decode.verifiers)")
