@@ -14,8 +14,8 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from dflash_ref.ops.pager import _check_slots as check_host_slots
 from dflash_ref.ops.pager import check_chunk_blocks
+from dflash_ref.ops.pager import check_slots as check_host_slots
 from kernels_cupy._launch import i32, launch_elementwise
 
 

@@ -5,7 +5,9 @@
   function still ties two modules into one);
 - every citation resolves inside the repository: nothing cites the project's private notes
   (``spec/*.md`` files or their bare section marks), which a reader who clones it cannot open;
-- the public entry points import from the top.
+- the public entry points import from the top;
+- the documented layer order holds (which part may import which), no private name is imported
+  from another part, and each public name is defined once (tests/layout_rules.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.layout_rules import LAYERS, NEVER, RANK, layout_report, part
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
@@ -142,3 +146,56 @@ def test_every_test_the_docs_name_exists():
             elif name and not re.search(rf"^(def|class) {name}\b", file.read_text(), re.M):
                 missing.append(f"{doc.relative_to(ROOT)}: {path}::{name}")
     assert not missing, "docs name tests that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_the_layer_order_holds():
+    report = layout_report()
+    assert not report.unranked, (f"modules in no layer of tests/layout_rules.py (add their part "
+                                 f"to LAYERS and to docs/architecture.md): {report.unranked}")
+    assert not report.order_violations, (
+        "imports against the layer order of docs/architecture.md (a part imports only the "
+        "parts before it):\n" + "\n".join(report.order_violations))
+
+
+def test_no_private_name_is_imported_from_another_part():
+    private = layout_report().private_imports
+    assert not private, ("private names imported across parts (make the name public where it "
+                         "lives, or move the caller):\n" + "\n".join(private))
+
+
+def test_each_public_name_is_defined_once():
+    duplicates = layout_report().duplicate_names
+    assert not duplicates, f"public names defined in more than one module: {duplicates}"
+
+
+def test_the_layer_order_is_the_documented_one():
+    # docs/architecture.md states the order in one line; the rules above enforce LAYERS.
+    doc = (ROOT / "docs/architecture.md").read_text()
+    line = " -> ".join(" | ".join(parts) for parts in LAYERS)
+    assert line in doc, f"docs/architecture.md does not state the enforced order: {line}"
+    assert all(p in RANK for pair in NEVER for p in pair)
+
+
+def test_the_rules_catch_planted_violations(tmp_path, monkeypatch):
+    # A hand-made package: models importing spec_decode (against the order), spec_decode
+    # importing models (forbidden besides the order), a private import across parts and a
+    # public name defined twice must each be reported.
+    import tests.layout_rules as rules
+
+    pkg = tmp_path / "dflash_ref"
+    for sub in ("models", "spec_decode", "ops"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "a.py").write_text("def f():\n    from dflash_ref.spec_decode import b\n")
+    (pkg / "spec_decode" / "b.py").write_text("from dflash_ref.models.a import f\n")
+    (pkg / "ops" / "c.py").write_text("def f():\n    pass\n\ndef _g():\n    pass\n")
+    (pkg / "models" / "d.py").write_text("from dflash_ref.ops.c import _g\n")
+    monkeypatch.setattr(rules, "ROOT", tmp_path)
+    report = rules.layout_report()
+    assert sorted(report.order_violations) == [
+        "dflash_ref.models.a imports dflash_ref.spec_decode",
+        "dflash_ref.spec_decode.b imports dflash_ref.models.a"]
+    assert report.private_imports == ["dflash_ref.models.d imports dflash_ref.ops.c._g"]
+    assert report.duplicate_names == {"f": ["dflash_ref.models.a", "dflash_ref.ops.c"]}
+    assert part("dflash_ref.models.a") == "models" and part("dflash_ref") is None

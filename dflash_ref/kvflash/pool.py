@@ -265,9 +265,9 @@ class ChunkTable:
         """[T] host slots of a forward's distinct, resident ``positions``, checked once (range
         and distinctness, the ``scatter_rows`` check) so that every layer's write can use one
         backend copy of them (:meth:`~dflash_ref.kvflash.pager.KVFlashPager.write_slots`)."""
-        from dflash_ref.ops.pager import _check_slots
+        from dflash_ref.ops.pager import check_slots
 
-        return _check_slots(self.resident_slots(positions), self.pool_tokens, "batch_slots",
+        return check_slots(self.resident_slots(positions), self.pool_tokens, "batch_slots",
                             distinct=True)
 
     def fill_slot_pos(self) -> np.ndarray:

@@ -282,7 +282,8 @@ def tree_depths(parents) -> np.ndarray:
     for i, p in enumerate(parents):
         if p >= i or p < -1:
             raise ValueError(
-                f"tree parents must be topologically ordered (-1 <= parents[i] < i); "
+                f"tree parents must be topologically ordered (-1 <= parents[i] < i: a parent must "
+                f"precede its child); "
                 f"parents[{i}] = {p}"
             )
         depth[i] = 0 if p < 0 else depth[p] + 1

@@ -29,7 +29,7 @@ def _check_pool(pool, op: str) -> None:
         )
 
 
-def _check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> np.ndarray:
+def check_slots(slots, n_slots: int, op: str, *, distinct: bool) -> np.ndarray:
     """``slots`` as a 1-D int64 array of in-range (and, for writes, distinct) slot indices."""
     slots = np.asarray(slots)
     if slots.ndim != 1 or not (slots.size == 0 or np.issubdtype(slots.dtype, np.integer)):
@@ -67,7 +67,7 @@ def gather_rows(pool, slots, out=None) -> np.ndarray:
         [S, n, W] of the pool's dtype (bit copies): ``out`` when given, else a new array.
     """
     _check_pool(pool, "gather_rows")
-    slots = _check_slots(slots, pool.shape[1], "gather_rows", distinct=False)
+    slots = check_slots(slots, pool.shape[1], "gather_rows", distinct=False)
     if out is None:
         return np.ascontiguousarray(pool[:, slots])  # [S, P, W] -> [S, n, W]
     _check_out(out, (pool.shape[0], slots.size, pool.shape[2]), pool.dtype)
@@ -96,7 +96,7 @@ def scatter_rows(pool, slots, rows, checked: bool = False):
     if not pool.flags.c_contiguous:
         raise ValueError("scatter_rows: pool must be C-contiguous (it is updated in place; a "
                          "strided view would be written through a copy on the GPU)")
-    slots = _check_slots(slots, pool.shape[1], "scatter_rows", distinct=True)
+    slots = check_slots(slots, pool.shape[1], "scatter_rows", distinct=True)
     rows = np.asarray(rows)
     want = (pool.shape[0], slots.size, pool.shape[2])
     if rows.shape != want:

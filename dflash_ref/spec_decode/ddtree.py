@@ -45,6 +45,7 @@ import numpy as np
 
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.errors import ConfigError
+from dflash_ref.ops.masks import ancestor_matrix
 from dflash_ref.ops.reductions import check_finite_logits
 from dflash_ref.spec_decode.verify import greedy_posterior
 
@@ -337,30 +338,6 @@ def chain_tree(block) -> DDTree:
     return DDTree(tokens=b.copy(), parents=np.arange(-1, n - 1, dtype=np.int64),
                   depths=np.arange(n, dtype=np.int64), log_weights=np.zeros(n),
                   ranks=np.zeros(n, np.int64), child_maps=child_maps)
-
-
-def ancestor_matrix(parents) -> np.ndarray:
-    """Ancestor-only visibility: ``vis[i, j]`` iff node j is node i or one of its ancestors.
-
-    Row 0 (the root) sees itself; row i copies its parent's row and sets column i. This is the
-    within-tree part of the verify mask (every row also sees the committed prefix); the attention
-    family turns it into an additive mask.
-
-    Args:
-        parents: [N] int, ``parents[0] = -1``, ``parents[i] < i``.
-    Returns:
-        [N, N] bool.
-    """
-    p = np.asarray(parents, dtype=np.int64)
-    n = p.shape[0]
-    vis = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        if i > 0:
-            if not 0 <= p[i] < i:
-                raise ValueError(f"parents[{i}] = {p[i]}: a parent must precede its child")
-            vis[i] = vis[p[i]]
-        vis[i, i] = True
-    return vis
 
 
 # ---------------------------------------------------------------------------------------------

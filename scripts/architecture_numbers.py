@@ -1,0 +1,149 @@
+"""Measure the numbers docs/architecture.md quotes about the code's shape ("The numbers").
+
+Run from the repository root: ``python scripts/architecture_numbers.py`` (``--json`` for the raw
+numbers). Every number is measured on the tree as it stands, so the script can be run on any
+commit that has ``dflash_ref/`` (tests/test_architecture_numbers.py checks the page against it):
+
+- **functions a path runs**: the distinct project functions (``dflash_ref/`` and
+  ``kernels_cupy/``, by file and first line; comprehensions are not counted, since Python 3.12
+  inlines them) called during one ``generate()`` on a tiny random Qwen3 target
+  (``dflash_ref.tiny``), 8 new tokens after a 3-token prompt, measured after one warm-up run:
+  plain greedy (no drafter) and the speculative chain (a tiny drafter, block 4);
+- **the decoder layer**: lines, ``if`` statements and parameters of the target decoder layer's
+  forward, and how often Gemma 4 is named in its module;
+- **generate()**: its parameter count;
+- **module sizes**: modules at 400+ lines, the longest, ``models/state.py``;
+- **imports**: private names imported across packages, public names defined in two modules, and
+  imports against the documented layer order (the rules of tests/test_layout.py);
+- **a family and a verify rule**: the product files (``dflash_ref/``) whose text names the last
+  target family added (Gemma 4) and the last verify rule added (rejection sampling with the
+  residual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.layout_rules import layout_report  # noqa: E402
+
+FAMILY = re.compile(r"Gemma ?4|gemma4", re.I)
+VERIFY_RULE = re.compile(r"rejection")
+
+
+def _count_calls(fn) -> tuple[int, int]:
+    """(distinct project functions, distinct files) that ``fn()`` calls."""
+    seen = set()
+    roots = (str(ROOT / "dflash_ref"), str(ROOT / "kernels_cupy"))
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            if code.co_filename.startswith(roots) and not code.co_name.startswith(
+                    ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")):
+                seen.add((code.co_filename, code.co_firstlineno))
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return len(seen), len({f for f, _ in seen})
+
+
+def path_numbers() -> dict:
+    """Functions and files of the plain greedy path and the speculative chain path."""
+    import dflash_ref
+    from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+
+    assert Path(dflash_ref.__file__).resolve().is_relative_to(ROOT), dflash_ref.__file__
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        write_tiny_target(tmp / "t", "qwen3")
+        write_tiny_drafter(tmp / "d", tmp / "t", block_size=4)
+        target = dflash_ref.TargetModel.from_pretrained(tmp / "t")
+        drafter = dflash_ref.DFlashDrafter.from_pretrained(tmp / "d", target)
+        plain = lambda: dflash_ref.generate(target, None, [1, 5, 9], 8)  # noqa: E731
+        spec = lambda: dflash_ref.generate(target, drafter, [1, 5, 9], 8)  # noqa: E731
+        plain(), spec()  # warm-up: first-call caches are not the path
+        return {"plain_greedy": _count_calls(plain), "spec_chain": _count_calls(spec)}
+
+
+def _decoder_layer_forward() -> ast.FunctionDef:
+    tree = ast.parse((ROOT / "dflash_ref/models/layers.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DecoderLayer")
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef)
+                and n.name in ("__call__", "forward"))
+
+
+def layer_numbers() -> dict:
+    fn = _decoder_layer_forward()
+    body = fn.body[1:] if ast.get_docstring(fn) else fn.body
+    lines = sum(1 for n in body for _ in range(n.lineno, n.end_lineno + 1))
+    ifs = sum(isinstance(n, (ast.If, ast.IfExp)) for b in body for n in ast.walk(b))
+    params = len(fn.args.args) - 1 + len(fn.args.kwonlyargs)
+    text = (ROOT / "dflash_ref/models/layers.py").read_text()
+    return {"decoder_layer_lines": lines, "decoder_layer_ifs": ifs,
+            "decoder_layer_params": params, "gemma4_named_in_layers": len(FAMILY.findall(text))}
+
+
+def generate_params() -> int:
+    import inspect
+
+    from dflash_ref import generate
+    return len(inspect.signature(generate).parameters)
+
+
+def module_numbers() -> dict:
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+             for p in sorted((ROOT / "dflash_ref").rglob("*.py"))}
+    longest = max(sizes, key=sizes.get)
+    return {"modules_400_plus": sum(n >= 400 for n in sizes.values()),
+            "longest_module": f"{longest} ({sizes[longest]})",
+            "state_py_lines": sizes.get("dflash_ref/models/state.py", 0)}
+
+
+def naming_files(pattern: re.Pattern) -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dflash_ref").rglob("*.py")
+                  if pattern.search(p.read_text()))
+
+
+def measure() -> dict:
+    report = layout_report()
+    return {
+        **path_numbers(), **layer_numbers(), "generate_params": generate_params(),
+        **module_numbers(),
+        "private_imports_across_packages": len(report.private_imports),
+        "public_names_defined_twice": len(report.duplicate_names),
+        "layer_order_violations": len(report.order_violations),
+        "files_naming_last_family": naming_files(FAMILY),
+        "files_naming_last_verify_rule": naming_files(VERIFY_RULE),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the raw numbers as JSON")
+    args = parser.parse_args(argv)
+    numbers = measure()
+    if args.json:
+        print(json.dumps(numbers, indent=2))
+        return
+    for key, value in numbers.items():
+        if isinstance(value, tuple):
+            value = f"{value[0]} functions in {value[1]} files"
+        elif isinstance(value, list):
+            value = f"{len(value)}: {', '.join(v.removeprefix('dflash_ref/') for v in value)}"
+        print(f"{key:34s} {value}")
+
+
+if __name__ == "__main__":
+    main()
