@@ -39,9 +39,9 @@ FAMILY = re.compile(r"Gemma ?4|gemma4", re.I)
 VERIFY_RULE = re.compile(r"rejection")
 
 
-def _count_calls(fn) -> tuple[int, int]:
-    """(distinct project functions, distinct files) that ``fn()`` calls."""
-    seen = set()
+def calls(fn) -> dict[tuple[str, int], str]:
+    """The distinct project functions ``fn()`` calls: (file, first line) -> qualified name."""
+    seen = {}
     roots = (str(ROOT / "dflash_ref"), str(ROOT / "kernels_cupy"))
 
     def profile(frame, event, arg):
@@ -49,18 +49,25 @@ def _count_calls(fn) -> tuple[int, int]:
             code = frame.f_code
             if code.co_filename.startswith(roots) and not code.co_name.startswith(
                     ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")):
-                seen.add((code.co_filename, code.co_firstlineno))
+                seen[code.co_filename, code.co_firstlineno] = code.co_qualname
 
     sys.setprofile(profile)
     try:
         fn()
     finally:
         sys.setprofile(None)
+    return seen
+
+
+def _count_calls(fn) -> tuple[int, int]:
+    """(distinct project functions, distinct files) that ``fn()`` calls."""
+    seen = calls(fn)
     return len(seen), len({f for f, _ in seen})
 
 
-def path_numbers() -> dict:
-    """Functions and files of the plain greedy path and the speculative chain path."""
+def path_numbers(listing: str | None = None) -> dict:
+    """Functions and files of the plain greedy path and the speculative chain path (``listing``
+    "plain" or "spec": print that path's functions by file instead)."""
     import dflash_ref
     from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 
@@ -74,7 +81,19 @@ def path_numbers() -> dict:
         plain = lambda: dflash_ref.generate(target, None, [1, 5, 9], 8)  # noqa: E731
         spec = lambda: dflash_ref.generate(target, drafter, [1, 5, 9], 8)  # noqa: E731
         plain(), spec()  # warm-up: first-call caches are not the path
+        if listing:
+            _print_listing(calls(plain if listing == "plain" else spec))
+            return {}
         return {"plain_greedy": _count_calls(plain), "spec_chain": _count_calls(spec)}
+
+
+def _print_listing(seen: dict) -> None:
+    by_file: dict[str, list[str]] = {}
+    for (file, _), name in sorted(seen.items()):
+        by_file.setdefault(str(Path(file).relative_to(ROOT)), []).append(name)
+    for file, names in by_file.items():
+        print(f"{file} ({len(names)}): {', '.join(names)}")
+    print(f"{len(seen)} functions in {len(by_file)} files")
 
 
 def _decoder_layer_forward() -> ast.FunctionDef:
@@ -132,7 +151,12 @@ def measure() -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the raw numbers as JSON")
+    parser.add_argument("--list", choices=("plain", "spec"),
+                        help="list the functions the plain greedy or speculative chain path runs")
     args = parser.parse_args(argv)
+    if args.list:
+        path_numbers(args.list)
+        return
     numbers = measure()
     if args.json:
         print(json.dumps(numbers, indent=2))
