@@ -15,9 +15,10 @@ commit that has ``dflash_ref/`` (tests/test_architecture_numbers.py checks the p
 - **module sizes**: modules at 400+ lines, the longest, ``models/state.py``;
 - **imports**: private names imported across packages, public names defined in two modules, and
   imports against the documented layer order (the rules of tests/test_layout.py);
-- **a family and a verify rule**: the product files (``dflash_ref/``) whose text names the last
-  target family added (Gemma 4) and the last verify rule added (rejection sampling with the
-  residual).
+- **a family and a verify rule**: the product files (``dflash_ref/``) whose code (names and
+  strings, not comments or docstrings) names the last target family added (Gemma 4) and the last
+  verify rule added (rejection sampling with the residual); and, from git history, the product
+  files the commits that added them changed (``HISTORY``; "n/a" without the history).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import ast
 import json
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,8 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from tests.layout_rules import layout_report  # noqa: E402
 
-FAMILY = re.compile(r"Gemma ?4|gemma4", re.I)
-VERIFY_RULE = re.compile(r"rejection")
+FAMILY = re.compile(r"gemma ?4", re.I)
+VERIFY_RULE = re.compile(r"rejection", re.I)
+HISTORY = {  # the commit that added each, as merged into main
+    "gemma4_commit_files": "3925bae",  # Gemma 4 text (dense, PLE + KV sharing, MoE), Qwen3.5 MoE
+    "rejection_rule_commit_files": "93b1655",  # sampled drafts, rejection with the residual
+}
 
 
 def calls(fn) -> dict[tuple[str, int], str]:
@@ -130,9 +136,37 @@ def module_numbers() -> dict:
             "state_py_lines": sizes.get("dflash_ref/models/state.py", 0)}
 
 
+def _code_words(tree: ast.Module):
+    """Identifiers and string constants of a module, docstrings excluded."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr)
+                  and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            yield node.name
+        elif isinstance(node, ast.alias):
+            yield node.name
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docstrings):
+            yield node.value
+
+
 def naming_files(pattern: re.Pattern) -> list[str]:
+    """The product files whose code (not comments or docstrings) matches ``pattern``."""
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dflash_ref").rglob("*.py")
-                  if pattern.search(p.read_text()))
+                  if any(pattern.search(w) for w in _code_words(ast.parse(p.read_text()))))
+
+
+def commit_files(commit: str) -> int | str:
+    """How many product files (``dflash_ref/``) ``commit`` changed ("n/a" without history)."""
+    out = subprocess.run(["git", "show", "--name-only", "--format=", commit, "--", "dflash_ref"],
+                         cwd=ROOT, capture_output=True, text=True)
+    return len(out.stdout.split()) if out.returncode == 0 else "n/a"
 
 
 def measure() -> dict:
@@ -145,7 +179,17 @@ def measure() -> dict:
         "layer_order_violations": len(report.order_violations),
         "files_naming_last_family": naming_files(FAMILY),
         "files_naming_last_verify_rule": naming_files(VERIFY_RULE),
+        **{key: commit_files(commit) for key, commit in HISTORY.items()},
     }
+
+
+def cell(value) -> str:
+    """A number as the page's table writes it."""
+    if isinstance(value, tuple):
+        return f"{value[0]} in {value[1]} files"
+    if isinstance(value, list):
+        return str(len(value))
+    return str(value)
 
 
 def main(argv=None) -> None:
@@ -162,11 +206,9 @@ def main(argv=None) -> None:
         print(json.dumps(numbers, indent=2))
         return
     for key, value in numbers.items():
-        if isinstance(value, tuple):
-            value = f"{value[0]} functions in {value[1]} files"
-        elif isinstance(value, list):
-            value = f"{len(value)}: {', '.join(v.removeprefix('dflash_ref/') for v in value)}"
-        print(f"{key:34s} {value}")
+        named = (": " + ", ".join(v.removeprefix("dflash_ref/") for v in value)
+                 if isinstance(value, list) else "")
+        print(f"{key:34s} {cell(value)}{named}")
 
 
 if __name__ == "__main__":
