@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -34,22 +35,30 @@ class Backend:
     """A compute backend: ``name`` ("numpy" | "cupy"), array module ``xp``, op table ``ops``.
 
     State objects (KV caches, GDN states, pager pools) hold arrays of the backend that made them;
-    moving data between backends is explicit through :meth:`to_numpy` / :meth:`to_backend`.
+    moving data between backends is explicit, through two functions chosen once, when the
+    backend is made:
+
+    - ``to_numpy(arr)``: ``arr`` as a host NumPy array: ``np.asarray`` on NumPy,
+      ``cupy.asnumpy`` on CuPy (a copy from the device for a CuPy array);
+    - ``to_backend(arr)``: ``arr`` as an array of this backend: ``xp.asarray`` (a host-to-device
+      copy on CuPy).
+
+    Either may be given instead (tests/device_counter.py gives both, to count the copies).
     """
 
     name: str
     xp: ModuleType
     ops: SimpleNamespace
+    to_numpy: Callable[[Any], np.ndarray] | None = None
+    to_backend: Callable[[Any], Any] | None = None
 
-    def to_numpy(self, arr: Any) -> np.ndarray:
-        """Return ``arr`` as a host NumPy array (a copy from the device for CuPy arrays)."""
-        if self.name == "cupy" and isinstance(arr, self.xp.ndarray):
-            return self.xp.asnumpy(arr)
-        return np.asarray(arr)
-
-    def to_backend(self, arr: Any) -> Any:
-        """Return ``arr`` as an array of this backend (a host-to-device copy for CuPy)."""
-        return self.xp.asarray(arr)
+    def __post_init__(self):
+        """Choose ``to_numpy`` and ``to_backend`` for ``xp`` where they were not given."""
+        if self.to_numpy is None:
+            to_numpy = self.xp.asnumpy if self.name == "cupy" else np.asarray
+            object.__setattr__(self, "to_numpy", to_numpy)
+        if self.to_backend is None:
+            object.__setattr__(self, "to_backend", self.xp.asarray)
 
     def __repr__(self) -> str:
         return f"Backend(name={self.name!r}, ops={len(vars(self.ops))})"

@@ -56,7 +56,7 @@ the window, so the pattern must be explicit; docs/conventions.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,18 +66,23 @@ WINDOW_MODES = ("left", "bidirectional")
 INT32_MAX = 2**31 - 1
 
 
-def _is_device_array(x) -> bool:
-    return type(x).__module__.startswith("cupy")
+def _index_array(x, name: str, lowest: int):
+    """``x`` as a 1-D integer array of positions in [lowest, 2^31 - 1] (the kernel's int32).
 
-
-def _index_array(x, name: str):
-    """``x`` as a 1-D integer array (NumPy from lists; CuPy arrays are kept on their device)."""
-    if not _is_device_array(x):
+    Lists and NumPy arrays become NumPy and are checked here. A device (CuPy) array is kept on its
+    device and only its shape is checked: reading its values would synchronise.
+    """
+    on_host = not type(x).__module__.startswith("cupy")
+    if on_host:
         x = np.asarray(x)
         if x.dtype == bool or not np.issubdtype(x.dtype, np.integer):
             raise ValueError(f"MaskSpec: {name} must hold integer positions, got dtype {x.dtype}")
     if x.ndim != 1:
         raise ValueError(f"MaskSpec: {name} must be 1-D [T], got shape {tuple(x.shape)}")
+    if on_host and x.size and (x.min() < lowest or x.max() > INT32_MAX):
+        why = "-1 marks an invalid key slot" if lowest < 0 else "queries are real tokens"
+        raise ValueError(f"MaskSpec: {name} values must lie in [{lowest}, 2^31-1] ({why}), got "
+                         f"min {x.min()}, max {x.max()}")
     return x
 
 
@@ -98,6 +103,7 @@ class MaskSpec:
         ancestors: [Tq, Tk] bool, tree verify only: replaces the causal / full batch rule for
             keys with k >= base_pos. ancestors[i, j] is True when key slot j holds query i
             itself or one of its ancestors. Incompatible with ``causal=True``.
+        shape: (Tq, Tk), set when the spec is made.
 
     Arrays may be NumPy (the reference) or CuPy (read on the device by the CuPy twin). The
     spec is immutable; builders (:func:`causal_mask`, :func:`drafter_mask`, ...) make them.
@@ -110,12 +116,15 @@ class MaskSpec:
     window_mode: str = "left"
     base_pos: int | None = None
     ancestors: np.ndarray | None = None
+    shape: tuple[int, int] = field(init=False, repr=False)
 
     def __post_init__(self):
         set_ = object.__setattr__
-        q_pos, k_pos = _index_array(self.q_pos, "q_pos"), _index_array(self.k_pos, "k_pos")
+        q_pos = _index_array(self.q_pos, "q_pos", lowest=0)
+        k_pos = _index_array(self.k_pos, "k_pos", lowest=-1)
         set_(self, "q_pos", q_pos)
         set_(self, "k_pos", k_pos)
+        set_(self, "shape", (int(q_pos.shape[0]), int(k_pos.shape[0])))
         set_(self, "causal", bool(self.causal))
         if self.window is not None:
             w = int(self.window)
@@ -136,15 +145,15 @@ class MaskSpec:
                 raise ValueError(f"MaskSpec: base_pos must be an int >= 0, got {self.base_pos!r}")
             set_(self, "base_pos", b)
         if self.ancestors is not None:
-            anc = self.ancestors if _is_device_array(self.ancestors) else np.asarray(
-                self.ancestors
-            )
+            anc = self.ancestors
+            if not type(anc).__module__.startswith("cupy"):  # a device array stays on its device
+                anc = np.asarray(anc)
             if anc.dtype != bool:
                 raise ValueError(f"MaskSpec: ancestors must be bool, got dtype {anc.dtype}")
-            if tuple(anc.shape) != (q_pos.shape[0], k_pos.shape[0]):
+            if tuple(anc.shape) != self.shape:
                 raise ValueError(
                     f"MaskSpec: ancestors has shape {tuple(anc.shape)}, expected [Tq, Tk] = "
-                    f"{(q_pos.shape[0], k_pos.shape[0])}"
+                    f"{self.shape}"
                 )
             if self.causal:
                 raise ValueError(
@@ -152,20 +161,6 @@ class MaskSpec:
                     "causal=False with an ancestor matrix (tree_mask does this)"
                 )
             set_(self, "ancestors", anc)
-        for name, arr in (("q_pos", q_pos), ("k_pos", k_pos)):
-            if not _is_device_array(arr) and arr.size:  # device arrays: no host sync here
-                lo = 0 if name == "q_pos" else -1
-                if arr.min() < lo or arr.max() > INT32_MAX:
-                    raise ValueError(
-                        f"MaskSpec: {name} values must lie in [{lo}, 2^31-1] "
-                        f"({'-1 marks an invalid key slot' if lo else 'queries are real tokens'}),"
-                        f" got min {arr.min()}, max {arr.max()}"
-                    )
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(Tq, Tk)."""
-        return (int(self.q_pos.shape[0]), int(self.k_pos.shape[0]))
 
 
 # ---------------------------------------------------------------- the predicate
@@ -214,10 +209,6 @@ def materialize(spec: MaskSpec, dtype=np.float32) -> np.ndarray:
 # ---------------------------------------------------------------- builders
 
 
-def _positions(x, name: str) -> np.ndarray:
-    return _index_array(x, name)
-
-
 def causal_mask(q_pos, k_pos=None, window: int | None = None) -> MaskSpec:
     """Target attention: causal, optionally with a sliding window W (HF: ``0 <= q - k < W``).
 
@@ -227,8 +218,8 @@ def causal_mask(q_pos, k_pos=None, window: int | None = None) -> MaskSpec:
             ``arange(max(q_pos) + 1)``: a contiguous cache holding everything up to the last query.
         window: the layer's sliding window, or None for a full-attention layer.
     """
-    q_pos = _positions(q_pos, "q_pos")
     if k_pos is None:
+        q_pos = _index_array(q_pos, "q_pos", lowest=0)
         k_pos = np.arange(int(q_pos.max()) + 1 if q_pos.size else 0)
     return MaskSpec(q_pos, k_pos, causal=True, window=window)
 
@@ -257,7 +248,8 @@ def drafter_mask(ctx_pos, noise_pos, window: int | None = None, causal: bool = F
     Returns:
         MaskSpec with q_pos = noise_pos and k_pos = concat(ctx_pos, noise_pos).
     """
-    ctx_pos, noise_pos = _positions(ctx_pos, "ctx_pos"), _positions(noise_pos, "noise_pos")
+    ctx_pos = _index_array(ctx_pos, "ctx_pos", lowest=-1)
+    noise_pos = _index_array(noise_pos, "noise_pos", lowest=0)
     k_pos = np.concatenate([np.asarray(ctx_pos), np.asarray(noise_pos)])  # [C + B]
     return MaskSpec(noise_pos, k_pos, causal=causal, window=window, window_mode=window_mode)
 
@@ -330,7 +322,7 @@ def tree_mask(parents, base_pos: int, k_pos=None, node_slots=None,
     q_pos = base_pos + depth  # [n]
     if k_pos is None:
         k_pos = np.concatenate([np.arange(base_pos), q_pos])
-    k_pos = _positions(k_pos, "k_pos")
+    k_pos = _index_array(k_pos, "k_pos", lowest=-1)
     slots = base_pos + np.arange(n) if node_slots is None else np.asarray(node_slots)
     if slots.shape != (n,) or (n and (slots.min() < 0 or slots.max() >= k_pos.shape[0])):
         raise ValueError(f"tree_mask: node_slots must be [n={n}] indices into k_pos "

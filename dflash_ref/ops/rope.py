@@ -18,15 +18,21 @@ agree on the angle bit for bit; only cos/sin and the final FMA differ by an ulp 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dflash_ref.ops._dtypes import as_compute, compute_dtype
 
 
+@functools.lru_cache(maxsize=64)
 def rope_inv_freq(theta: float, rotary_dim: int, factor: float = 1.0) -> np.ndarray:
     """The [rotary_dim // 2] float32 inverse frequencies ``theta^(-2i/rotary_dim) / factor``.
 
     ``factor`` is HF's "linear" RoPE scaling (Gemma 3 global layers: 8.0); 1.0 is plain RoPE.
+    The table is a constant of its arguments: made once per configuration (a model has one or
+    two, and calls :func:`rope` twice per layer and step) and returned read-only, as the CuPy
+    twin keeps it on the device.
     """
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
@@ -38,7 +44,10 @@ def rope_inv_freq(theta: float, rotary_dim: int, factor: float = 1.0) -> np.ndar
         rotary_dim
     )  # [rd/2]
     inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
-    return inv_freq if factor == 1.0 else (inv_freq / np.float32(factor)).astype(np.float32)
+    if factor != 1.0:
+        inv_freq = (inv_freq / np.float32(factor)).astype(np.float32)
+    inv_freq.setflags(write=False)  # shared by every call with these arguments
+    return inv_freq
 
 
 def rope(x, positions, theta: float, rotary_dim: int | None = None,
