@@ -26,8 +26,8 @@ calls ``block = v.draft(run)``, runs the target on ``block`` (``block.forward``)
 request's decoding state as a verifier may use it:
 
 - ``run.anchor``, ``run.s`` (its position), ``run.B`` (the block size), ``run.remaining`` (tokens
-  still wanted), ``run.sampling`` (:class:`~dflash_ref.ops.sampling.SamplingParams`), ``run.rng``,
-  ``run.be``;
+  still wanted), ``run.sampling`` (:class:`~dflash_ref.ops.sampling.SamplingParams`), ``run.rng``
+  (the draws' generator; None when greedy), ``run.be``;
 - ``run.propose(n_rows, law)``: the drafter's :class:`~dflash_ref.ops.sampling.DraftProposal` for
   an ``n_rows`` block (greedy drafts for ``law=None``, else sampled from ``law``);
 - ``run.draft_logits()``: the drafter's logits over its trained block [Bd, V].
