@@ -76,6 +76,10 @@ class SamplingParams:
         return np.random.default_rng(self.seed)
 
 
+GREEDY = SamplingParams()
+"""The default law, greedy decoding (checked once, here, rather than built per call)."""
+
+
 @dataclass(frozen=True)
 class DraftProposal:
     """What a drafter proposes for one block (``drafter.propose``).

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dflash_ref.errors import ConfigError
-from dflash_ref.ops.sampling import SamplingParams
+from dflash_ref.ops.sampling import GREEDY, SamplingParams
 from dflash_ref.spec_decode.decoding import Decoding, GenerationResult
 from dflash_ref.spec_decode.loop import check_arguments
 
@@ -47,7 +47,7 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
     prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
     if not prompts:
         raise ValueError("generate_batch: no prompts")
-    sampling = sampling or SamplingParams()
+    sampling = sampling or GREEDY
     seeds = [sampling.seed] * len(prompts) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
         raise ConfigError(f"generate_batch: {len(seeds)} seeds for {len(prompts)} prompts; "
@@ -55,17 +55,17 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
     laws = [dataclasses.replace(sampling, seed=seed) for seed in seeds]
     checked = [check_arguments(target, drafter, p, max_new_tokens, law, block_size, "chain")
                for p, law in zip(prompts, laws)]
-    runs = [Decoding(target, drafter, B, max_new_tokens, law, verifier, stops=stop_token_ids)
-            for (B, verifier), law in zip(checked, laws)]
-    outs = target.forward_batch([r.prefill_ids(p) for r, p in zip(runs, prompts)],
+    runs = [Decoding(target, drafter, p, B, max_new_tokens, law, verifier, stops=stop_token_ids)
+            for p, (B, verifier), law in zip(prompts, checked, laws)]
+    outs = target.forward_batch([r.to_prefill for r in runs],
                                 [r.state for r in runs])  # 1. one prefill for all
     for r, out in zip(runs, outs):
-        r.accept_prefill(out)
+        r.sample_next(out)
     while True:
-        active = [r for r in runs if not r.done()]
+        active = [r for r in runs if not r.done]
         if not active:
             break
-        t0 = [r.clock.start() for r in active]
+        t0 = [r.clock.now() for r in active]
         blocks = [r.verifier.draft(r) if r.draft_cache is not None else None
                   for r in active]  # 2b. per sequence; None: a plain step
         ids = [b.tokens if b is not None else np.array([r.anchor]) for r, b in zip(active,
@@ -75,5 +75,5 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
             if block is not None:
                 r.accept(block, out, t)  # 2d. keep rows 0..a, emit a + 1 tokens
             else:
-                r.accept_plain(out)
+                r.sample_next(out)
     return [r.finish() for r in runs]

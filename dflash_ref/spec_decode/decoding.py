@@ -17,7 +17,7 @@ import numpy as np
 from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_tokens
 from dflash_ref.spec_decode.gate import GateObservation, StepObservation
-from dflash_ref.spec_decode.observe import Clock, Observers
+from dflash_ref.spec_decode.observe import Clock
 from dflash_ref.spec_decode.stats import acceptance_rate as _acceptance_rate
 from dflash_ref.spec_decode.verifiers import ChainBlock
 
@@ -72,26 +72,31 @@ class Decoding:
 
     ``anchor`` is the newest emitted token t_s at position ``s`` (not yet run by the target);
     ``last_logits`` [1, V] is the target row that produced it (what a gate looks at).
+    ``remaining`` counts the tokens still wanted and ``done`` turns True once none are, or a stop
+    token was emitted (both kept by :meth:`_emit`).
 
     Args:
         target, drafter: the models (drafter None: plain decoding).
+        prompt: [N] the prompt ids; a given ``state`` must hold a proper prefix of them.
         B: the block size (1 without a drafter).
         sampling: the run's :class:`~dflash_ref.ops.sampling.SamplingParams`.
-        verifier: the verify rule (:mod:`~dflash_ref.spec_decode.verifiers`).
+        verifier: the verify rule (:mod:`~dflash_ref.spec_decode.verifiers`; None without a
+            drafter).
         pager, stops, state: as for ``generate`` (``stops``: its stop_token_ids).
-        observer: an :class:`~dflash_ref.spec_decode.observe.Observer` (or None).
+        observer: an :class:`~dflash_ref.spec_decode.observe.Observer`, or None: then no event
+            is sent at all.
         cost_model: modelled times for a gate and ``modelled_time`` (or None).
     """
 
-    def __init__(self, target, drafter, B: int, max_new_tokens: int, sampling: SamplingParams,
-                 verifier, pager=None, stops=None, state=None, observer=None, cost_model=None):
+    def __init__(self, target, drafter, prompt, B: int, max_new_tokens: int,
+                 sampling: SamplingParams, verifier, pager=None, stops=None, state=None,
+                 observer=None, cost_model=None):
         self.target, self.drafter, self.B, self.be = target, drafter, B, target.be
         self.max_new_tokens, self.sampling, self.verifier = max_new_tokens, sampling, verifier
-        self.rng = sampling.generator()
+        self.rng = None if sampling.greedy else sampling.generator()  # greedy draws nothing
         self.pager, self.cost = pager, cost_model
         self.stops = {int(t) for t in (stops or ())}
-        self.clock = Clock(self.be, cost_model)
-        self.observer = Observers(self.clock, observer)
+        self.observer = observer
         self.result = GenerationResult(tokens=[])
         self.result.per_position_accepted = np.zeros(max(B - 1, 0), dtype=np.int64)
         if state is not None and state.pager is not pager:
@@ -99,6 +104,12 @@ class Decoding:
                               "the pager it holds (or none)")
         # a fresh state attaches and resets the pager; a given one holds a restored prefix
         self.state = target.new_state(pager=pager) if state is None else state
+        n = self.state.length  # prompt tokens a restored state already holds
+        if n >= prompt.size or (n and not np.array_equal(self.state.tokens, prompt[:n])):
+            raise StateError(f"generate(state=...): the state holds {n} tokens that are not a "
+                             f"proper prefix of the {prompt.size}-token prompt")
+        self.prompt, self.s = prompt, prompt.size  # s: position of the anchor
+        self.to_prefill = prompt[n:]  # the prompt tokens the prefill runs
         self.draft_cache = drafter.new_cache() if drafter is not None and B > 1 else None
         if self.draft_cache is not None and self.state.features is None:
             raise ConfigError("the target captures no features; bind the drafter first "
@@ -106,32 +117,29 @@ class Decoding:
                               "target_layer_ids)")
         self.emitted: list[int] = []
         self.emitted_from_draft: list[bool] = []
-        self.observer.on_start(self.state)
+        self.remaining, self.done = max_new_tokens, False
+        self.clock = Clock(self.be, cost_model)
+        if observer is not None:
+            observer.on_start(self.state)
 
     # ------------------------------------------------------------------ bookkeeping
-
-    @property
-    def remaining(self) -> int:
-        """Tokens still wanted."""
-        return self.max_new_tokens - len(self.emitted)
-
-    def done(self) -> bool:
-        return self.remaining <= 0 or any(t in self.stops for t in self.emitted)
 
     def observation(self) -> GateObservation:
         return GateObservation(self.be, self.last_logits[-1], len(self.emitted))
 
     def _emit(self, tokens: list[int], n_drafts: int = 0) -> None:
         """Append committed tokens (the first ``n_drafts`` are accepted drafts); report them
-        (cut at max_new_tokens) and re-page KVFlash."""
-        self.observer.on_commit(list(tokens))
+        (cut at max_new_tokens), update ``remaining`` and ``done``, and re-page KVFlash."""
+        n_new = min(len(tokens), max(0, self.remaining))
         self.emitted.extend(tokens)
         self.emitted_from_draft.extend(i < n_drafts for i in range(len(tokens)))
         self.anchor = tokens[-1]
-        before = len(self.emitted) - len(tokens)
-        n_new = min(len(tokens), max(0, self.max_new_tokens - before))
-        self.observer.on_emit([int(t) for t in tokens[:n_new]])
-        if self.pager is not None and self.pager.scorer is not None and not self.done():
+        self.remaining -= len(tokens)
+        self.done = self.done or self.remaining <= 0 or any(t in self.stops for t in tokens)
+        if self.observer is not None:
+            self.observer.on_commit(list(tokens))
+            self.observer.on_emit([int(t) for t in tokens[:n_new]])
+        if self.pager is not None and self.pager.scorer is not None and not self.done:
             # KVFlash relevance (docs/kvflash.md): rescore and re-page when the cadence
             # max(tau, history // 45) is due.
             with self.clock.phase("reselect"):
@@ -139,60 +147,52 @@ class Decoding:
                 self.pager.maybe_reselect(history, len(self.emitted), len(tokens))
 
     def run_target(self, block, phase: str, logits_rows=None):
-        """The target's forward over ``block`` at its positions, reported to the observer.
+        """The target's forward over ``block`` at its positions, timed as ``phase`` (and
+        reported to the observer, if any).
 
         Returns ``(output, seconds)``: the forward's wall time is a plain step's ``t_ar``."""
-        tap = self.observer.before_forward(block.tokens, block.positions(self.state.length),
-                                           block.parents)
+        tap = None
+        if self.observer is not None:
+            tap = self.observer.before_forward(block.tokens, block.positions(self.state.length),
+                                               block.parents)
         with self.clock.phase(phase) as lap:
             out = block.forward(self.target, self.state, tap, logits_rows)
-        self.observer.after_forward(out.logits)
+        if self.observer is not None:
+            self.observer.after_forward(out.logits)
         return out, lap.seconds
 
     # ------------------------------------------------------------------ the steps
 
-    def prefill(self, prompt) -> None:
+    def prefill(self) -> None:
         """1. Run the prompt (capture on); sample the first token from its last row.
 
-        Only that row's logits are computed (``logits_rows``) unless an observer asks for every
+        Only that row's logits are computed (``logits_rows``) unless the observer asks for every
         row: the other N-1 rows would be N x vocab floats that nothing reads."""
-        rest = self.prefill_ids(prompt)
-        rows = None if self.observer.full_prefill_logits else slice(-1, None)
-        out, _ = self.run_target(ChainBlock(rest), "prefill", logits_rows=rows)
-        self.accept_prefill(out)
+        every_row = self.observer is not None and self.observer.full_prefill_logits
+        out, _ = self.run_target(ChainBlock(self.to_prefill), "prefill",
+                                 logits_rows=None if every_row else slice(-1, None))
+        self.sample_next(out)
 
-    def prefill_ids(self, prompt) -> np.ndarray:
-        """The prompt tokens still to run (all but those a restored state already holds)."""
-        self.prompt, self.s = prompt, prompt.size  # s: position of the anchor
-        n = self.state.length  # prompt tokens a restored state already holds
-        if n >= prompt.size or not np.array_equal(self.state.tokens, prompt[:n]):
-            raise StateError(f"generate(state=...): the state holds {n} tokens that are not a "
-                             f"proper prefix of the {prompt.size}-token prompt")
-        return prompt[n:]
-
-    def accept_prefill(self, out) -> None:
+    def sample_next(self, out) -> None:
+        """After a forward that ends at the anchor (the prefill, a plain step): the next token,
+        sampled from the last row, is emitted; it is the anchor at ``s``, the state's length."""
         self.result.target_forward_passes += 1
         self.last_logits = out.logits[-1:]
+        self.s = self.state.length
         self._emit([int(sample_tokens(self.be, self.last_logits, self.sampling, self.rng)[0])])
 
     def plain_step(self) -> float:
         """One plain decode step: run the anchor, sample the next token. Returns the forward's
         wall seconds (a gate's t_ar)."""
         out, wall = self.run_target(ChainBlock(np.array([self.anchor], np.int64)), "plain")
-        self.accept_plain(out)
-        return wall
-
-    def accept_plain(self, out) -> None:
-        self.result.target_forward_passes += 1
         if self.cost is not None:
             self.clock.modelled += self.cost.t_ar
-        self.last_logits = out.logits
-        self.s += 1
-        self._emit([int(sample_tokens(self.be, out.logits, self.sampling, self.rng)[0])])
+        self.sample_next(out)
+        return wall
 
     def spec_step(self) -> StepObservation:
         """2b-d: the verifier drafts a block, the target runs it, the verifier decides."""
-        step_t0 = self.clock.start()
+        step_t0 = self.clock.now()
         block = self.verifier.draft(self)  # b. (calls back propose or draft_logits)
         out, _ = self.run_target(block, "verify")  # c. positions s..
         return self.accept(block, out, step_t0)
@@ -214,7 +214,8 @@ class Decoding:
             logits, hidden = self.draft_cache.forward_block(self.anchor, self.s, n_rows=n_rows,
                                                             with_hidden=True)
             proposal = self.drafter.propose(hidden, logits, self.anchor, law, self.rng)
-        self.observer.on_draft(self.anchor, self.s + np.arange(n_rows), logits, proposal)
+        if self.observer is not None:
+            self.observer.on_draft(self.anchor, self.s + np.arange(n_rows), logits, proposal)
         return proposal
 
     def draft_logits(self):
@@ -222,14 +223,17 @@ class Decoding:
         with self.clock.phase("draft"):
             self._extend_draft_cache()
             logits = self.draft_cache.forward_block(self.anchor, self.s)
-        self.observer.on_draft(self.anchor, self.s + np.arange(logits.shape[0]), logits, None)
+        if self.observer is not None:
+            self.observer.on_draft(self.anchor, self.s + np.arange(logits.shape[0]), logits,
+                                   None)
         return logits
 
     def _extend_draft_cache(self) -> None:
         """The features of positions committed since the last draft join its context."""
         cache, s = self.draft_cache, self.s
         features, positions = self.state.features.rows(cache.length, s), np.arange(cache.length, s)
-        self.observer.on_draft_context(features, positions)
+        if self.observer is not None:
+            self.observer.on_draft_context(features, positions)
         cache.extend(features, positions)
 
     # ------------------------------------------------------------------ commit and finish
@@ -252,7 +256,7 @@ class Decoding:
         self.result.per_position_accepted[: produced - 1] += 1
         self.result.acceptance_lengths.append(produced)
         self.result.drafted.append(width - 1)
-        wall = self.clock.elapsed(step_t0)  # the gate's step_wall, not a phase of its own
+        wall = self.clock.now() - step_t0  # the gate's step_wall, not a phase of its own
         if self.cost is None:
             return StepObservation(commit_n=produced, step_wall=wall)
         modelled = self.cost.spec_step(self.B, width)
@@ -268,5 +272,7 @@ class Decoding:
                 break
         self.result.tokens = [int(t) for t in tokens]
         self.result.from_draft = self.emitted_from_draft[: len(tokens)]
-        self.observer.on_finish(self.result)  # the clock writes timings and modelled time
+        self.clock.finish(self.result)  # timings and modelled time
+        if self.observer is not None:
+            self.observer.on_finish(self.result)
         return self.result

@@ -26,8 +26,8 @@ Steps b-d belong to the verify rule, an object built once from the arguments
 sampling) or tree verify (DDTree: a best-first tree over the draft log-probabilities, one target
 pass with an ancestor-only mask, the verified path's KV / features / GDN states kept;
 liranringel/ddtree ``ddtree.py``). The request's own state and steps live in
-:class:`~dflash_ref.spec_decode.decoding.Decoding`; timing, progress, streaming and recording
-watch through one observer (:mod:`~dflash_ref.spec_decode.observe`).
+:class:`~dflash_ref.spec_decode.decoding.Decoding`, timed by its clock; progress, streaming and
+recording watch through one observer (:mod:`~dflash_ref.spec_decode.observe`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dflash_ref.errors import ConfigError
-from dflash_ref.ops.sampling import SamplingParams
+from dflash_ref.ops.sampling import GREEDY, SamplingParams
 from dflash_ref.spec_decode.cost import CostModel
 from dflash_ref.spec_decode.decoding import Decoding, GenerationResult
 from dflash_ref.spec_decode.observe import Observer
@@ -87,7 +87,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
         verify: "chain", "tree" (DDTree, greedy only), or a
             :class:`~dflash_ref.spec_decode.verifiers.Verifier` (e.g.
             ``TreeVerifier(DDTreeOptions.lucebox())``, ``ChainVerifier(draft_rows="verify")``,
-            ``GreedyDraftChainVerifier()``).
+            ``GreedyDraftChainVerifier()``); unused (and unchecked) without a drafter.
         gate: a gate (an :class:`~dflash_ref.spec_decode.gate.EntropyGate` or
             :class:`~dflash_ref.spec_decode.gate.CommitEmaGate`), or :class:`GateOptions` with
             a cost model; None: always speculate.
@@ -108,26 +108,27 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
             (:mod:`dflash_ref.oracle`), or several (``Observers``).
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
-    sampling = sampling or SamplingParams()
+    sampling = sampling or GREEDY
     gating = gate if isinstance(gate, GateOptions) else GateOptions(gate)
     B, verifier = check_arguments(target, drafter, prompt, max_new_tokens, sampling, block_size,
                                   verify)
-    run = Decoding(target, drafter, B, max_new_tokens, sampling, verifier, pager=pager,
+    run = Decoding(target, drafter, prompt, B, max_new_tokens, sampling, verifier, pager=pager,
                    stops=stop_token_ids, state=state, observer=observer,
                    cost_model=gating.cost_model)
-    run.prefill(prompt)  # 1.
+    run.prefill()  # 1.
     speculate = run.draft_cache is not None
     gate, cost = gating.gate, gating.cost_model
     if gate is not None:  # e.g. the commit-EMA gate's t_ar measurement
         n_warmup = gate.start_turn(max_new_tokens, not sampling.greedy)
         if speculate and n_warmup:
-            walls = [run.plain_step() for _ in range(n_warmup) if not run.done()]
+            walls = [run.plain_step() for _ in range(n_warmup) if not run.done]
             gate.end_warmup([cost.t_ar] * len(walls) if cost else walls)
-    while not run.done():
+    while not run.done:
         if speculate and gate is not None:  # a. gate
             observation = run.observation()
             decision = gate.check(observation)
-            run.observer.on_gate(observation, decision)
+            if run.observer is not None:
+                run.observer.on_gate(observation, decision)
             run.result.gate_decisions.append(decision)
             if decision.floor:
                 speculate = False
@@ -143,19 +144,21 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
 
 def check_arguments(target, drafter, prompt, max_new_tokens: int, sampling: SamplingParams,
                     block_size: int | None, verify) -> tuple[int, Verifier]:
-    """Refuse bad arguments with the fix; return the block size B (1 without a drafter) and
-    the verifier built from ``verify``."""
+    """Refuse bad arguments with the fix; return the block size B and the verifier built from
+    ``verify`` (plain decoding, without a drafter: B = 1 and no verifier)."""
     if prompt.size == 0:
         raise ValueError("prompt_ids is empty; generation needs at least one prompt token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    verifier = make_verifier(verify, sampling)
     if not sampling.greedy and sampling.seed is None:
         raise ValueError("temperature > 0 needs a seed (SamplingParams(..., seed=int or "
                          "np.random.Generator)) so that the sampled output is reproducible")
-    B = 1 if drafter is None else int(block_size or drafter.block_size)
-    verifier.check(sampling, B, B if drafter is None else drafter.block_size)
-    if drafter is not None and drafter.target is not target:
+    if drafter is None:
+        return 1, None
+    verifier = make_verifier(verify, sampling)
+    B = int(block_size or drafter.block_size)
+    verifier.check(sampling, B, drafter.block_size)
+    if drafter.target is not target:
         raise ConfigError("the drafter is bound to another TargetModel; load it with "
                           "DFlashDrafter.from_pretrained(path, target)")
     return B, verifier

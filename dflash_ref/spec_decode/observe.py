@@ -1,10 +1,10 @@
-"""Watching a generation: one observer protocol for timing, progress, streaming and recording.
+"""Watching a generation: one observer protocol (progress, streaming, recording), and the clock.
 
-``generate(..., observer=...)`` reports what the loop does to an :class:`Observer`; the loop's
-own clock (:class:`Clock`, which writes ``GenerationResult.timings``) is one, a progress bar
-(:class:`Progress`), a text stream (:class:`Stream`) and the golden-vector recorder
-(:class:`dflash_ref.oracle.record.Recorder`) are others. :class:`Observers` fans one report out
-to several. An observer watches: it never changes what is generated.
+``generate(..., observer=...)`` reports what the loop does to an :class:`Observer`: a progress
+bar (:class:`Progress`), a text stream (:class:`Stream`), the golden-vector recorder
+(:class:`dflash_ref.oracle.record.Recorder`), or several at once (:class:`Observers`). An observer
+watches: it never changes what is generated. Without one the loop sends no events at all; its own
+timing is not an observer but its :class:`Clock` (``GenerationResult.timings``).
 
 The events, in the order a step sends them (docs/spec_decode.md, "Observers"):
 
@@ -129,54 +129,42 @@ class Lap:
     seconds = 0.0
 
 
-class Clock(Observer):
+class Clock:
     """The loop's clock: wall seconds per phase, written into ``GenerationResult.timings``.
 
     ``phase(name)`` times a block of the loop and adds it to ``walls[name]`` ("prefill",
-    "draft", "verify", "plain", "reselect"); "total" runs from ``on_start`` to ``on_finish``.
-    The device is synchronised before each reading on CuPy, so a phase holds its kernels.
-    ``start`` / ``elapsed`` time a whole step for a gate. ``modelled`` sums a cost model's times
-    (None without one); ``on_finish`` writes it into ``GenerationResult.modelled_time``.
+    "draft", "verify", "plain", "reselect"); "total" runs from the clock's creation (the start of
+    the request) to :meth:`finish`. Every reading synchronises the device first on CuPy, so a
+    phase holds its kernels; ``now()`` is such a reading (a gate's step time is two of them).
+    ``modelled`` sums a cost model's times (None without one); :meth:`finish` writes it into
+    ``GenerationResult.modelled_time``.
     """
 
     def __init__(self, be, cost=None):
         self.be, self.cost = be, cost
         self.walls: dict[str, float] = {}
         self.modelled = 0.0 if cost is not None else None
-        self._t_total = None
+        self.t_start = self.now()
 
-    def sync(self) -> None:
+    def now(self) -> float:
+        """``time.perf_counter()`` once the device has run all it was given (CuPy)."""
         if self.be.name == "cupy":
             self.be.xp.cuda.Stream.null.synchronize()
-
-    def start(self) -> float:
-        self.sync()
         return time.perf_counter()
-
-    def elapsed(self, t0: float) -> float:
-        self.sync()
-        return time.perf_counter() - t0
-
-    def stop(self, phase: str, t0: float) -> float:
-        """Add the time since ``t0`` to ``phase``; return it."""
-        dt = self.elapsed(t0)
-        self.walls[phase] = self.walls.get(phase, 0.0) + dt
-        return dt
 
     @contextmanager
     def phase(self, name: str):
         """Time the ``with`` block into ``walls[name]``; yields a :class:`Lap` with its seconds."""
-        lap, t0 = Lap(), self.start()
+        lap, t0 = Lap(), self.now()
         try:
             yield lap
         finally:
-            lap.seconds = self.stop(name, t0)
+            lap.seconds = self.now() - t0
+            self.walls[name] = self.walls.get(name, 0.0) + lap.seconds
 
-    def on_start(self, state) -> None:
-        self._t_total = self.start()
-
-    def on_finish(self, result) -> None:
-        self.stop("total", self._t_total)
+    def finish(self, result) -> None:
+        """Close "total"; write the walls and the modelled time into ``result``."""
+        self.walls["total"] = self.now() - self.t_start
         result.timings = self.walls
         result.modelled_time = self.modelled
 

@@ -26,8 +26,8 @@ calls ``block = v.draft(run)``, runs the target on ``block`` (``block.forward``)
 request's decoding state as a verifier may use it:
 
 - ``run.anchor``, ``run.s`` (its position), ``run.B`` (the block size), ``run.remaining`` (tokens
-  still wanted), ``run.sampling`` (:class:`~dflash_ref.ops.sampling.SamplingParams`), ``run.rng``,
-  ``run.be``;
+  still wanted), ``run.sampling`` (:class:`~dflash_ref.ops.sampling.SamplingParams`), ``run.rng``
+  (the draws' generator; None when greedy), ``run.be``;
 - ``run.propose(n_rows, law)``: the drafter's :class:`~dflash_ref.ops.sampling.DraftProposal` for
   an ``n_rows`` block (greedy drafts for ``law=None``, else sampled from ``law``);
 - ``run.draft_logits()``: the drafter's logits over its trained block [Bd, V].
@@ -170,15 +170,10 @@ class ChainVerifier(Verifier):
         if block_size > trained_block_size and self.draft_rows != "verify":
             raise _block_too_wide(block_size, trained_block_size)
 
-    def rows(self, run) -> int:
-        """n, the rows of this step's block (``draft_rows``)."""
-        if self.draft_rows == "verify":  # the release's verify_size
-            return min(run.B, run.remaining + 1)
-        return run.B
-
     def draft(self, run) -> ChainBlock:
-        """2b. ``[anchor, d_1 .. d_{n-1}]`` from the drafter's proposal under :meth:`draft_law`."""
-        n = self.rows(run)
+        """2b. ``[anchor, d_1 .. d_{n-1}]`` from the drafter's proposal under :meth:`draft_law`:
+        n = B rows, or with ``draft_rows="verify"`` the release's ``verify_size``."""
+        n = min(run.B, run.remaining + 1) if self.draft_rows == "verify" else run.B
         proposal = run.propose(n, self.draft_law(run.sampling))
         tokens = np.concatenate([[run.anchor], proposal.tokens[: n - 1]]).astype(np.int64)
         return ChainBlock(tokens, proposal)

@@ -193,17 +193,9 @@ def verify_chain_greedy(be: Backend | str, block, target) -> ChainVerifyResult:
     """
     b = _check_block(block)
     posterior = greedy_posterior(be, target, n_rows=b.shape[0])  # [B]
-    return _chain_result(b, posterior)
-
-
-def _chain_result(block: np.ndarray, posterior: np.ndarray) -> ChainVerifyResult:
-    a = int(accept_length(block[1:], posterior))
-    return ChainVerifyResult(
-        a=a,
-        accepted=tuple(int(t) for t in block[1 : 1 + a]),
-        bonus=int(posterior[a]),
-        posterior=posterior,
-    )
+    a = int(accept_length(b[1:], posterior))
+    return ChainVerifyResult(a=a, accepted=tuple(int(t) for t in b[1: 1 + a]),
+                             bonus=int(posterior[a]), posterior=posterior)
 
 
 # ---------------------------------------------------------------------------------------------
