@@ -14,9 +14,9 @@ tokens and length, and a pending tree verify. The model talks to it through two 
 
 and the loop through two: :meth:`TargetState.rollback` (chain verify: keep the accepted rows)
 and :meth:`TargetState.commit_path` (tree verify: keep the accepted branch). Each transition is
-the same call on every store; which store a layer gets is decided once, by
-:func:`build_stores`. Snapshot and restore are in models/snapshot.py. The state never calls
-into the model's layers.
+the same call on every store; which store a layer gets is read from the config once per
+model (:class:`StorePlan`) and the stores are built from it (:func:`build_stores`). Snapshot and
+restore are in models/snapshot.py. The state never calls into the model's layers.
 """
 
 from __future__ import annotations
@@ -40,25 +40,52 @@ def no_tap(layer: int, name: str, x) -> None:
     """The default observer of intermediate tensors: ignores them (see ``TargetModel.forward``)."""
 
 
-def build_stores(config, be, pager=None) -> tuple[list[Store], list[GDNStore]]:
+@dataclass(frozen=True)
+class StorePlan:
+    """Where each layer of a target keeps its per-position state, read from its config once.
+
+    :class:`~dflash_ref.models.target.TargetModel` makes it when it loads (:meth:`of`); every
+    new state builds its stores from it (:func:`build_stores`) and asks the config nothing.
+
+    Attributes:
+        caches: ``(layer, n_kv_heads, head_dim, window)`` of every attention layer that keeps
+            its own K/V (Gemma 4 KV-sharing layers read their source layer's); ``window`` is the
+            sliding window, None for full attention.
+        full: the full-attention layers among them (the ones a KVFlash pager pools).
+        gdn: the linear-attention (Gated DeltaNet) layers.
+    """
+
+    caches: tuple[tuple[int, int, int, int | None], ...]
+    full: tuple[int, ...]
+    gdn: tuple[int, ...]
+
+    @classmethod
+    def of(cls, config) -> StorePlan:
+        """The plan of a :class:`~dflash_ref.config.TargetConfig`."""
+        kinds = config.layer_types
+        own_kv = [i for i, t in enumerate(kinds)
+                  if t != "linear_attention" and config.kv_source_for(i) is None]
+        caches = tuple((i, config.num_key_value_heads_for(i), config.head_dim_for(i),
+                        config.sliding_window if kinds[i] == "sliding_attention" else None)
+                       for i in own_kv)
+        return cls(caches, tuple(i for i in own_kv if kinds[i] == "full_attention"),
+                   tuple(i for i, t in enumerate(kinds) if t == "linear_attention"))
+
+
+def build_stores(plan: StorePlan, be, pager=None) -> tuple[list[Store], list[GDNStore]]:
     """The stores of a new state: ``(attention stores, GDN stores)``.
 
-    Every attention layer that keeps its own K/V (Gemma 4 KV-sharing layers read their source
-    layer's) gets a :class:`CacheStore`; with a ``pager``, the full-attention ones share one
-    :class:`PoolStore` instead (sliding-window layers are bounded anyway and GDN layers hold a
-    fixed-size state). Each linear-attention layer gets a :class:`GDNStore`.
+    Every attention layer of ``plan.caches`` gets a :class:`CacheStore`; with a ``pager``, the
+    full-attention ones share one :class:`PoolStore` instead (sliding-window layers are bounded
+    anyway and GDN layers hold a fixed-size state). Each linear-attention layer gets a
+    :class:`GDNStore`.
     """
-    kinds = config.layer_types
-    own_kv = [i for i, t in enumerate(kinds)
-              if t != "linear_attention" and config.kv_source_for(i) is None]
-    dims = {i: (config.num_key_value_heads_for(i), config.head_dim_for(i)) for i in own_kv}
-    full = [i for i in own_kv if kinds[i] == "full_attention"]
-    pool = [PoolStore(pager, be, full, dims)] if pager is not None else []
+    dims = {i: (n_kv, d) for i, n_kv, d, _ in plan.caches}
+    pool = [PoolStore(pager, be, list(plan.full), dims)] if pager is not None else []
     in_pool = {i for store in pool for i in store.layers}
-    window = {i: config.sliding_window if kinds[i] == "sliding_attention" else None
-              for i in own_kv}
-    plain = [CacheStore(be, i, *dims[i], window[i]) for i in own_kv if i not in in_pool]
-    gdn = [GDNStore(be, i) for i, t in enumerate(kinds) if t == "linear_attention"]
+    plain = [CacheStore(be, i, n_kv, d, window) for i, n_kv, d, window in plan.caches
+             if i not in in_pool]
+    gdn = [GDNStore(be, i) for i in plan.gdn]
     return plain + pool, gdn
 
 
@@ -103,7 +130,7 @@ class TargetState:
     """Per-sequence state (see the module docstring). Made by ``TargetModel.new_state``.
 
     Args:
-        config: the target's :class:`~dflash_ref.config.TargetConfig`.
+        plan: the target's :class:`StorePlan` (which store each layer gets).
         be: the Backend the model runs on.
         capture_width: C * hidden, the width of a captured feature row (0: no capture).
         feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
@@ -116,10 +143,11 @@ class TargetState:
         length: the committed positions.
     """
 
-    def __init__(self, config, be, capture_width: int = 0, feature_capacity: int | None = None,
-                 feature_window: int | None = None, pager=None):
-        self.config, self.be, self.pager = config, be, pager
-        self.kv_stores, self.gdn_stores = build_stores(config, be, pager)
+    def __init__(self, plan: StorePlan, be, capture_width: int = 0,
+                 feature_capacity: int | None = None, feature_window: int | None = None,
+                 pager=None):
+        self.be, self.pager = be, pager
+        self.kv_stores, self.gdn_stores = build_stores(plan, be, pager)
         self.features = (FeatureBuffer(be, capture_width, capacity=feature_capacity,
                                        window=feature_window) if capture_width else None)
         self.length = 0

@@ -25,7 +25,8 @@ store               what it holds                                  views it open
 
 The captured features (:class:`~dflash_ref.models.cache.FeatureBuffer`) go through the same
 transitions (``truncate``, ``keep_path``, ``snapshot``, ``restore``), with the rows passed in.
-Which store a layer gets is decided once, when the state is built
+Which store a layer gets is read from the config once per model
+(:class:`~dflash_ref.models.state.StorePlan`) and the stores are built from it with the state
 (:func:`~dflash_ref.models.state.build_stores`); the views are in models/kv_store.py.
 """
 

@@ -48,7 +48,7 @@ from dflash_ref.models.fused import run_fused
 from dflash_ref.models.layers import RMSNorm
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.output import TargetOutput
-from dflash_ref.models.state import TargetState
+from dflash_ref.models.state import StorePlan, TargetState
 
 
 class TargetModel:
@@ -81,6 +81,7 @@ class TargetModel:
             self.embed_tokens if config.tie_word_embeddings else w[config.lm_head_name]
         )  # [vocab, H]
         self.layers = decoder_layers(config, self.be, w, self.embed)
+        self.store_plan = StorePlan.of(config)  # which store each layer gets, for new_state
 
     # ------------------------------------------------------------------ construction
 
@@ -158,7 +159,8 @@ class TargetModel:
         then keep K/V in its bounded pool (it is attached and reset here, once per sequence).
         """
         width = len(self.target_layer_ids) * self.config.hidden_size
-        return TargetState(self.config, self.be, width, feature_capacity, feature_window, pager)
+        return TargetState(self.store_plan, self.be, width, feature_capacity, feature_window,
+                           pager)
 
     def attention_qk(self, ids, n_tail: int = 8, rope: bool = False, layers=None,
                      piece_tokens: int = 256) -> tuple[np.ndarray, np.ndarray]:
