@@ -139,6 +139,7 @@ class TargetState:
 
     Attributes:
         kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
+        stores: every store: the attention stores, then the GDN stores.
         features: the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, or None.
         length: the committed positions.
     """
@@ -148,21 +149,20 @@ class TargetState:
                  pager=None):
         self.be, self.pager = be, pager
         self.kv_stores, self.gdn_stores = build_stores(plan, be, pager)
+        self.stores: list[Store] = [*self.kv_stores, *self.gdn_stores]
+        # the optional transitions (models/stores.py, Store), asked of the stores that have them
+        self._reserving = [s for s in self.stores if s.reserve is not None]
+        self._refusing = [s for s in self.stores if s.refusal is not None]
         self.features = (FeatureBuffer(be, capture_width, capacity=feature_capacity,
                                        window=feature_window) if capture_width else None)
         self.length = 0
         self._pending: _PendingTree | None = None
-        self._tokens = np.zeros(0, dtype=np.int64)  # the committed token ids, positions 0..len-1
-
-    @property
-    def stores(self) -> list[Store]:
-        """Every store: the attention stores, then the GDN stores."""
-        return [*self.kv_stores, *self.gdn_stores]
+        self._tokens: list[int] = []  # the token ids at positions 0..; those past length are stale
 
     @property
     def tokens(self) -> np.ndarray:
         """[length] the committed token ids (what a prompt cache keys a state by)."""
-        return self._tokens[: self.length].copy()
+        return np.array(self._tokens[: self.length], dtype=np.int64)
 
     @property
     def pending(self) -> bool:
@@ -186,9 +186,10 @@ class TargetState:
         """Open a batch of tokens ``ids`` [T] at positions length.. (a chain), or a tree with
         ``parents`` (node i at length + depth(i)).
 
-        Every store first makes room for the batch (the pool allocates a chain's slots before
-        any layer writes), then ids, positions and whatever the stores ask for go to the backend
-        in one piece (:class:`BatchArrays`) and each store opens its layers' views on it.
+        The stores that reserve first make room for the batch (the pool allocates a chain's
+        slots before any layer writes), then ids, positions and whatever the stores ask for go
+        to the backend in one piece (:class:`BatchArrays`) and each store opens its layers'
+        views on it.
         """
         if self._pending is not None:
             raise ValueError("the state holds an uncommitted tree verify; call "
@@ -198,7 +199,7 @@ class TargetState:
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
         uploads = {}
-        for store in self.stores:
+        for store in self._reserving:
             uploads.update(store.reserve(start, T, parents))
         arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)
         kv = {i: v for store in self.kv_stores for i, v in store.views(arrays, parents).items()}
@@ -213,16 +214,8 @@ class TargetState:
             return
         if features is not None:
             self.features.append(batch.start, features)
-        self._set_tokens(batch.start, batch.ids)
+        self._tokens[batch.start:] = batch.ids.tolist()
         self.length = batch.start + batch.ids.size
-
-    def _set_tokens(self, start: int, ids) -> None:
-        need = start + len(ids)
-        if need > self._tokens.size:  # grow by doubling
-            grown = np.zeros(max(need, 2 * self._tokens.size, 16), dtype=np.int64)
-            grown[: start] = self._tokens[: start]
-            self._tokens = grown
-        self._tokens[start:need] = ids
 
     # ------------------------------------------------------------------ commit and rollback
 
@@ -247,7 +240,7 @@ class TargetState:
             store.keep_path(kept)
         if self.features is not None:
             self.features.keep_path(kept, tree.features)
-        self._set_tokens(tree.start, tree.ids[path])
+        self._tokens[tree.start:] = tree.ids[path].tolist()
         self.length = tree.start + path.size
         self._pending = None
 
@@ -265,7 +258,7 @@ class TargetState:
             raise ValueError(f"rollback({n_keep}): the state holds {self.length} positions")
         if n_keep == self.length:
             return
-        for store in self.stores:
+        for store in self._refusing:
             why = store.refusal(n_keep)
             if why is not None:
                 raise ValueError(f"rollback({n_keep}): {why}")
@@ -281,7 +274,7 @@ class TargetState:
         Like :meth:`rollback`, but a GDN state that cannot be rewound there (outside the last
         batch) raises :class:`~dflash_ref.errors.StateError` naming the fix.
         """
-        if n_keep < self.length and any(s.refusal(n_keep) is not None for s in self.stores):
+        if n_keep < self.length and any(s.refusal(n_keep) is not None for s in self._refusing):
             raise StateError(
                 f"truncate({n_keep}): a GDN state cannot be truncated to an earlier position "
                 f"than its last batch; restore a checkpoint snapshot taken at or before "
@@ -315,5 +308,5 @@ class TargetState:
         if self._pending is not None:
             raise StateError("restore: a tree verify is pending; call commit_path(path) first")
         restore_stores(self, snap)
-        self._set_tokens(0, snap.tokens)
+        self._tokens = np.asarray(snap.tokens, dtype=np.int64).tolist()
         self.length = snap.length
