@@ -272,10 +272,6 @@ class DFlashDrafter:
         o = ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
         return h + (conv_finish(xp, w, "mlp_conv", o, dyn, gs) if gs else o)
 
-    def final_norm(self, h):
-        """``z = RMSNorm_norm(h)``: the rows the head and the DFlash 2 selector read."""
-        return self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
-
     def logits(self, z):
         """Draft logits from final-normed rows z [n, H] (docs/drafter.md, "Head").
 
@@ -296,8 +292,9 @@ class DFlashDrafter:
         return logits
 
     def head(self, h, with_hidden: bool = False):
-        """Head: final norm, then the draft logits; ``with_hidden`` also returns the normed rows."""
-        z = self.final_norm(h)
+        """Head: the final norm ``z = RMSNorm_norm(h)``, then the draft logits; ``with_hidden``
+        also returns z (the rows the DFlash 2 selector reads)."""
+        z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
         return (self.logits(z), z) if with_hidden else self.logits(z)
 
     def block_rows(self, n_rows: int | None) -> int:
