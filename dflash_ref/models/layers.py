@@ -86,9 +86,9 @@ class Attention:
     and v ("v").
 
     A family's attention is a subclass that overrides one of two methods: :meth:`attend` (the
-    attention of projected queries: Gemma 4's KV-sharing layers read another layer's K/V) or
-    :meth:`values` (Gemma 4 norms v, or takes the raw k projection for it);
-    :class:`~dflash_ref.models.qwen3_5.GatedAttention` gates what :meth:`attend` returns.
+    attention of projected queries: a KV-sharing layer reads another layer's K/V) or
+    :meth:`values` (a v norm, or k = v); :class:`~dflash_ref.models.qwen3_5.GatedAttention`
+    gates what :meth:`attend` returns.
     """
 
     def __init__(self, cfg, be, idx: int, w: dict, rope):
