@@ -12,10 +12,11 @@ norms                ``norm_offset`` (1 + w); ``use_pre_post_ffn_norms``: Gemma'
                      the feed-forward), else Qwen's ``post_attention_layernorm`` before the MLP
 mixer                ``layer_types[i]``: a GDN mixer (linear_attention), else attention:
                      output-gated (``attn_output_gate``), KV-sharing (``kv_source_for(i)``),
-                     k = v (no v_proj tensor), or the common one
+                     k = v (no v_proj tensor), v-normed (``v_norm``), or the common one
 RoPE                 the layer type's ``rope_type``: proportional, else the ``rope`` op
 feed-forward         ``moe``: Qwen3.5's sparse block in the MLP's place, Gemma 4's experts
-                     beside it; else the gated MLP (SwiGLU, or GeGLU for ``gelu_pytorch_tanh``)
+                     beside it; else the gated MLP (the ``swiglu`` op, or GeGLU for
+                     ``gelu_pytorch_tanh``)
 layer class          ``gemma4``: :class:`~dflash_ref.models.gemma4.Gemma4DecoderLayer` (per-layer
                      input, layer scalar)
 ===================  =====================================================================
@@ -34,9 +35,10 @@ from dflash_ref.models.gemma4 import (
     PerLayerInput,
     ProportionalRope,
     SharedKVAttention,
+    VNormAttention,
     no_per_layer_input,
 )
-from dflash_ref.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm, Rope, SwiGLU
+from dflash_ref.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm, Rope
 from dflash_ref.models.moe import Gemma4MoE, QwenSparseMoE
 from dflash_ref.models.qwen3_5 import GatedAttention, GDNMixer
 
@@ -90,6 +92,8 @@ def _mixer(cfg, be, idx: int, w: dict):
         kind = SharedKVAttention
     elif "self_attn.v_proj.weight" not in w:
         kind = KEqVAttention
+    elif cfg.v_norm:
+        kind = VNormAttention
     else:
         kind = Attention
     return kind(cfg, be, idx, w, rope)
@@ -100,6 +104,6 @@ def _feed_forward(cfg, be, idx: int, w: dict, norm):
     sparse = cfg.moe is not None and cfg.moe.is_moe_layer(idx)
     if sparse and cfg.moe.kind == "qwen":
         return QwenSparseMoE(cfg, be, idx, w)
-    act = SwiGLU(be) if cfg.hidden_act == "silu" else GeGLU(be.xp)
+    act = be.ops.swiglu if cfg.hidden_act == "silu" else GeGLU(be.xp)
     mlp = GatedMLP(w, act)  # its width is the tensors' (Gemma 4 double-wide too)
     return Gemma4MoE(cfg, be, idx, w, norm, mlp) if sparse else mlp

@@ -87,16 +87,22 @@ class BatchArrays:
     def causal_mask(self, n_keys: int, window: int | None) -> MaskSpec:
         """The batch's queries over a plain cache's keys at positions 0..n_keys-1, causal, with
         the layer's sliding window (or None): :func:`~dflash_ref.ops.masks.causal_mask`."""
-        xp = self.be.xp
-        return self.once(("causal", n_keys, window), lambda: causal_mask(
-            self.positions, xp.arange(n_keys, dtype=xp.int32), window=window))
+        key = ("causal", n_keys, window)
+        if key not in self._derived:  # the first layer of the kind in this batch
+            xp = self.be.xp
+            self._derived[key] = causal_mask(self.positions, xp.arange(n_keys, dtype=xp.int32),
+                                             window=window)
+        return self._derived[key]
 
     def committed_mask(self, k_pos) -> MaskSpec:
         """The pager's rule over its slot table ``k_pos`` [P] (a backend array, the same object
         for every layer of a batch): :func:`~dflash_ref.ops.masks.committed_prefix_mask` with
         base_pos = start."""
-        return self.once(("committed", id(k_pos)), lambda: committed_prefix_mask(
-            self.positions, k_pos, base_pos=self.start))
+        key = ("committed", id(k_pos))
+        if key not in self._derived:  # the first pooled layer in this batch
+            self._derived[key] = committed_prefix_mask(self.positions, k_pos,
+                                                       base_pos=self.start)
+        return self._derived[key]
 
     def tree_mask(self, prefix, window: int | None) -> MaskSpec:
         """Tree verify over keys ``[prefix..., the T nodes]``.

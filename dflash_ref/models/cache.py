@@ -29,18 +29,11 @@ class KVCache:
         self._v = be.xp.zeros((0, n_kv_heads, head_dim), dtype=dtype)
         self.length = 0
 
-    def append(self, k, v) -> None:
-        """Append ``k``, ``v`` [T, n_kv_heads, head_dim] at positions len..len+T-1."""
-        self.stage(k, v)
-        self.length += k.shape[0]
+    def append(self, k, v):
+        """Append ``k``, ``v`` [T, n_kv_heads, head_dim] at positions len..len+T-1.
 
-    def stage(self, k, v, start: int = 0):
-        """Write ``k``, ``v`` [T, n_kv_heads, head_dim] after the committed rows, uncommitted.
-
-        Returns views of rows ``start .. len+T-1`` of the storage, ``[len - start + T,
-        n_kv_heads, head_dim]`` each: the committed rows from ``start`` followed by the new ones,
-        with nothing committed copied. ``length`` is unchanged, so the next ``append`` or
-        ``stage`` overwrites the new rows; the views are valid until then.
+        Returns ``(keys, values)``: views of every committed row, ``[len, n_kv_heads, head_dim]``
+        each (``self.k``, ``self.v`` after the append), valid until the next append or stage.
         """
         T = k.shape[0]
         if k.shape != (T, self.n_kv_heads, self.head_dim) or v.shape != k.shape:
@@ -48,25 +41,36 @@ class KVCache:
                 f"KVCache.append/stage: k {k.shape} / v {v.shape}, expected "
                 f"[T, {self.n_kv_heads}, {self.head_dim}] each"
             )
-        if not 0 <= start <= self.length:
-            raise ValueError(f"KVCache.stage(start={start}): cache holds {self.length} positions")
         end = self.length + T
         self._reserve(end)
         self._k[self.length : end] = k
         self._v[self.length : end] = v
-        return self._k[start:end], self._v[start:end]
+        self.length = end
+        return self._k[:end], self._v[:end]
+
+    def stage(self, k, v, start: int = 0):
+        """Write ``k``, ``v`` [T, n_kv_heads, head_dim] after the committed rows, uncommitted:
+        :meth:`append`, then the length goes back (the authors' append, then ``crop``).
+
+        Returns views of rows ``start .. len+T-1`` of the storage, ``[len - start + T,
+        n_kv_heads, head_dim]`` each: the committed rows from ``start`` followed by the new ones,
+        with nothing committed copied. ``length`` is unchanged, so the next ``append`` or
+        ``stage`` overwrites the new rows; the views are valid until then.
+        """
+        if not 0 <= start <= self.length:
+            raise ValueError(f"KVCache.stage(start={start}): cache holds {self.length} positions")
+        keys, values = self.append(k, v)
+        self.length -= k.shape[0]
+        return keys[start:], values[start:]
 
     def _reserve(self, rows: int) -> None:
         """Make room for ``rows`` rows; capacity at least doubles, so growth is amortised O(1)."""
         if rows > self._k.shape[0]:
-            cap = max(rows, 2 * self._k.shape[0], 16)
-            self._k = self._grow(self._k, cap)
-            self._v = self._grow(self._v, cap)
-
-    def _grow(self, arr, cap: int):
-        new = self.be.xp.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
-        new[: self.length] = arr[: self.length]
-        return new
+            cap, xp = max(rows, 2 * self._k.shape[0], 16), self.be.xp
+            k = xp.zeros((cap, self.n_kv_heads, self.head_dim), dtype=self._k.dtype)
+            v = xp.zeros((cap, self.n_kv_heads, self.head_dim), dtype=self._v.dtype)
+            k[: self.length], v[: self.length] = self._k[: self.length], self._v[: self.length]
+            self._k, self._v = k, v
 
     @property
     def k(self):
@@ -136,7 +140,7 @@ class FeatureBuffer:
                 f"(rollback with truncate() first, or restore the missing rows)"
             )
         rows = rows.astype(self._rows.dtype)
-        held = len(self)
+        held = self.end - self.start
         n = held + T
         if self.capacity is not None and n > self.capacity:
             if self.window is None:

@@ -36,11 +36,7 @@ class DraftCache:
         cfg = drafter.config
         self.kv = [KVCache(drafter.be, cfg.num_key_value_heads, cfg.head_dim)
                    for _ in range(cfg.num_hidden_layers)]
-
-    @property
-    def length(self) -> int:
-        """One past the last cached position (the authors' ``cache_len``)."""
-        return self.kv[0].length
+        self.length = 0  # one past the last cached position (the authors' ``cache_len``)
 
     def extend(self, features, positions) -> None:
         """Append context for ``positions`` (must continue the cache) from features [n, C*H]."""
@@ -56,11 +52,13 @@ class DraftCache:
         c = d.encode(xp.asarray(features, dtype=xp.float32))
         for i, cache in enumerate(self.kv):
             cache.append(*d.context_kv(i, c, positions))
+        self.length = int(positions[-1]) + 1
 
     def crop(self, n_keep: int) -> None:
         """Drop cached positions >= n_keep (the authors crop to s after every draft)."""
+        self.length = min(n_keep, self.length)
         for cache in self.kv:
-            cache.truncate(min(n_keep, cache.length))
+            cache.truncate(self.length)
 
     def forward_block(self, anchor_token: int, anchor_position: int, n_rows: int | None = None,
                       with_hidden: bool = False):

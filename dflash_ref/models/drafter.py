@@ -93,6 +93,9 @@ class DFlashDrafter:
             for i in range(config.num_hidden_layers)
         ]
         self.embedding_scale = config.noise_embedding_scale(target.config)
+        self.block_size = config.block_size  # B, the block drafted by default
+        # each layer's key-visibility rule (DrafterConfig.visibility), read once for every draft
+        self.visibility = [config.visibility(i) for i in range(config.num_hidden_layers)]
         self._bind(target)
 
     # ------------------------------------------------------------------ construction
@@ -171,10 +174,6 @@ class DFlashDrafter:
                             hint="is it complete and in this layout?")
 
     @property
-    def block_size(self) -> int:
-        return self.config.block_size
-
-    @property
     def is_dflash2(self) -> bool:
         """Whether this is a DFlash 2 drafter (convolutions + candidate selector)."""
         return self.config.kind == "dflash2"
@@ -224,7 +223,7 @@ class DFlashDrafter:
         Non-causal; sliding layers follow ``swa_convention`` (docs/conventions.md, SWA).
         """
         cfg = self.config
-        vis = cfg.visibility(layer)
+        vis = self.visibility[layer]
         causal = vis.max_ahead == 0
         n = max(cfg.block_size, len(noise_pos))  # the block drafted (past B: on request)
         if vis.max_ahead not in (0, None) and vis.max_ahead < n - 1:
@@ -273,10 +272,6 @@ class DFlashDrafter:
         o = ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
         return h + (conv_finish(xp, w, "mlp_conv", o, dyn, gs) if gs else o)
 
-    def final_norm(self, h):
-        """``z = RMSNorm_norm(h)``: the rows the head and the DFlash 2 selector read."""
-        return self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
-
     def logits(self, z):
         """Draft logits from final-normed rows z [n, H] (docs/drafter.md, "Head").
 
@@ -297,8 +292,9 @@ class DFlashDrafter:
         return logits
 
     def head(self, h, with_hidden: bool = False):
-        """Head: final norm, then the draft logits; ``with_hidden`` also returns the normed rows."""
-        z = self.final_norm(h)
+        """Head: the final norm ``z = RMSNorm_norm(h)``, then the draft logits; ``with_hidden``
+        also returns z (the rows the DFlash 2 selector reads)."""
+        z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
         return (self.logits(z), z) if with_hidden else self.logits(z)
 
     def block_rows(self, n_rows: int | None) -> int:

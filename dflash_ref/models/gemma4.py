@@ -15,10 +15,11 @@ docs/target.md, "Families".
     x = (x + per_layer_input(x, ple_i)) * layer_scalar            # LayerOutput
 
 **Attention** (``Gemma4TextAttention``): q and k get their RMS norms (weight w) before RoPE, v a
-weightless RMS norm, the scale is 1 (the common :class:`~dflash_ref.models.layers.Attention`,
-configured so). Full layers with ``attention_k_eq_v`` keep no v_proj: v is the raw k projection
-(:class:`KEqVAttention`). The last ``num_kv_shared_layers`` keep no K/V at all: they attend over
-the K/V the last earlier layer of their type stored in this batch (:class:`SharedKVAttention`,
+weightless RMS norm (:class:`VNormAttention`), the scale is 1 (the common
+:class:`~dflash_ref.models.layers.Attention`, configured so). Full layers with
+``attention_k_eq_v`` keep no v_proj: v is the raw k projection (:class:`KEqVAttention`). The
+last ``num_kv_shared_layers`` keep no K/V at all: they attend over the K/V the last earlier
+layer of their type stored in this batch (:class:`SharedKVAttention`,
 ``batch.kv[source].read()``).
 
 **Per-layer embeddings (PLE)**, the small variants (E2B / E4B), P = hidden_size_per_layer_input,
@@ -44,7 +45,7 @@ import numpy as np
 
 from dflash_ref.config.fields import embedding_scale_for
 from dflash_ref.models.gemma import gelu_tanh
-from dflash_ref.models.layers import Attention, DecoderLayer
+from dflash_ref.models.layers import Attention, DecoderLayer, RMSNorm
 
 
 def proportional_inv_freq(spec) -> np.ndarray:
@@ -92,12 +93,25 @@ class ProportionalRope:
         return proportional_rope(xp, x, cos, sin)
 
 
-class KEqVAttention(Attention):
-    """A full layer with ``attention_k_eq_v``: no v_proj, v is the raw k projection."""
+class VNormAttention(Attention):
+    """Gemma 4's attention: v RMS-normed per head over d, without a weight
+    (``Gemma4TextAttention``'s ``v_norm``)."""
+
+    def __init__(self, cfg, be, idx: int, w: dict, rope):
+        super().__init__(cfg, be, idx, w, rope)
+        self.v_norm = RMSNorm(be, be.xp.ones(self.d, dtype=be.xp.float32), cfg.rms_norm_eps, 0.0)
 
     def values(self, u, k):
-        """v [T, nkv, d] before its norm: the raw k projection ``k``."""
-        return k
+        """v [T, nkv, d]: ``v_norm(u @ Wv^T)``."""
+        return self.v_norm(super().values(u, k))
+
+
+class KEqVAttention(VNormAttention):
+    """A full layer with ``attention_k_eq_v``: no v_proj, v is the raw k projection (normed)."""
+
+    def values(self, u, k):
+        """v [T, nkv, d]: ``v_norm(k)``, k the raw k projection."""
+        return self.v_norm(k)
 
 
 class SharedKVAttention(Attention):
@@ -109,17 +123,17 @@ class SharedKVAttention(Attention):
         super().__init__(cfg, be, idx, w, rope)
         self.kv_source = cfg.kv_source_for(idx)
 
-    def qkv(self, q, u, arrays, tap):
-        """q [T, nh, d] post-norm, post-RoPE; k = v = None."""
+    def attend(self, q, u, batch):
+        """q [T, nh, d] (projected, before its norm) -> attention output [T, nh*d] over what the
+        source layer stored for this batch."""
         q = self.q_norm(q)
-        tap(self.idx, "q", q)
-        q = self.rope(q, arrays)
-        tap(self.idx, "q_rope", q)
-        return q, None, None
-
-    def keys_values(self, k, v, batch):
-        """What the source layer stored for this batch: (keys, values, mask)."""
-        return batch.kv[self.kv_source].read()
+        batch.tap(self.idx, "q", q)
+        q = self.rope(q, batch.arrays)
+        batch.tap(self.idx, "q_rope", q)
+        keys, values, mask = batch.kv[self.kv_source].read()
+        o = self.be.ops.attention(q, keys, values, mask, scale=self.scale,
+                                  softcap=self.softcap)  # [T, nh, d]
+        return o.reshape(o.shape[0], -1)  # [T, nh*d]
 
 
 class PerLayerEmbeddings:

@@ -79,9 +79,8 @@ class CacheKV(_Remember):
         self.cache, self.arrays, self.window = cache, arrays, window
 
     def update(self, k, v):
-        self.cache.append(k, v)
-        self.last = (self.cache.k, self.cache.v,
-                     self.arrays.causal_mask(self.cache.length, self.window))
+        keys, values = self.cache.append(k, v)
+        self.last = keys, values, self.arrays.causal_mask(self.cache.length, self.window)
         return self.last
 
 
@@ -104,8 +103,8 @@ class TreeKV(_Remember):
 
     def update(self, k, v):
         base = self.cache.length
-        self.cache.append(k, v)
-        self.last = (self.cache.k, self.cache.v, self.arrays.tree_mask(base, self.window))
+        keys, values = self.cache.append(k, v)
+        self.last = keys, values, self.arrays.tree_mask(base, self.window)
         return self.last
 
 

@@ -52,7 +52,7 @@ class RMSNorm:
 
 
 class Identity:
-    """The norm a layer does not have (no q/k norm, no v norm): ``x -> x``."""
+    """The norm a layer does not have (no q/k norm): ``x -> x``."""
 
     def __call__(self, x):
         return x
@@ -73,17 +73,22 @@ class Rope:
 
 
 class Attention:
-    """Self-attention of one layer: projections, q/k(/v) norms, RoPE, the KV store, o_proj::
+    """Self-attention of one layer: projections, q/k norms, RoPE, the KV store, o_proj::
 
-        q = rope(q_norm(u @ Wq^T)),  k = rope(k_norm(u @ Wk^T)),  v = v_norm(u @ Wv^T)
+        q = rope(q_norm(u @ Wq^T)),  k = rope(k_norm(u @ Wk^T)),  v = u @ Wv^T
         keys, values, mask = batch.kv[i].update(k, v)       # everything the batch may read
         o = attention(q, keys, values, mask, scale, softcap) @ Wo^T
 
     ``scale`` is the config's attention scale (Gemma: query_pre_attn_scalar ** -0.5),
     ``softcap`` its attention-logit softcap; ``rope`` the layer type's :class:`Rope` (or another
-    RoPE component). q and k are normed per head over d before RoPE (``cfg.qk_norm``), v without
-    a weight where ``cfg.v_norm`` says so. ``batch.tap`` sees q and k after their norms ("q",
-    "k"), after RoPE ("q_rope", "k_rope"), and v ("v").
+    RoPE component). q and k are normed per head over d before RoPE (``cfg.qk_norm``).
+    ``batch.tap`` sees q and k after their norms ("q", "k"), after RoPE ("q_rope", "k_rope"),
+    and v ("v").
+
+    A family's attention is a subclass that overrides one of two methods: :meth:`attend` (the
+    attention of projected queries: a KV-sharing layer reads another layer's K/V) or
+    :meth:`values` (a v norm, or k = v); :class:`~dflash_ref.models.qwen3_5.GatedAttention`
+    gates what :meth:`attend` returns.
     """
 
     def __init__(self, cfg, be, idx: int, w: dict, rope):
@@ -94,8 +99,6 @@ class Attention:
         qk = cfg.qk_norm  # per head over d, (1 + w) where the family's norms are
         self.q_norm = self.head_norm(w.get("self_attn.q_norm.weight") if qk else None, cfg)
         self.k_norm = self.head_norm(w.get("self_attn.k_norm.weight") if qk else None, cfg)
-        self.v_norm = (RMSNorm(be, be.xp.ones(self.d, dtype=be.xp.float32), cfg.rms_norm_eps,
-                               0.0) if cfg.v_norm else Identity())  # RMS over d, no weight
 
     def head_norm(self, weight, cfg):
         """A per-head RMSNorm over d with ``weight`` [d], or :class:`Identity` for None."""
@@ -109,47 +112,33 @@ class Attention:
         return self.attend(q, u, batch) @ self.w["self_attn.o_proj.weight"].T
 
     def attend(self, q, u, batch):
-        """q [T, nh, d] (projected, before its norm), u [T, H] -> attention output [T, nh*d]."""
-        q, k, v = self.qkv(q, u, batch.arrays, batch.tap)
-        keys, values, mask = self.keys_values(k, v, batch)
-        o = self.be.ops.attention(q, keys, values, mask, scale=self.scale,
-                                  softcap=self.softcap)  # [T, nh, d]
-        return o.reshape(o.shape[0], -1)  # [T, nh*d]
+        """q [T, nh, d] (projected, before its norm), u [T, H] -> attention output [T, nh*d].
 
-    def qkv(self, q, u, arrays, tap):
-        """q [T, nh, d], k and v [T, nkv, d]: post-norm, post-RoPE (v: post-norm)."""
+        k and v are projected from u; q and k normed, then rotated; k and v go to the layer's
+        KV store, and the queries attend over everything it returns."""
+        tap, arrays = batch.tap, batch.arrays
         k = (u @ self.w["self_attn.k_proj.weight"].T).reshape(u.shape[0], self.n_kv, self.d)
-        q, k, v = self.q_norm(q), self.k_norm(k), self.v_norm(self.values(u, k))
+        q, k, v = self.q_norm(q), self.k_norm(k), self.values(u, k)
         tap(self.idx, "q", q)
         tap(self.idx, "k", k)
         q, k = self.rope(q, arrays), self.rope(k, arrays)
         tap(self.idx, "q_rope", q)
         tap(self.idx, "k_rope", k)
         tap(self.idx, "v", v)
-        return q, k, v
+        keys, values, mask = batch.kv[self.idx].update(k, v)
+        o = self.be.ops.attention(q, keys, values, mask, scale=self.scale,
+                                  softcap=self.softcap)  # [T, nh, d]
+        return o.reshape(o.shape[0], -1)  # [T, nh*d]
 
     def values(self, u, k):
-        """v [T, nkv, d] before its norm: ``u @ Wv^T`` (``k``, the raw k projection, unused)."""
+        """v [T, nkv, d]: ``u @ Wv^T`` (``k``, the raw k projection, unused here)."""
         return (u @ self.w["self_attn.v_proj.weight"].T).reshape(k.shape)
-
-    def keys_values(self, k, v, batch):
-        """Hand this batch's k, v to the layer's store; (keys, values, mask) the queries read."""
-        return batch.kv[self.idx].update(k, v)
-
-
-class SwiGLU:
-    """The gated MLP's activation, the ``swiglu`` op: ``silu(g) * up`` (g, up [T, F] -> [T, F])."""
-
-    def __init__(self, be):
-        self.be = be
-
-    def __call__(self, g, up):
-        return self.be.ops.swiglu(g, up)
 
 
 class GatedMLP:
-    """``down(act(gate(u), up(u)))``: ``act`` is :class:`SwiGLU` or GeGLU
-    (:class:`dflash_ref.models.gemma.GeGLU`); a feed-forward (module docstring)."""
+    """``down(act(gate(u), up(u)))``: ``act(g, up)`` [T, F] -> [T, F] is the ``swiglu`` op
+    (``silu(g) * up``) or GeGLU (:class:`dflash_ref.models.gemma.GeGLU`); a feed-forward (module
+    docstring)."""
 
     def __init__(self, w: dict, act):
         self.w, self.act = w, act

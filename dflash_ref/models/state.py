@@ -14,9 +14,9 @@ tokens and length, and a pending tree verify. The model talks to it through two 
 
 and the loop through two: :meth:`TargetState.rollback` (chain verify: keep the accepted rows)
 and :meth:`TargetState.commit_path` (tree verify: keep the accepted branch). Each transition is
-the same call on every store; which store a layer gets is decided once, by
-:func:`build_stores`. Snapshot and restore are in models/snapshot.py. The state never calls
-into the model's layers.
+the same call on every store; which store a layer gets is read from the config once per
+model (:class:`StorePlan`) and the stores are built from it (:func:`build_stores`). Snapshot and
+restore are in models/snapshot.py. The state never calls into the model's layers.
 """
 
 from __future__ import annotations
@@ -40,25 +40,52 @@ def no_tap(layer: int, name: str, x) -> None:
     """The default observer of intermediate tensors: ignores them (see ``TargetModel.forward``)."""
 
 
-def build_stores(config, be, pager=None) -> tuple[list[Store], list[GDNStore]]:
+@dataclass(frozen=True)
+class StorePlan:
+    """Where each layer of a target keeps its per-position state, read from its config once.
+
+    :class:`~dflash_ref.models.target.TargetModel` makes it when it loads (:meth:`of`); every
+    new state builds its stores from it (:func:`build_stores`) and asks the config nothing.
+
+    Attributes:
+        caches: ``(layer, n_kv_heads, head_dim, window)`` of every attention layer that keeps
+            its own K/V (Gemma 4 KV-sharing layers read their source layer's); ``window`` is the
+            sliding window, None for full attention.
+        full: the full-attention layers among them (the ones a KVFlash pager pools).
+        gdn: the linear-attention (Gated DeltaNet) layers.
+    """
+
+    caches: tuple[tuple[int, int, int, int | None], ...]
+    full: tuple[int, ...]
+    gdn: tuple[int, ...]
+
+    @classmethod
+    def of(cls, config) -> StorePlan:
+        """The plan of a :class:`~dflash_ref.config.TargetConfig`."""
+        kinds = config.layer_types
+        own_kv = [i for i, t in enumerate(kinds)
+                  if t != "linear_attention" and config.kv_source_for(i) is None]
+        caches = tuple((i, config.num_key_value_heads_for(i), config.head_dim_for(i),
+                        config.sliding_window if kinds[i] == "sliding_attention" else None)
+                       for i in own_kv)
+        return cls(caches, tuple(i for i in own_kv if kinds[i] == "full_attention"),
+                   tuple(i for i, t in enumerate(kinds) if t == "linear_attention"))
+
+
+def build_stores(plan: StorePlan, be, pager=None) -> tuple[list[Store], list[GDNStore]]:
     """The stores of a new state: ``(attention stores, GDN stores)``.
 
-    Every attention layer that keeps its own K/V (Gemma 4 KV-sharing layers read their source
-    layer's) gets a :class:`CacheStore`; with a ``pager``, the full-attention ones share one
-    :class:`PoolStore` instead (sliding-window layers are bounded anyway and GDN layers hold a
-    fixed-size state). Each linear-attention layer gets a :class:`GDNStore`.
+    Every attention layer of ``plan.caches`` gets a :class:`CacheStore`; with a ``pager``, the
+    full-attention ones share one :class:`PoolStore` instead (sliding-window layers are bounded
+    anyway and GDN layers hold a fixed-size state). Each linear-attention layer gets a
+    :class:`GDNStore`.
     """
-    kinds = config.layer_types
-    own_kv = [i for i, t in enumerate(kinds)
-              if t != "linear_attention" and config.kv_source_for(i) is None]
-    dims = {i: (config.num_key_value_heads_for(i), config.head_dim_for(i)) for i in own_kv}
-    full = [i for i in own_kv if kinds[i] == "full_attention"]
-    pool = [PoolStore(pager, be, full, dims)] if pager is not None else []
+    dims = {i: (n_kv, d) for i, n_kv, d, _ in plan.caches}
+    pool = [PoolStore(pager, be, list(plan.full), dims)] if pager is not None else []
     in_pool = {i for store in pool for i in store.layers}
-    window = {i: config.sliding_window if kinds[i] == "sliding_attention" else None
-              for i in own_kv}
-    plain = [CacheStore(be, i, *dims[i], window[i]) for i in own_kv if i not in in_pool]
-    gdn = [GDNStore(be, i) for i, t in enumerate(kinds) if t == "linear_attention"]
+    plain = [CacheStore(be, i, n_kv, d, window) for i, n_kv, d, window in plan.caches
+             if i not in in_pool]
+    gdn = [GDNStore(be, i) for i in plan.gdn]
     return plain + pool, gdn
 
 
@@ -103,7 +130,7 @@ class TargetState:
     """Per-sequence state (see the module docstring). Made by ``TargetModel.new_state``.
 
     Args:
-        config: the target's :class:`~dflash_ref.config.TargetConfig`.
+        plan: the target's :class:`StorePlan` (which store each layer gets).
         be: the Backend the model runs on.
         capture_width: C * hidden, the width of a captured feature row (0: no capture).
         feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
@@ -112,29 +139,30 @@ class TargetState:
 
     Attributes:
         kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
+        stores: every store: the attention stores, then the GDN stores.
         features: the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, or None.
         length: the committed positions.
     """
 
-    def __init__(self, config, be, capture_width: int = 0, feature_capacity: int | None = None,
-                 feature_window: int | None = None, pager=None):
-        self.config, self.be, self.pager = config, be, pager
-        self.kv_stores, self.gdn_stores = build_stores(config, be, pager)
+    def __init__(self, plan: StorePlan, be, capture_width: int = 0,
+                 feature_capacity: int | None = None, feature_window: int | None = None,
+                 pager=None):
+        self.be, self.pager = be, pager
+        self.kv_stores, self.gdn_stores = build_stores(plan, be, pager)
+        self.stores: list[Store] = [*self.kv_stores, *self.gdn_stores]
+        # the optional transitions (models/stores.py, Store), asked of the stores that have them
+        self._reserving = [s for s in self.stores if s.reserve is not None]
+        self._refusing = [s for s in self.stores if s.refusal is not None]
         self.features = (FeatureBuffer(be, capture_width, capacity=feature_capacity,
                                        window=feature_window) if capture_width else None)
         self.length = 0
         self._pending: _PendingTree | None = None
-        self._tokens = np.zeros(0, dtype=np.int64)  # the committed token ids, positions 0..len-1
-
-    @property
-    def stores(self) -> list[Store]:
-        """Every store: the attention stores, then the GDN stores."""
-        return [*self.kv_stores, *self.gdn_stores]
+        self._tokens: list[int] = []  # the token ids at positions 0..; those past length are stale
 
     @property
     def tokens(self) -> np.ndarray:
         """[length] the committed token ids (what a prompt cache keys a state by)."""
-        return self._tokens[: self.length].copy()
+        return np.array(self._tokens[: self.length], dtype=np.int64)
 
     @property
     def pending(self) -> bool:
@@ -158,9 +186,10 @@ class TargetState:
         """Open a batch of tokens ``ids`` [T] at positions length.. (a chain), or a tree with
         ``parents`` (node i at length + depth(i)).
 
-        Every store first makes room for the batch (the pool allocates a chain's slots before
-        any layer writes), then ids, positions and whatever the stores ask for go to the backend
-        in one piece (:class:`BatchArrays`) and each store opens its layers' views on it.
+        The stores that reserve first make room for the batch (the pool allocates a chain's
+        slots before any layer writes), then ids, positions and whatever the stores ask for go
+        to the backend in one piece (:class:`BatchArrays`) and each store opens its layers'
+        views on it.
         """
         if self._pending is not None:
             raise ValueError("the state holds an uncommitted tree verify; call "
@@ -170,7 +199,7 @@ class TargetState:
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
         uploads = {}
-        for store in self.stores:
+        for store in self._reserving:
             uploads.update(store.reserve(start, T, parents))
         arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)
         kv = {i: v for store in self.kv_stores for i, v in store.views(arrays, parents).items()}
@@ -185,16 +214,8 @@ class TargetState:
             return
         if features is not None:
             self.features.append(batch.start, features)
-        self._set_tokens(batch.start, batch.ids)
+        self._tokens[batch.start:] = batch.ids.tolist()
         self.length = batch.start + batch.ids.size
-
-    def _set_tokens(self, start: int, ids) -> None:
-        need = start + len(ids)
-        if need > self._tokens.size:  # grow by doubling
-            grown = np.zeros(max(need, 2 * self._tokens.size, 16), dtype=np.int64)
-            grown[: start] = self._tokens[: start]
-            self._tokens = grown
-        self._tokens[start:need] = ids
 
     # ------------------------------------------------------------------ commit and rollback
 
@@ -219,7 +240,7 @@ class TargetState:
             store.keep_path(kept)
         if self.features is not None:
             self.features.keep_path(kept, tree.features)
-        self._set_tokens(tree.start, tree.ids[path])
+        self._tokens[tree.start:] = tree.ids[path].tolist()
         self.length = tree.start + path.size
         self._pending = None
 
@@ -237,7 +258,7 @@ class TargetState:
             raise ValueError(f"rollback({n_keep}): the state holds {self.length} positions")
         if n_keep == self.length:
             return
-        for store in self.stores:
+        for store in self._refusing:
             why = store.refusal(n_keep)
             if why is not None:
                 raise ValueError(f"rollback({n_keep}): {why}")
@@ -253,7 +274,7 @@ class TargetState:
         Like :meth:`rollback`, but a GDN state that cannot be rewound there (outside the last
         batch) raises :class:`~dflash_ref.errors.StateError` naming the fix.
         """
-        if n_keep < self.length and any(s.refusal(n_keep) is not None for s in self.stores):
+        if n_keep < self.length and any(s.refusal(n_keep) is not None for s in self._refusing):
             raise StateError(
                 f"truncate({n_keep}): a GDN state cannot be truncated to an earlier position "
                 f"than its last batch; restore a checkpoint snapshot taken at or before "
@@ -287,5 +308,5 @@ class TargetState:
         if self._pending is not None:
             raise StateError("restore: a tree verify is pending; call commit_path(path) first")
         restore_stores(self, snap)
-        self._set_tokens(0, snap.tokens)
+        self._tokens = np.asarray(snap.tokens, dtype=np.int64).tolist()
         self.length = snap.length

@@ -5,7 +5,7 @@ and asks every one of them the same things (HF's ``Cache.update`` / ``crop`` is 
 storage decides how it appends and cuts, the caller only says what)::
 
     reserve(start, n, parents)  make room for a batch of n rows at positions start..; returns
-                                host arrays for the batch's one upload ({} or the pool's slots)
+                                host arrays for the batch's one upload (the pool's slots)
     views(arrays, parents)      layer id -> the per-forward view a layer runs on
                                 (``batch.kv[i].update(k, v)``, ``batch.gdn[i].run(mixer, u)``)
     refusal(n)                  why it cannot go back to n positions, or None
@@ -25,7 +25,8 @@ store               what it holds                                  views it open
 
 The captured features (:class:`~dflash_ref.models.cache.FeatureBuffer`) go through the same
 transitions (``truncate``, ``keep_path``, ``snapshot``, ``restore``), with the rows passed in.
-Which store a layer gets is decided once, when the state is built
+Which store a layer gets is read from the config once per model
+(:class:`~dflash_ref.models.state.StorePlan`) and the stores are built from it with the state
 (:func:`~dflash_ref.models.state.build_stores`); the views are in models/kv_store.py.
 """
 
@@ -42,27 +43,31 @@ from dflash_ref.models.kv_store import CacheKV, KVStore, PooledKVStore, PooledTr
 
 
 class Store(ABC):
-    """The transitions of a store (module docstring). ``layers``: the model layer ids it holds."""
+    """The transitions of a store (module docstring). ``layers``: the model layer ids it holds.
+
+    Two transitions are optional, None on a store that never needs them, and the state calls
+    each only on the stores that have it (a list it makes once, when it is built):
+
+    - ``reserve(start, n, parents) -> dict``: make room for a batch of ``n`` rows at positions
+      ``start``.. (``parents``: [n] tree parents, or None for a chain) and return host arrays to
+      upload with the batch, by :class:`~dflash_ref.models.batch_arrays.BatchArrays` keyword
+      (:meth:`PoolStore.reserve`); None: the store makes room as its layers write;
+    - ``refusal(n) -> str | None``: why the store cannot go back to ``n`` committed positions,
+      or None when it can (:meth:`~dflash_ref.models.gdn_store.GDNStore.refusal`); None: it can
+      always go back.
+    """
 
     layers: tuple[int, ...] = ()
-
-    def reserve(self, start: int, n: int, parents) -> dict:
-        """Make room for a batch of ``n`` rows at positions ``start``.. (``parents``: [n] tree
-        parents, or None for a chain). Returns host arrays to upload with the batch, by
-        :class:`~dflash_ref.models.batch_arrays.BatchArrays` keyword; none by default."""
-        return {}
+    reserve = None
+    refusal = None
 
     @abstractmethod
     def views(self, arrays: BatchArrays, parents) -> dict:
         """Layer id -> the view its layer runs this batch on."""
 
-    def refusal(self, n: int) -> str | None:
-        """Why this store cannot go back to ``n`` committed positions, or None: it can."""
-        return None
-
     @abstractmethod
     def truncate(self, n: int) -> None:
-        """Keep positions < n (``refusal(n)`` is None)."""
+        """Keep positions < n (where the store has a ``refusal``, ``refusal(n)`` is None)."""
 
     @abstractmethod
     def keep_path(self, path: TreePath) -> None:

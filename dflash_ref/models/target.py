@@ -48,7 +48,7 @@ from dflash_ref.models.fused import run_fused
 from dflash_ref.models.layers import RMSNorm
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.output import TargetOutput
-from dflash_ref.models.state import TargetState
+from dflash_ref.models.state import StorePlan, TargetState
 
 
 class TargetModel:
@@ -81,6 +81,7 @@ class TargetModel:
             self.embed_tokens if config.tie_word_embeddings else w[config.lm_head_name]
         )  # [vocab, H]
         self.layers = decoder_layers(config, self.be, w, self.embed)
+        self.store_plan = StorePlan.of(config)  # which store each layer gets, for new_state
 
     # ------------------------------------------------------------------ construction
 
@@ -158,7 +159,8 @@ class TargetModel:
         then keep K/V in its bounded pool (it is attached and reset here, once per sequence).
         """
         width = len(self.target_layer_ids) * self.config.hidden_size
-        return TargetState(self.config, self.be, width, feature_capacity, feature_window, pager)
+        return TargetState(self.store_plan, self.be, width, feature_capacity, feature_window,
+                           pager)
 
     def attention_qk(self, ids, n_tail: int = 8, rope: bool = False, layers=None,
                      piece_tokens: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -254,11 +256,11 @@ class TargetModel:
     def _run(self, ids, batch, state: TargetState, rows=None) -> TargetOutput:
         """The forward itself (module docstring), then hand the batch back to the state.
 
-        ``rows``: None, or an integer index array: the logits rows to compute."""
+        ``rows``: None, a slice (prefill's last row: no index upload) or an integer index
+        array: the logits rows to compute."""
         normed, features = self.hidden_states(batch.arrays.ids, batch)  # ids on the backend
         if rows is not None:  # the final norm acts row by row: its rows are the chosen rows'
-            run = _as_slice(rows)  # one ascending run (prefill's last row): no index upload
-            normed = normed[run] if run is not None else normed[self.be.xp.asarray(rows)]
+            normed = normed[rows if isinstance(rows, slice) else self.be.xp.asarray(rows)]
         logits = self.lm_head(normed)
         state.end_batch(batch, features)
         return TargetOutput(logits=logits, features=features)
@@ -284,6 +286,8 @@ class TargetModel:
     def _forward_pieces(self, ids, state: TargetState, tap, rows=None) -> TargetOutput:
         """Forward ``ids`` in chunk-aligned pieces through the pager; outputs concatenated."""
         xp, T = self.be.xp, state.pager.chunk_tokens
+        if isinstance(rows, slice):  # each piece computes its own rows: as indices
+            rows = np.arange(ids.size)[rows]
         cuts = [0]
         while cuts[-1] < ids.size:
             pos = state.length + cuts[-1]
@@ -300,12 +304,11 @@ class TargetModel:
         return TargetOutput(logits=logits, features=feats)
 
 
-def _logits_rows(logits_rows, n: int) -> np.ndarray | None:
-    """``forward``'s ``logits_rows`` as an index array into 0..n-1 (None: every row)."""
-    if logits_rows is None:
-        return None
-    if isinstance(logits_rows, slice):
-        return np.arange(n)[logits_rows]
+def _logits_rows(logits_rows, n: int) -> slice | np.ndarray | None:
+    """``forward``'s ``logits_rows`` checked: None (every row) or a slice as given, else an index
+    array into 0..n-1."""
+    if logits_rows is None or isinstance(logits_rows, slice):
+        return logits_rows
     rows = np.asarray(logits_rows)
     if rows.ndim != 1 or (rows.size and not np.issubdtype(rows.dtype, np.integer)):
         raise ValueError(f"logits_rows must be None, a slice or a 1-D integer array, got "
@@ -314,13 +317,6 @@ def _logits_rows(logits_rows, n: int) -> np.ndarray | None:
     if rows.size and (rows.min() < -n or rows.max() >= n):
         raise ValueError(f"logits_rows {rows.tolist()} index outside the batch's {n} rows")
     return np.where(rows < 0, rows + n, rows)
-
-
-def _as_slice(rows: np.ndarray) -> slice | None:
-    """``rows`` as a slice when they are one ascending run (prefill's last row), else None."""
-    if rows.size and np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
-        return slice(int(rows[0]), int(rows[0]) + rows.size)
-    return None
 
 
 def _match_weight_prefix(cfg: TargetConfig, weights) -> TargetConfig:
