@@ -20,26 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.layout_rules import LAYERS, NEVER, RANK, layout_report, part
+from tests.layout_rules import LAYERS, NEVER, RANK, layout_report, modules, part
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 450
 
 
-def _modules(pkg: str) -> dict[str, Path]:
-    """Dotted module name -> file for every .py under ``pkg`` (a package's __init__ is itself)."""
-    out = {}
-    for path in sorted((ROOT / pkg).rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
-    return out
-
-
 @pytest.mark.parametrize("pkg", ["dflash_ref", "kernels_cupy"])
 def test_no_module_is_longer_than_a_reader_can_hold(pkg):
-    long = {name: n for name, path in _modules(pkg).items()
+    long = {name: n for name, path in modules(pkg).items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them along their seams): {long}"
 
@@ -95,7 +84,7 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 
 def test_no_import_cycle_in_dflash_ref():
-    mods = _modules("dflash_ref")
+    mods = modules("dflash_ref")
     known = set(mods)
     # A package imports nothing but its own modules' names by being a parent: edges from a
     # module to its enclosing packages' __init__ are how Python imports work, not a design

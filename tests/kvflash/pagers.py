@@ -1,10 +1,29 @@
-"""Small pagers and the write / read helpers shared by test_pager.py and test_pager_paging.py."""
+"""Small pagers and the write / read helpers shared by test_pager.py and test_pager_paging.py;
+the tiny pooled targets shared by test_pooled_tree.py and test_pooled_snapshot.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from dflash_ref.kvflash import KVFlashPager
+from dflash_ref.models.target import TargetModel
+from dflash_ref.testing import Tolerance
+from dflash_ref.tiny import write_tiny_target
+
+CHUNK = dict(chunk_tokens=8, sink_chunks=1, tail_window_chunks=1)  # floor 32
+POOLED = Tolerance(1e-5, 2e-5, "same visible keys; masked slots add exact zeros")
+
+
+def tiny_targets(root, seed: int) -> dict[str, TargetModel]:
+    """A tiny Qwen3, Qwen3.5 and Gemma 3 target each, capturing layers 0 and 2."""
+    return {fam: TargetModel.from_pretrained(
+        write_tiny_target(root / fam, fam, seed=seed, tie_word_embeddings=False),
+        target_layer_ids=[0, 2]) for fam in ("qwen3", "qwen3_5", "gemma3")}
+
+
+def random_ids(n, seed=0):
+    """[n] token ids in the tiny vocabulary."""
+    return np.random.default_rng(seed).integers(0, 256, size=n)
 
 
 def small_pager(n_blocks: int, T: int = 4, sink: int = 1, tail: int = 1, **kw) -> KVFlashPager:

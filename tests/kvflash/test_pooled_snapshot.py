@@ -9,29 +9,17 @@ the restored plain state does, to float32 reassociation.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from dflash_ref.errors import StateError
 from dflash_ref.kvflash.pager import KVFlashPager
-from dflash_ref.models.target import TargetModel
-from dflash_ref.testing import Tolerance, assert_close
-from dflash_ref.tiny import write_tiny_target
-
-CHUNK = dict(chunk_tokens=8, sink_chunks=1, tail_window_chunks=1)  # floor 32
-POOLED = Tolerance(1e-5, 2e-5, "same visible keys; masked slots add exact zeros")
+from dflash_ref.testing import assert_close
+from tests.kvflash.pagers import CHUNK, POOLED, random_ids, tiny_targets
 
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("psnap")
-    return {fam: TargetModel.from_pretrained(
-        write_tiny_target(root / fam, fam, seed=71, tie_word_embeddings=False),
-        target_layer_ids=[0, 2]) for fam in ("qwen3", "qwen3_5", "gemma3")}
-
-
-def _ids(n, seed=0):
-    return np.random.default_rng(seed).integers(0, 256, size=n)
+    return tiny_targets(tmp_path_factory.mktemp("psnap"), seed=71)
 
 
 def _prefill(target, state, ids):
@@ -41,7 +29,7 @@ def _prefill(target, state, ids):
 
 @pytest.mark.parametrize("fam", ["qwen3", "qwen3_5", "gemma3"])
 def test_a_pooled_snapshot_restores_into_another_pool_as_the_plain_cache_does(targets, fam):
-    target, ids = targets[fam], _ids(60)
+    target, ids = targets[fam], random_ids(60)
     shuffled = KVFlashPager(64, **CHUNK)
     shuffled.set_block_order([5, 2, 7, 0, 3, 6, 1, 4])  # other slots for the same positions
     outs = []
@@ -65,7 +53,7 @@ def test_a_pooled_snapshot_restores_into_another_pool_as_the_plain_cache_does(ta
 
 
 def test_a_pooled_snapshot_of_no_position_empties_the_state(targets):
-    target, ids = targets["qwen3"], _ids(30, 1)
+    target, ids = targets["qwen3"], random_ids(30, 1)
     state = target.new_state(pager=KVFlashPager(64, **CHUNK))
     _prefill(target, state, ids[:24])
     state.restore(state.snapshot(upto=0))
@@ -79,7 +67,7 @@ def test_a_pooled_snapshot_refuses_paged_out_chunks(targets):
     target = targets["qwen3"]
     pager = KVFlashPager(32, **CHUNK)  # 4 chunks: a 48-token context evicts some of them
     state = target.new_state(pager=pager)
-    _prefill(target, state, _ids(48, 2))
+    _prefill(target, state, random_ids(48, 2))
     assert pager.host_only_chunks().size > 0
     with pytest.raises(StateError, match="paged out"):
         state.snapshot()

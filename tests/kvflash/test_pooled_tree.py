@@ -14,33 +14,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dflash_ref.kvflash.pager import KVFlashPager
-from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.testing import Tolerance, assert_close
-from dflash_ref.tiny import write_tiny_target
+from dflash_ref.testing import assert_close
+from tests.kvflash.pagers import CHUNK, POOLED, random_ids, tiny_targets
 from tests.spec_decode.drafters import ScriptedDrafter
-
-CHUNK = dict(chunk_tokens=8, sink_chunks=1, tail_window_chunks=1)  # floor 32
-POOLED = Tolerance(1e-5, 2e-5, "same visible keys; masked slots add exact zeros")
 
 
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ptree")
-    return {fam: TargetModel.from_pretrained(
-        write_tiny_target(root / fam, fam, seed=51, tie_word_embeddings=False),
-        target_layer_ids=[0, 2]) for fam in ("qwen3", "qwen3_5", "gemma3")}
-
-
-def _ids(n, seed=0):
-    return np.random.default_rng(seed).integers(0, 256, size=n)
+    return tiny_targets(tmp_path_factory.mktemp("ptree"), seed=51)
 
 
 @pytest.mark.parametrize("fam", ["qwen3", "qwen3_5", "gemma3"])
 def test_pooled_tree_forward_and_commit_equal_the_plain_cache(targets, fam):
     # Teacher forced: prefill, a tree whose branches share positions, commit a path, decode on.
     target = targets[fam]
-    ids, tree = _ids(40), _ids(7, 1)
+    ids, tree = random_ids(40), random_ids(7, 1)
     parents = [-1, 0, 0, 1, 1, 2, 3]  # depths 0,1,1,2,2,2,3: three nodes at position base+2
     path = [0, 1, 3, 6]
     outs = []
@@ -66,7 +55,7 @@ def test_pooled_tree_forward_and_commit_equal_the_plain_cache(targets, fam):
 @given(data=st.data())
 def test_generate_tree_on_a_pool_equals_unpooled(targets, fam, data):
     target = targets[fam]
-    prompt = _ids(data.draw(st.integers(2, 24)), data.draw(st.integers(0, 99)))
+    prompt = random_ids(data.draw(st.integers(2, 24)), data.draw(st.integers(0, 99)))
     n = data.draw(st.integers(4, 30))
     truth = np.concatenate([prompt, generate(target, None, prompt, n + 20).tokens])
     err = data.draw(st.sampled_from([0.0, 0.3, 0.7]))
@@ -82,7 +71,7 @@ def test_generate_tree_on_a_pool_equals_unpooled(targets, fam, data):
 
 def test_pooled_tree_stays_bounded_when_the_pool_is_smaller(targets):
     target = targets["qwen3"]
-    prompt, n = _ids(20, 2), 50
+    prompt, n = random_ids(20, 2), 50
     truth = np.concatenate([prompt, generate(target, None, prompt, n + 20).tokens])
     pager = KVFlashPager(32, **CHUNK)
     res = generate(target, ScriptedDrafter(target, truth, 6, error_rate=0.3, seed=4), prompt, n,
