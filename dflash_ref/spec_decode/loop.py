@@ -42,7 +42,12 @@ from dflash_ref.ops.sampling import GREEDY, SamplingParams
 from dflash_ref.spec_decode.cost import CostModel
 from dflash_ref.spec_decode.decoding import Decoding, GenerationResult
 from dflash_ref.spec_decode.observe import Observer
-from dflash_ref.spec_decode.verifiers import Verifier, make_verifier
+from dflash_ref.spec_decode.verifiers import (
+    VERIFY_MODES,
+    Verifier,
+    make_verifier,
+    unknown_verify_mode,
+)
 
 __all__ = ["GateOptions", "GenerationResult", "check_arguments", "generate"]
 
@@ -87,7 +92,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
         verify: "chain", "tree" (DDTree, greedy only), or a
             :class:`~dflash_ref.spec_decode.verifiers.Verifier` (e.g.
             ``TreeVerifier(DDTreeOptions.lucebox())``, ``ChainVerifier(draft_rows="verify")``,
-            ``GreedyDraftChainVerifier()``); unused (and unchecked) without a drafter.
+            ``GreedyDraftChainVerifier()``); without a drafter no verifier runs (an unknown mode
+            is still refused).
         gate: a gate (an :class:`~dflash_ref.spec_decode.gate.EntropyGate` or
             :class:`~dflash_ref.spec_decode.gate.CommitEmaGate`), or :class:`GateOptions` with
             a cost model; None: always speculate.
@@ -153,7 +159,9 @@ def check_arguments(target, drafter, prompt, max_new_tokens: int, sampling: Samp
     if not sampling.greedy and sampling.seed is None:
         raise ValueError("temperature > 0 needs a seed (SamplingParams(..., seed=int or "
                          "np.random.Generator)) so that the sampled output is reproducible")
-    if drafter is None:
+    if drafter is None:  # plain decoding runs no verifier; a mode that does not exist is refused
+        if not isinstance(verify, Verifier) and verify not in VERIFY_MODES:
+            raise unknown_verify_mode(verify)
         return 1, None
     verifier = make_verifier(verify, sampling)
     B = int(block_size or drafter.block_size)

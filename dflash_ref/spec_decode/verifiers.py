@@ -272,5 +272,10 @@ def make_verifier(verify, sampling: SamplingParams) -> Verifier:
         return ChainVerifier() if sampling.greedy else RejectionChainVerifier()
     if verify == "tree":
         return TreeVerifier()
-    raise ConfigError(f"verify={verify!r} is unknown; expected one of {VERIFY_MODES} or a "
-                      f"Verifier (dflash_ref.spec_decode.verifiers)")
+    raise unknown_verify_mode(verify)
+
+
+def unknown_verify_mode(verify) -> ConfigError:
+    """The error for a ``verify`` that is neither a mode name nor a :class:`Verifier`."""
+    return ConfigError(f"verify={verify!r} is unknown; expected one of {VERIFY_MODES} or a "
+                       f"Verifier (dflash_ref.spec_decode.verifiers)")

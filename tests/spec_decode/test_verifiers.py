@@ -201,3 +201,12 @@ def test_taps_compose_and_full_prefill_logits_is_asked_for(pair):
     assert seen["a"] == seen["b"] > 0
     assert a.forward_rows[0] == PROMPT.size  # every prefill row, when an observer asks
     assert res.tokens == generate(target, None, PROMPT, 3).tokens
+
+
+def test_an_unknown_verify_mode_is_refused_without_a_drafter_too(pair):
+    # Plain decoding builds no verifier; a misspelt mode must still fail loudly rather than be
+    # ignored (a run a user thinks is tree-verified would silently be plain decoding).
+    target, _ = pair
+    with pytest.raises(ConfigError, match="verify='trie' is unknown"):
+        generate(target, None, [1, 2, 3], 2, verify="trie")
+    assert len(generate(target, None, [1, 2, 3], 2, verify="tree").tokens) == 2
