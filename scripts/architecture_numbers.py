@@ -10,7 +10,8 @@ commit that has ``dflash_ref/`` (tests/test_architecture_numbers.py checks the p
   (``dflash_ref.tiny``), 8 new tokens after a 3-token prompt, measured after one warm-up run:
   plain greedy (no drafter) and the speculative chain (a tiny drafter, block 4);
 - **the decoder layer**: lines, ``if`` statements and parameters of the target decoder layer's
-  forward, and how often Gemma 4 is named in its module;
+  forward, and how often Gemma 4 is named in its module; the ``if`` s (statements and
+  expressions) of the drafter's decoder layer;
 - **generate()**: its parameter count;
 - **module sizes**: modules at 400+ lines, the longest, ``models/state.py``;
 - **imports**: private names imported across packages, public names defined in two modules, and
@@ -102,22 +103,26 @@ def _print_listing(seen: dict) -> None:
     print(f"{len(seen)} functions in {len(by_file)} files")
 
 
-def _decoder_layer_forward() -> ast.FunctionDef:
-    tree = ast.parse((ROOT / "dflash_ref/models/layers.py").read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DecoderLayer")
-    return next(n for n in cls.body if isinstance(n, ast.FunctionDef)
-                and n.name in ("__call__", "forward"))
+def _method(path: str, cls_name: str, names: tuple[str, ...]) -> ast.FunctionDef:
+    tree = ast.parse((ROOT / path).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names)
+
+
+def _ifs(fn: ast.FunctionDef) -> int:
+    return sum(isinstance(n, (ast.If, ast.IfExp)) for b in fn.body for n in ast.walk(b))
 
 
 def layer_numbers() -> dict:
-    fn = _decoder_layer_forward()
+    fn = _method("dflash_ref/models/layers.py", "DecoderLayer", ("__call__", "forward"))
     body = fn.body[1:] if ast.get_docstring(fn) else fn.body
     lines = sum(1 for n in body for _ in range(n.lineno, n.end_lineno + 1))
-    ifs = sum(isinstance(n, (ast.If, ast.IfExp)) for b in body for n in ast.walk(b))
     params = len(fn.args.args) - 1 + len(fn.args.kwonlyargs)
+    drafter = _method("dflash_ref/models/drafter.py", "DFlashDrafter", ("decoder_layer",))
     text = (ROOT / "dflash_ref/models/layers.py").read_text()
-    return {"decoder_layer_lines": lines, "decoder_layer_ifs": ifs,
-            "decoder_layer_params": params, "gemma4_named_in_layers": len(FAMILY.findall(text))}
+    return {"decoder_layer_lines": lines, "decoder_layer_ifs": _ifs(fn),
+            "decoder_layer_params": params, "gemma4_named_in_layers": len(FAMILY.findall(text)),
+            "drafter_layer_ifs": _ifs(drafter)}
 
 
 def generate_params() -> int:

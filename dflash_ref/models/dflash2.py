@@ -37,6 +37,7 @@ import numpy as np
 
 from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig
+from dflash_ref.models.dflash2_conv import conv_finish, conv_prepare
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_from_probs, target_probs
@@ -142,6 +143,13 @@ class DFlash2Drafter(DFlashDrafter):
         selector = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()
                     if k.startswith(SELECTOR_PREFIX)}
         self.selector = CandidateSelector(self.be, selector, self.config.dflash2["selector_top_k"])
+
+    def around(self, i: int, name: str, u, block, *args):
+        """``conv(block(conv(u, D[:, 0], base[0])), D[:, 1], base[1])``: the block between the
+        two halves of its convolution pair, ``D = (u P^T)`` (module docstring)."""
+        w, xp, gs = self.layers[i], self.be.xp, self.config.dflash2["conv_group_size"]
+        u, dyn = conv_prepare(xp, w, name, u, gs)
+        return conv_finish(xp, w, name, block(i, u, *args), dyn, gs)
 
     def propose(self, hidden, logits, anchor_token: int, law: SamplingParams | None = None,
                 rng=None) -> DraftProposal:

@@ -20,7 +20,7 @@ DFlash 2 drafters (``DFlash2DraftModel``) add a grouped dynamic causal convoluti
 after the attention and the MLP of every layer (:mod:`dflash_ref.models.dflash2_conv`), and draft
 a path through a candidate selector instead of a per-row argmax: they are
 :class:`~dflash_ref.models.dflash2.DFlash2Drafter`, which overrides
-:meth:`DFlashDrafter.propose`. The head follows
+:meth:`DFlashDrafter.around` (the convolutions) and :meth:`DFlashDrafter.propose`. The head follows
 the release's draft-head keys: ``logits * output_multiplier``, then the drafter's
 ``final_logit_softcapping`` when its config states one (else the target's cap).
 
@@ -51,7 +51,6 @@ from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.dflash2_conv import conv_finish, conv_prepare
 from dflash_ref.models.draft_cache import DraftCache
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
@@ -240,7 +239,8 @@ class DFlashDrafter:
         return drafter_mask(ctx_pos, noise_pos, window=vis.max_back + 1, causal=causal)
 
     def decoder_layer(self, i: int, h, join_kv, ctx_pos, noise_pos):
-        """One decoder layer over the noise rows h [B, H].
+        """One decoder layer over the noise rows h [B, H]: two residual lines, as the module
+        docstring draws them (``around`` is where a DFlash 2 drafter adds its convolutions).
 
         ``join_kv(nk, nv)`` takes the block's K/V [B, nkv, d] and returns this layer's context
         K/V followed by them, [ctx + B, nkv, d] each, context FIRST: :func:`context_then_block`
@@ -248,13 +248,23 @@ class DFlashDrafter:
         <dflash_ref.models.cache.KVCache.stage>` writes the block into the cache's spare rows
         and returns views (:class:`DraftCache`, no copy of the context).
         """
-        cfg, w, be = self.config, self.layers[i], self.be
-        xp, ops, eps = be.xp, be.ops, cfg.rms_norm_eps
-        B, nh, nkv, d = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        w, ops, eps = self.layers[i], self.be.ops, self.config.rms_norm_eps
         u = ops.rms_norm(h, w["input_layernorm.weight"], eps)  # noise only
-        gs = cfg.dflash2["conv_group_size"] if cfg.kind == "dflash2" else None
-        if gs:  # DFlash 2: convolve along the block before the attention (models/dflash2.py)
-            u, dyn = conv_prepare(xp, w, "attention_conv", u, gs)
+        h = h + self.around(i, "attention_conv", u, self.attention, join_kv, ctx_pos, noise_pos)
+        u = ops.rms_norm(h, w["post_attention_layernorm.weight"], eps)
+        return h + self.around(i, "mlp_conv", u, self.mlp)
+
+    def around(self, i: int, name: str, u, block, *args):
+        """``block(i, u, *args)``: what a sub-block adds to the residual stream. A DFlash 2
+        drafter overrides this with its convolutions before and after the block (``name``:
+        "attention_conv" or "mlp_conv")."""
+        return block(i, u, *args)
+
+    def attention(self, i: int, u, join_kv, ctx_pos, noise_pos):
+        """Attention of the noise rows u [B, H] over the context and the block: [B, H]."""
+        cfg, w, ops = self.config, self.layers[i], self.be.ops
+        B, nh, nkv, d = u.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        eps = cfg.rms_norm_eps
         q = (u @ w["self_attn.q_proj.weight"].T).reshape(B, nh, d)
         q = self._rope(i, ops.rms_norm(q, w["self_attn.q_norm.weight"], eps), noise_pos)
         nk = (u @ w["self_attn.k_proj.weight"].T).reshape(B, nkv, d)
@@ -263,14 +273,13 @@ class DFlashDrafter:
         k, v = join_kv(nk, nv)  # [ctx + B, nkv, d] each: context FIRST
         mask = self.layer_mask(i, ctx_pos, noise_pos)
         o = ops.attention(q, k, v, mask, scale=d ** -0.5)  # [B, nh, d]
-        o = o.reshape(B, nh * d) @ w["self_attn.o_proj.weight"].T
-        h = h + (conv_finish(xp, w, "attention_conv", o, dyn, gs) if gs else o)
-        u = ops.rms_norm(h, w["post_attention_layernorm.weight"], eps)
-        if gs:
-            u, dyn = conv_prepare(xp, w, "mlp_conv", u, gs)
+        return o.reshape(B, nh * d) @ w["self_attn.o_proj.weight"].T
+
+    def mlp(self, i: int, u):
+        """The SwiGLU MLP: ``W_down(swiglu(W_gate u, W_up u))``, [B, H] -> [B, H]."""
+        w = self.layers[i]
         g, up = u @ w["mlp.gate_proj.weight"].T, u @ w["mlp.up_proj.weight"].T
-        o = ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
-        return h + (conv_finish(xp, w, "mlp_conv", o, dyn, gs) if gs else o)
+        return self.be.ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
 
     def logits(self, z):
         """Draft logits from final-normed rows z [n, H] (docs/drafter.md, "Head").
