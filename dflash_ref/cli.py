@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -289,24 +288,11 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def _magic(path: Path) -> bytes:
-    """The first four bytes of a file (never the whole file: a model can be gigabytes)."""
-    with open(path, "rb") as f:
-        return f.read(4)
-
-
 @_formats_command
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Metadata, tensors, derived config and warnings of a GGUF file or checkpoint directory."""
-    from dflash_ref.errors import FormatError
-    from dflash_ref.io.gguf_io import GGUF_MAGIC
-
     path = cli_args.existing_path(args.path, "PATH")
-    is_gguf = path.is_file() and _magic(path) == GGUF_MAGIC
-    if path.is_file() and not is_gguf:
-        raise FormatError(f"inspect {path}: the file is not GGUF (it starts with {_magic(path)!r}"
-                          f", not {GGUF_MAGIC!r}); expected a .gguf file or a checkpoint "
-                          f"directory (config.json + *.safetensors)")
+    is_gguf = cli_args.gguf_file_or_directory(path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         problems = _print_gguf(path, args.all) if is_gguf else _print_checkpoint(path, args.all)
@@ -395,25 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; a user error is one ``error:`` line and exit 1 (``--debug``: traceback).
-
-    A closed stdout (``dflash-ref inspect ... | head``) ends the command quietly.
-    """
+    """Run one command; a user error is one ``error:`` line (cli_args.run_command)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    try:
-        return args.func(args)
-    except BrokenPipeError:  # the reader went away: nothing more to say, and nowhere to say it
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
-        return 141  # 128 + SIGPIPE, as a shell reports it
-    except (Exception, KeyboardInterrupt) as exc:
-        if args.debug or os.environ.get("DFLASH_REF_DEBUG"):
-            raise
-        return cli_args.report_error(exc)
+    return cli_args.run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -144,6 +145,23 @@ def output_file(text: str | Path, option: str) -> Path:
     return path
 
 
+def gguf_file_or_directory(path: Path) -> bool:
+    """True for a GGUF file, False for a directory; a FormatError for any other file. Reads the
+    first four bytes only (never the whole file: a model can be gigabytes)."""
+    from dflash_ref.errors import FormatError
+    from dflash_ref.io.gguf_io import GGUF_MAGIC
+
+    if path.is_dir():
+        return False
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise FormatError(f"{path}: the file is not GGUF (it starts with {magic!r}, not "
+                          f"{GGUF_MAGIC!r}); expected a .gguf file or a checkpoint directory "
+                          f"(config.json + *.safetensors)")
+    return True
+
+
 def check_ids_in_vocabulary(ids, vocab_size: int, option: str) -> None:
     """Token ids the loaded target can embed: each below its vocabulary size."""
     bad = [i for i in ids if i >= vocab_size]
@@ -184,3 +202,19 @@ def report_error(exc: BaseException) -> int:
     print(f"error: internal error {type(exc).__name__}: {one_line(exc)}; rerun with "
           f"'dflash-ref --debug ...' for the traceback and report it", file=sys.stderr)
     return 1
+
+
+def run_command(func, args: argparse.Namespace) -> int:
+    """``func(args)``, with any error as one ``error:`` line and its exit status (``--debug`` or
+    ``DFLASH_REF_DEBUG=1``: the traceback). A closed stdout (``dflash-ref inspect ... | head``)
+    ends the command quietly."""
+    try:
+        return func(args)
+    except BrokenPipeError:  # the reader went away: nothing more to say, and nowhere to say it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+        return 141  # 128 + SIGPIPE, as a shell reports it
+    except (Exception, KeyboardInterrupt) as exc:
+        if getattr(args, "debug", False) or os.environ.get("DFLASH_REF_DEBUG"):
+            raise
+        return report_error(exc)
