@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import dflash_ref
+from dflash_ref import cli_args
 from dflash_ref.backend import cupy_device_description, cupy_unavailable_reason
 
 
@@ -98,17 +99,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("error: give both --target and --drafter, or neither (shipped demo)",
               file=sys.stderr)
         return 2
-    target_dir, drafter_dir = ((Path(args.target), Path(args.drafter)) if args.target
-                               else demo_dirs())
-    target = TargetModel.from_pretrained(target_dir, backend=args.backend)
-    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
+    target_dir, drafter_dir = ((cli_args.existing_path(args.target, "--target"),
+                                cli_args.existing_path(args.drafter, "--drafter"))
+                               if args.target else demo_dirs())
     as_bytes = demo_text.is_byte_vocabulary(target_dir)
-    if args.prompt:
-        prompt = [int(t) for t in args.prompt.split(",")]
-    elif args.text is not None and not as_bytes:
+    if args.prompt is None and args.text is not None and not as_bytes:
         print(f"error: --text needs a byte-level target (a tokenizer.json mapping byte b to id "
               f"b); {target_dir} has none, give --prompt ids", file=sys.stderr)
         return 2
+    target = TargetModel.from_pretrained(target_dir, backend=args.backend)
+    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
+    if args.prompt:
+        prompt = list(args.prompt)
+        cli_args.check_ids_in_vocabulary(prompt, target.config.vocab_size, "--prompt")
     elif as_bytes:
         prompt = demo_text.encode_text(DEMO_TEXT if args.text is None else args.text)
     else:
@@ -144,22 +147,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _formats_command(func):
-    """Run a formats subcommand: warnings and DFlashRefErrors become lines on stderr."""
+    """Run a formats subcommand: its warnings become lines on stderr (errors: see main)."""
 
     @functools.wraps(func)
     def run(args: argparse.Namespace) -> int:
-        from dflash_ref.errors import DFlashRefError
-
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                code = func(args)
-            except DFlashRefError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                code = 1
-        for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
-        return code
+                return func(args)
+            finally:
+                for w in caught:
+                    print(f"warning: {w.message}", file=sys.stderr)
 
     return run
 
@@ -177,6 +175,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from dflash_ref.io.gguf_io import open_gguf
     from dflash_ref.io.safetensors_io import open_checkpoint
 
+    cli_args.existing_path(args.src, "SRC")
+    cli_args.output_file(args.out, "OUT")
+    if args.target is not None:
+        cli_args.existing_path(args.target, "--target")
     config = open_checkpoint(args.src).config
     if _is_drafter_config(config):
         out = convert_drafter(args.src, args.out, args.qtype, args.naming, target=args.target,
@@ -289,10 +291,8 @@ def _indent(text: str) -> str:
 @_formats_command
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Metadata, tensors, derived config and warnings of a GGUF file or checkpoint directory."""
-    from dflash_ref.io.gguf_io import GGUF_MAGIC
-
-    path = Path(args.path)
-    is_gguf = path.is_file() and path.read_bytes()[:4] == GGUF_MAGIC
+    path = cli_args.existing_path(args.path, "PATH")
+    is_gguf = cli_args.gguf_file_or_directory(path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         problems = _print_gguf(path, args.all) if is_gguf else _print_checkpoint(path, args.all)
@@ -308,27 +308,33 @@ def cmd_compare_weights(args: argparse.Namespace) -> int:
     """Per-tensor comparison table; exit 1 when any row is flagged."""
     from dflash_ref.io.compare import compare_weights
 
+    cli_args.existing_path(args.a, "A")
+    cli_args.existing_path(args.b, "B")
     rows = compare_weights(args.a, args.b, threshold_factor=args.threshold_factor)
     return 1 if any(r.flagged for r in rows) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli_args.Parser(
         prog="dflash-ref",
         description="Reference implementation of DFlash speculative decoding (NumPy + CuPy).",
     )
     parser.add_argument("--version", action="version", version=dflash_ref.__version__)
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (default: one error line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p_demo = sub.add_parser("demo", help="plain vs speculative decoding on tiny checkpoints")
     p_demo.add_argument("--target", help="target directory (HF layout); default: shipped demo")
     p_demo.add_argument("--drafter", help="drafter directory (z-lab layout)")
-    p_demo.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"])
-    p_demo.add_argument("--max-new-tokens", type=int, default=64)
-    p_demo.add_argument("--block-size", type=int, default=None)
+    p_demo.add_argument("--backend", default="numpy", type=cli_args.backend,
+                        help="numpy, cupy or auto")
+    p_demo.add_argument("--max-new-tokens", type=cli_args.positive_int, default=64)
+    p_demo.add_argument("--block-size", type=cli_args.positive_int, default=None)
     p_demo.add_argument("--verify", default="chain", choices=["chain", "tree"])
-    p_demo.add_argument("--prompt", help="comma-separated token ids (default: a fixed prompt)")
-    p_demo.add_argument("--text", help="prompt text, for byte-level targets such as the "
-                        "shipped one (default: a few lines of Python)")
+    p_demo.add_argument("--prompt", type=cli_args.nonempty_token_ids,
+                        help="comma-separated token ids (default: a fixed prompt)")
+    p_demo.add_argument("--text", type=cli_args.utf8_text, help="prompt text, for byte-level "
+                        "targets such as the shipped one (default: a few lines of Python)")
     p_demo.set_defaults(func=cmd_demo)
     p_info = sub.add_parser("info", help="version, available backends, CUDA device")
     p_info.set_defaults(func=cmd_info)
@@ -341,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_conv = sub.add_parser("convert", help="drafter or target directory -> GGUF")
     p_conv.add_argument("src", help="z-lab drafter or HF target directory (config.json + "
                         "safetensors)")
-    p_conv.add_argument("out", help="the .gguf file to write")
+    p_conv.add_argument("out", help="the .gguf file to write (its folder must exist)")
     p_conv.add_argument("--qtype", default="bf16", choices=list(QTYPES),
                         help="matrix storage (norms are always f32); default bf16")
     p_conv.add_argument("--naming", default="llama.cpp", choices=["llama.cpp", "lucebox"],
@@ -364,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "sets (checkpoint directories or GGUF files)")
     p_cmp.add_argument("a", help="reference (e.g. the HF checkpoint)")
     p_cmp.add_argument("b", help="the other side (e.g. the converted GGUF)")
-    p_cmp.add_argument("--threshold-factor", type=float, default=1.0,
+    p_cmp.add_argument("--threshold-factor", type=cli_args.positive_float, default=1.0,
                        help="flag rows with rel. RMS above factor x the type's budget")
     p_cmp.set_defaults(func=cmd_compare_weights)
     from dflash_ref.oracle.cli import add_oracle_arguments
@@ -375,12 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; a user error is one ``error:`` line (cli_args.run_command)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    return args.func(args)
+    return cli_args.run_command(args.func, args)
 
 
 if __name__ == "__main__":

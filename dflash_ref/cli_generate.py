@@ -1,21 +1,27 @@
 """``dflash-ref generate``: text in, text out, on any target (directory or GGUF).
 
-    dflash-ref generate --target PATH [--drafter PATH] --prompt TEXT [--chat]
+    dflash-ref generate --target PATH [--drafter PATH] --prompt TEXT [--chat
+                        [--chat-template FILE|NAME]]
                         [--max-new-tokens N] [--temperature T --seed S]
                         [--backend auto|numpy|cupy] [--block-size B] [--verify chain|tree]
 
 The prompt is tokenized with the target's own tokenizer (``load_tokenizer``: ``tokenizer.json``
 in a directory, or the GGUF's ``tokenizer.ggml.*`` metadata); ``--chat`` wraps it as one user
 message with the checkpoint's chat template (its BOS comes from the template, so none is added
-again). The continuation streams as it is produced, then one line of statistics.
+again); ``--chat-template`` gives the template for a checkpoint that has none (a jinja file, or
+a name shipped in ``dflash_ref/data/chat_templates``, e.g. ``gemma3`` for the Gemma 3 instruct
+models). Every argument is checked before a model loads (dflash_ref/cli_args.py), the loaded
+pair's prompt length and positions before anything is printed. The continuation streams as it
+is produced, then one line of statistics.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
+
+from dflash_ref import cli_args
 
 
 def add_parser(sub) -> None:
@@ -23,26 +29,92 @@ def add_parser(sub) -> None:
     p.add_argument("--target", required=True, help="target: HF directory or llama.cpp GGUF")
     p.add_argument("--drafter", help="DFlash drafter directory (z-lab layout) or GGUF; "
                    "without it, plain decoding")
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--prompt", required=True, type=cli_args.utf8_text, help="the prompt text")
     p.add_argument("--chat", action="store_true", help="apply the chat template (one user turn)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--seed", type=int, default=None, help="required when --temperature > 0")
-    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
-    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--chat-template", metavar="FILE|NAME",
+                   help="chat template for --chat: a jinja file, or a shipped name "
+                   f"({', '.join(chat_template_names())}); default: the checkpoint's own")
+    p.add_argument("--max-new-tokens", type=cli_args.positive_int, default=64)
+    p.add_argument("--temperature", type=cli_args.temperature, default=0.0, help="0: greedy")
+    p.add_argument("--seed", type=cli_args.seed, default=None,
+                   help="required when --temperature > 0")
+    p.add_argument("--backend", default="auto", type=cli_args.backend, help="auto, numpy or cupy")
+    p.add_argument("--block-size", type=cli_args.positive_int, default=None)
     p.add_argument("--verify", default="chain", choices=["chain", "tree"])
     p.set_defaults(func=cmd_generate)
 
 
-def _load(path: Path, backend: str):
+TEMPLATE_DIR = Path(__file__).parent / "data" / "chat_templates"
+
+
+def chat_template_names() -> list[str]:
+    """The chat templates shipped with the package (``--chat-template NAME``)."""
+    return sorted(p.stem for p in TEMPLATE_DIR.glob("*.jinja"))
+
+
+def read_chat_template(spec: str) -> str:
+    """``--chat-template FILE|NAME`` -> the template text, parsed once so that a syntax error
+    is found before any model loads."""
+    import jinja2
+
+    from dflash_ref.errors import ConfigError
+
+    path = Path(spec)
+    if not path.is_file():
+        if spec not in chat_template_names():
+            raise ConfigError(f"--chat-template {spec}: neither a file nor a shipped template; "
+                              f"expected a jinja file or one of {chat_template_names()}")
+        path = TEMPLATE_DIR / f"{spec}.jinja"
+    try:
+        text = path.read_text(encoding="utf-8")
+        jinja2.Environment().parse(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--chat-template {path}: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start}); expected a jinja template file") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"--chat-template {path}: jinja syntax error on line {exc.lineno}: "
+                          f"{exc.message}; fix the template") from None
+    return text
+
+
+def _open(path: Path):
+    """(the source the weights load from, its tokenizer): cheap, no weights read yet."""
     from dflash_ref.io.gguf_io import open_gguf
     from dflash_ref.io.tokenizer import load_tokenizer
-    from dflash_ref.models.target import TargetModel
 
     if path.is_dir():
-        return TargetModel.from_pretrained(path, backend=backend), load_tokenizer(path)
+        return path, load_tokenizer(path)
     gguf = open_gguf(path)  # opened once: the tokenizer and the weights read the same file
-    return TargetModel.from_gguf(gguf, backend=backend), load_tokenizer(gguf)
+    return gguf, load_tokenizer(gguf)
+
+
+def _load(source, backend: str):
+    from dflash_ref.models.target import TargetModel
+
+    if isinstance(source, Path):
+        return TargetModel.from_pretrained(source, backend=backend)
+    return TargetModel.from_gguf(source, backend=backend)
+
+
+def _prompt_ids(args, tok, template: str | None) -> list[int]:
+    """The prompt as ids: plain text, or one user turn in the chat template."""
+    import jinja2
+
+    from dflash_ref.errors import ConfigError
+
+    if not args.chat:
+        return tok.encode(args.prompt)
+    if template is None and tok.chat_template is None:
+        raise ConfigError(f"--chat: {args.target} has no chat template (base models usually "
+                          f"have none); add --chat-template FILE|NAME, e.g. --chat-template "
+                          f"gemma3 for the Gemma 3 instruct template")
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}],
+                                       chat_template=template)
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"--chat: the chat template failed: {exc}; fix the template or give "
+                          f"another with --chat-template") from None
+    return tok.encode(text, add_bos=False)  # the template writes its own BOS
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -51,27 +123,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dflash_ref.spec_decode.loop import generate
     from dflash_ref.spec_decode.observe import Stream
 
-    target_path = Path(args.target)
-    if not target_path.exists():
-        print(f"error: --target {target_path} does not exist", file=sys.stderr)
-        return 2
+    target_path = cli_args.existing_path(args.target, "--target")
+    d = cli_args.existing_path(args.drafter, "--drafter") if args.drafter else None
     if args.temperature > 0 and args.seed is None:
-        print("error: --temperature > 0 needs --seed S (sampled output must be reproducible)",
-              file=sys.stderr)
-        return 2
+        raise cli_args.UsageError("--temperature > 0 needs --seed S (sampled output must be "
+                          "reproducible); add e.g. --seed 0")
+    if args.chat_template is not None and not args.chat:
+        raise cli_args.UsageError("--chat-template is used only with --chat; add --chat")
+    template = read_chat_template(args.chat_template) if args.chat_template else None
     t0 = time.perf_counter()
-    target, tok = _load(target_path, args.backend)
+    source, tok = _open(target_path)
+    ids = _prompt_ids(args, tok, template)
+    target = _load(source, args.backend)
     drafter = None
-    if args.drafter:
-        d = Path(args.drafter)
+    if d is not None:
         drafter = (DFlashDrafter.from_pretrained(d, target) if d.is_dir()
                    else DFlashDrafter.from_gguf(d, target))
     load_s = time.perf_counter() - t0
-    if args.chat:
-        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}])
-        ids = tok.encode(text, add_bos=False)  # the template writes its own BOS
-    else:
-        ids = tok.encode(args.prompt)
+    cli_args.check_positions(len(ids), args.max_new_tokens,
+                             target.config.max_position_embeddings)
     stream = _Stream(tok, ids)
     if not args.chat:  # the prompt as the tokenizer reads it back, then the continuation
         print(stream.shown, end="", flush=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from gguf import GGUFReader
 
+import dflash_ref
 from dflash_ref.cli import main
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 
@@ -113,3 +115,33 @@ def test_errors_are_one_line_on_stderr(dirs, tmp_path, capsys):
     assert code == 0 and err.count("warning:") == 15  # fc + 7 matrices x 2 layers
     code, _, err = run(capsys, "inspect", tmp_path / "missing.gguf")
     assert code == 1 and err.startswith("error:")
+
+
+def test_compare_weights_matches_the_demo_target_with_its_own_gguf(capsys):
+    """Issue 25 item 7: target names were not mapped ("0 compared, 46 only in a, 46 only in b").
+    The shipped GGUF was written by the converter from the shipped checkpoint, so all 46 tensors
+    must match (BF16 matrices copied bit for bit, F32 norms)."""
+    root = Path(dflash_ref.__file__).parent / "data" / "demo"
+    code, text, err = run(capsys, "compare-weights", root / "target", root / "gguf" / "target.gguf")
+    assert code == 0, err
+    assert text.strip().splitlines()[-1].startswith("46 compared; rel RMS mean 0.000e+00")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "qwen3_5"])
+def test_compare_weights_maps_every_target_family_back_to_hf_values(family, tmp_path, capsys):
+    """Each family the converter writes compares with its checkpoint at F32 within float32
+    rounding (the +1 / -1 and exp / log round; docs/formats.md): the names (Gemma's four norms,
+    Qwen3.5's GDN tensors) and the values llama.cpp stores otherwise (Gemma's norm + 1,
+    ssm_a = -exp(A_log), the conv shape, tiled value heads) are mapped back.
+    A wrong map shows as one-sided rows or a nonzero error, never as a pass."""
+    from dflash_ref.io.safetensors_io import open_checkpoint
+
+    src = write_tiny_target(tmp_path / "t", family, seed=9)
+    out = tmp_path / "t.gguf"
+    assert run(capsys, "convert", src, out, "--qtype", "f32")[0] == 0
+    code, text, err = run(capsys, "compare-weights", src, out)
+    n = len(open_checkpoint(src))
+    assert code == 0, text + err
+    summary = text.strip().splitlines()[-1]
+    assert summary.startswith(f"{n} compared; rel RMS mean ")
+    assert float(summary.split("max ")[1]) <= 1e-6  # the F32 budget; a norm off by 1 is ~1e2

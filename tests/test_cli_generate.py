@@ -55,3 +55,30 @@ def test_generate_refuses_sampling_without_a_seed(pair, capsys):
     t, _ = pair
     assert main(["generate", "--target", str(t), "--prompt", "w1", "--temperature", "1"]) == 2
     assert "--seed" in capsys.readouterr().err
+
+
+def test_chat_template_file_wraps_the_prompt_on_a_checkpoint_without_one(pair, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Issue 25 item 4: ``--chat`` on a checkpoint without a template needs a way to give one.
+    The file's template puts w1 before and w2 after the user text, so the ids the loop gets are
+    known by hand: w1 w3 w17 w2 = [1, 3, 17, 2]."""
+    import dflash_ref.spec_decode.loop as loop
+
+    t, _ = pair
+    template = tmp_path / "chat.jinja"
+    template.write_text("w1 {{ messages[0]['content'] }} w2")
+    seen = []
+    monkeypatch.setattr(loop, "generate", lambda tg, d, ids, *a, **kw: (
+        seen.append(list(ids)), generate(tg, d, ids, *a, **kw))[1])
+    argv = ["generate", "--target", str(t), "--prompt", "w3 w17", "--max-new-tokens", "2",
+            "--backend", "numpy", "--chat", "--chat-template", str(template)]
+    assert main(argv) == 0
+    assert seen == [[1, 3, 17, 2]]
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("[2 tokens")
+
+
+def test_shipped_chat_template_names_resolve_and_parse():
+    from dflash_ref.cli_generate import chat_template_names, read_chat_template
+
+    assert "gemma3" in chat_template_names()
+    assert "<start_of_turn>" in read_chat_template("gemma3")

@@ -8,8 +8,11 @@ RMS error, no outlier). For every tensor name present on both sides:
     max_abs = max |b - a|
 
 Names are matched after mapping every GGUF side's names to HF names (:mod:`dflash_ref.io.names`;
-``name_map="auto"`` picks the naming from the GGUF's architecture). A tensor is an **outlier**
-when rel_rms exceeds the budget of the lossier storage type of the pair (:data:`REL_RMS_BUDGET`).
+``name_map="auto"`` picks the naming from the GGUF's architecture: a drafter's ``dflash`` /
+``*-dflash-draft`` naming, or a ``qwen3`` / ``qwen35`` / ``gemma3`` target's llama.cpp names,
+whose values are mapped back to HF's too: norm offset, ``ssm_a``, conv shape, value-head order).
+A tensor is an **outlier** when rel_rms exceeds the budget of the lossier storage type of the pair
+(:data:`REL_RMS_BUDGET`).
 Tensors on one side only and shape mismatches are rows of their own, never silently skipped; a
 shape that matches only after a transpose says so (the GGUF axis-order pitfall).
 """
@@ -24,6 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from dflash_ref.errors import FormatError
+from dflash_ref.io.convert_target import (
+    FAMILY_OF_ARCH,
+    from_gguf_value,
+    hf_names_of_gguf_target,
+    target_config_of_gguf,
+)
 from dflash_ref.io.gguf_io import GGUF_MAGIC, open_gguf
 from dflash_ref.io.names import FLAVOURS, canonical_hf_name, flavour_of_arch, gguf_to_hf
 from dflash_ref.io.safetensors_io import open_checkpoint
@@ -73,8 +82,12 @@ class _Weights:
         path = Path(path)
         self.label = str(path)
         self.entries: dict[str, tuple[str, str, tuple[int, ...], Callable[[], np.ndarray]]] = {}
+        self.target_cfg = None  # a target GGUF's config: its HF prefix is matched to the other side
         if _is_gguf(path):
             g = open_gguf(path)
+            if name_map == "auto" and g.arch in FAMILY_OF_ARCH:
+                self._add_target_gguf(g)
+                return
             to_hf = _resolve_map(name_map, g.arch)
             for stored in g.tensor_names:
                 info = g.tensor_info(stored)
@@ -86,6 +99,34 @@ class _Weights:
                 info = ckpt.info(stored)
                 self._add(canonical_hf_name(stored), stored, info.dtype, info.shape,
                           lambda s=stored: ckpt.load_native(s).astype(np.float32))
+
+    def _add_target_gguf(self, g) -> None:
+        """A Qwen3 / Qwen3.5 / Gemma 3 GGUF: llama.cpp names and values mapped back to HF's
+        (:func:`~dflash_ref.io.convert_target.from_gguf_value`: norm offset, ``ssm_a``, conv
+        shape, value-head order), so that a target compares with its own checkpoint."""
+        _, cfg = target_config_of_gguf(g)
+        self.target_cfg = cfg
+        for stored, (hf, suffix) in hf_names_of_gguf_target(g, cfg).items():
+            info = g.tensor_info(stored)
+            shape = tuple(info.numpy_shape)
+            if suffix == "linear_attn.conv1d.weight":
+                shape = (shape[0], 1, shape[-1])  # [conv_dim, K] -> HF's [conv_dim, 1, K]
+            self._add(hf, stored, info.ggml_type, shape,
+                      lambda s=stored, x=suffix: from_gguf_value(cfg, x, g.load(s),
+                                                                 f"{g.path.name}: {s}"))
+
+    def align_prefix(self, other: _Weights) -> None:
+        """Re-key a target GGUF's HF names under the prefix the other side uses
+        (``model.``, ``model.language_model.``, ...), when it uses one of the candidates."""
+        cfg = self.target_cfg
+        if cfg is None:
+            return
+        for p in cfg.weight_prefix_candidates:
+            if p != cfg.weight_prefix and f"{p}embed_tokens.weight" in other.entries:
+                old = cfg.weight_prefix
+                self.entries = {(p + k[len(old):] if k.startswith(old) else k): v
+                                for k, v in self.entries.items()}
+                return
 
     def _add(self, key, stored, typ, shape, loader) -> None:
         if key in self.entries:
@@ -140,6 +181,8 @@ def compare_weights(a: str | Path, b: str | Path, name_map="auto", threshold_fac
         show: print :func:`format_table` of the rows to ``file`` (stdout by default).
     """
     wa, wb = _Weights(a, name_map), _Weights(b, name_map)
+    wa.align_prefix(wb)
+    wb.align_prefix(wa)
     rows = []
     for key in sorted(set(wa.entries) | set(wb.entries)):
         if key not in wb.entries:

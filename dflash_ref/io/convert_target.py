@@ -376,6 +376,36 @@ def target_config_dict_from_gguf(g: GGUFFile) -> dict:
     return config
 
 
+def hf_names_of_gguf_target(g: GGUFFile, cfg: TargetConfig) -> dict[str, tuple[str, str]]:
+    """Every tensor of a target GGUF -> (its HF name under ``cfg.weight_prefix``, the suffix
+    :func:`from_gguf_value` takes). Unknown tensors are a FormatError."""
+    p = cfg.weight_prefix
+    hf_of = {v: k for k, v in LAYER_NAMES[cfg.family].items()}
+    names = {}
+    for name in g.tensor_names:
+        if name == LM_HEAD:
+            names[name] = (cfg.lm_head_name, "lm_head.weight")
+        elif name in GLOBAL_NAMES.values():
+            suffix = next(k for k, v in GLOBAL_NAMES.items() if v == name)
+            names[name] = (p + suffix, suffix)
+        else:
+            m = _GGUF_LAYER.match(name)
+            if not m or m.group(2) not in hf_of:
+                raise FormatError(f"{g.path.name}: tensor {name!r} has no HF counterpart in the "
+                                  f"{g.arch} layout dflash-ref reads")
+            suffix = hf_of[m.group(2)]
+            names[name] = (f"{p}layers.{m.group(1)}.{suffix}", suffix)
+    return names
+
+
+def target_config_of_gguf(g: GGUFFile) -> tuple[dict, TargetConfig]:
+    """(HF config.json dict, TargetConfig) of a target GGUF, without the loader's warnings."""
+    config = target_config_dict_from_gguf(g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the loader warns again when it builds the model
+        return config, TargetConfig.from_hf(config)
+
+
 def read_gguf_target(path) -> tuple[dict, dict]:
     """(HF config.json dict, HF-named float32 weights) of a ``qwen3``/``qwen35``/``gemma3`` GGUF.
 
@@ -383,26 +413,8 @@ def read_gguf_target(path) -> tuple[dict, dict]:
     conv reshape, value heads tiled -> grouped). Unknown tensors are a FormatError.
     """
     g = open_gguf(path)
-    config = target_config_dict_from_gguf(g)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the loader warns again when it builds the model
-        cfg = TargetConfig.from_hf(config)
-    family = cfg.family
-    p = cfg.weight_prefix
-    hf_of = {v: k for k, v in LAYER_NAMES[family].items()}
+    config, cfg = target_config_of_gguf(g)
     weights = {}
-    for name in g.tensor_names:
-        if name == LM_HEAD:
-            hf, suffix = cfg.lm_head_name, "lm_head.weight"
-        elif name in GLOBAL_NAMES.values():
-            suffix = next(k for k, v in GLOBAL_NAMES.items() if v == name)
-            hf = p + suffix
-        else:
-            m = _GGUF_LAYER.match(name)
-            if not m or m.group(2) not in hf_of:
-                raise FormatError(f"{g.path.name}: tensor {name!r} has no HF counterpart in the "
-                                  f"{g.arch} layout dflash-ref reads")
-            suffix = hf_of[m.group(2)]
-            hf = f"{p}layers.{m.group(1)}.{suffix}"
+    for name, (hf, suffix) in hf_names_of_gguf_target(g, cfg).items():
         weights[hf] = from_gguf_value(cfg, suffix, g.load(name), f"{g.path.name}: {name}")
     return config, weights

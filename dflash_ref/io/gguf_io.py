@@ -312,7 +312,13 @@ def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
             Q8_0 needs the last dimension a multiple of 32, Q4_K of 256.
         metadata: full key -> value (keys are written as given: include the arch prefix);
             plain values are typed by :func:`_value_type`, or pass ``(value, "INT32")``.
+
+    The file is written under a temporary name beside ``path`` and renamed onto it only when
+    complete: a failure (a bad tensor, a full disk, Ctrl-C) leaves ``path`` as it was.
     """
+    import os
+    import tempfile
+
     from gguf import GGML_QUANT_VERSION, GGUFWriter
 
     path = Path(path)
@@ -320,16 +326,26 @@ def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
     for name, x in tensors.items():
         ggml_type = types if isinstance(types, str) else types.get(name, "F32")
         encoded[name] = _encode_tensor(name, x, ggml_type)
-    writer = GGUFWriter(path, arch)
-    for key, value in (metadata or {}).items():
-        val, vtype, sub = _value_type(key, value)
-        writer.add_key_value(key, val, vtype, sub_type=sub)
-    if any(raw is not None and raw.name not in ("BF16",) for _, raw in encoded.values()):
-        writer.add_quantization_version(GGML_QUANT_VERSION)
-    for name, (data, raw_dtype) in encoded.items():
-        writer.add_tensor(name, data, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    os.close(fd)
+    try:
+        writer = GGUFWriter(tmp, arch)
+        for key, value in (metadata or {}).items():
+            val, vtype, sub = _value_type(key, value)
+            writer.add_key_value(key, val, vtype, sub_type=sub)
+        if any(raw is not None and raw.name not in ("BF16",) for _, raw in encoded.values()):
+            writer.add_quantization_version(GGML_QUANT_VERSION)
+        for name, (data, raw_dtype) in encoded.items():
+            writer.add_tensor(name, data, raw_dtype=raw_dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the model is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

@@ -133,6 +133,12 @@ def compare_cases(ref_dir, other_dir, tolerance_scale: float = 1.0,
     _, other = read_case(other_dir)
     table = _tolerances(manifest, tolerance_scale)
     order = [t["key"] for t in manifest["tensors"]]
+    lost = [t for t in manifest["tensors"] if t["key"] not in ref]
+    if lost:
+        files = sorted({t.get("file", "?") for t in lost})
+        raise FormatError(f"reference {ref_dir}: {len(lost)} tensors its manifest.json lists are "
+                          f"in no file, e.g. {lost[0]['key']!r} (expected in {files[:3]}); "
+                          f"restore the missing files or export the case again")
     kinds = {t["key"]: t["kind"] for t in manifest["tensors"]}
     report = Report(extra=sorted(set(other) - set(order)))
     for key in order:
@@ -172,7 +178,13 @@ def print_report(report: Report, out, max_missing: int = 12) -> None:
 
 def compare_main(ref_dir, other_dir, tolerance_scale: float = 1.0, out=None) -> int:
     """CLI body: print the report; 0 equal, 1 diverged, 2 nothing compared."""
+    import math
     import sys
+
+    if not (isinstance(tolerance_scale, (int, float)) and math.isfinite(tolerance_scale)
+            and tolerance_scale > 0):
+        raise ValueError(f"tolerance_scale {tolerance_scale!r}: expected a finite number > 0 "
+                         f"(1: the tolerances as stated; e.g. 30 for a bf16 stack)")
 
     out = out or sys.stdout
     report = compare_cases(Path(ref_dir), Path(other_dir), tolerance_scale)

