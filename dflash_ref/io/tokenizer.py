@@ -12,8 +12,9 @@
   add_space_prefix] + Replace(" ", "▁")``; a custom pre-tokenizer cutting the text into pieces
   by llama.cpp's rule (``src/llama-vocab.cpp``, ``llm_tokenizer_spm_session``: merge the
   adjacent pair whose merged token has the highest ``tokenizer.ggml.scores`` entry, leftmost
-  first; :func:`spm_pieces`); model ``BPE(byte_fallback=True, ignore_merges=True)`` mapping each
-  piece to its id and an unknown character to ``<0xNN>`` byte tokens; decoder
+  first; :func:`~dflash_ref.io.spm.spm_pieces`); model
+  ``BPE(byte_fallback=True, ignore_merges=True)`` mapping each piece to its id and an unknown
+  character to ``<0xNN>`` byte tokens; decoder
   ``Replace("▁", " "), ByteFallback, Fuse [, Strip one leading space if add_space_prefix]``.
   (A BPE merge list ranked by score is not the same: it breaks ties between different merged
   tokens of equal score by rank, not by position.)
@@ -44,7 +45,6 @@ special-token strings (``bos_token``, ``eos_token``, ...) as template variables.
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -53,6 +53,7 @@ from typing import Any
 
 from dflash_ref.errors import FormatError
 from dflash_ref.io.gguf_io import GGUFFile
+from dflash_ref.io.spm import SpmPreTokenizer
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type; gguf.TokenType)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = (
@@ -298,69 +299,6 @@ def _added_tokens(backend, spelled: Sequence[str], types: Sequence[int],
     backend.add_tokens(user)
 
 
-def spm_pieces(text: str, score: Mapping[str, float]) -> list[str]:
-    """``text`` cut into SentencePiece pieces by llama.cpp's rule (``src/llama-vocab.cpp``,
-    ``llm_tokenizer_spm_session::tokenize``).
-
-    Start from single characters; repeatedly merge the adjacent pair whose concatenation is in
-    ``score`` with the **highest score, the leftmost such pair on a tie**; stop when no adjacent
-    pair concatenates to a vocabulary entry. Like llama.cpp this keeps a priority queue of
-    bigrams ordered by (score descending, left position ascending) and skips entries made stale
-    by an earlier merge. Every piece is a vocabulary entry or a single character (which the
-    caller spells as ``<0xNN>`` byte tokens when it is not one).
-
-    A BPE merge list cannot express this: BPE orders merges by rank, and two different merged
-    tokens of equal score get two different ranks, so the tie is broken by rank, not position
-    (docs/conventions.md, "SPM tie order").
-    """
-    chars = list(text)
-    piece = chars[:]  # piece[i]: the text of the symbol starting at character i ("" once absorbed)
-    right_of = list(range(1, len(chars) + 1))  # next live symbol (len(chars): none)
-    left_of = list(range(-1, len(chars) - 1))
-    queue: list[tuple[float, int, int, int]] = []  # (-score, left, right, merged length)
-
-    def push(left: int, right: int) -> None:
-        if left < 0 or right >= len(chars):
-            return
-        merged = piece[left] + piece[right]
-        if merged in score:
-            heapq.heappush(queue, (-score[merged], left, right, len(merged)))
-
-    for i in range(len(chars) - 1):
-        push(i, i + 1)
-    while queue:
-        _, left, right, size = heapq.heappop(queue)
-        if not piece[left] or not piece[right] or len(piece[left]) + len(piece[right]) != size:
-            continue  # stale: one side was merged away since this bigram was queued
-        piece[left] += piece[right]
-        piece[right] = ""
-        right_of[left] = right_of[right]
-        if right_of[left] < len(chars):
-            left_of[right_of[left]] = left
-        push(left_of[left], left)
-        push(left, right_of[left])
-    return [p for p in piece if p]
-
-
-class _SpmPreTokenizer:
-    """A ``tokenizers`` custom pre-tokenizer cutting each normalized fragment into the pieces
-    :func:`spm_pieces` gives; the BPE model behind it (``ignore_merges=True``, no merges) then
-    maps a vocabulary piece to its id and a character outside the vocabulary to byte tokens."""
-
-    def __init__(self, score: Mapping[str, float]):
-        self.score = score
-
-    def _split(self, _index, normalized):
-        out, start = [], 0
-        for p in spm_pieces(str(normalized), self.score):
-            out.append(normalized[start:start + len(p)])
-            start += len(p)
-        return out
-
-    def pre_tokenize(self, pretok) -> None:
-        pretok.split(self._split)
-
-
 def _llama_backend(meta: Mapping[str, Any], tokens: list[str], types: list[int],
                    arch: str | None, name: str):
     """SentencePiece from ``tokenizer.ggml.{tokens,scores,token_type,add_space_prefix}``.
@@ -389,7 +327,7 @@ def _llama_backend(meta: Mapping[str, Any], tokens: list[str], types: list[int],
     backend = Backend(BPE(vocab=vocab, merges=[], unk_token=unk, fuse_unk=True,
                           byte_fallback=True, ignore_merges=True))
     backend.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(
-        _SpmPreTokenizer({t: float(s) for t, s in zip(tokens, scores)}))
+        SpmPreTokenizer({t: float(s) for t, s in zip(tokens, scores)}))
     add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend(SPACE_MARK)] if add_space_prefix else []
     backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE_MARK)])

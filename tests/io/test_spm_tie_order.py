@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_ref.io.tokenizer import load_tokenizer, spm_pieces
+from dflash_ref.io.spm import spm_pieces
+from dflash_ref.io.tokenizer import load_tokenizer
 from tests.io.test_tokenizer import NORMAL, write_tokenizer_gguf
 
 # issue 26's example: different merged tokens of equal score
