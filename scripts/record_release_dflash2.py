@@ -159,14 +159,13 @@ def record_case(release, hf_target, model, seed, n):
             del conv.prepare, conv.finish
 
         proxy = _TorchProxy()
-        release.torch = proxy
+        release.torch, sample_probs = proxy, release._sample_probs
         try:
             path, cand, _ = model.propose(z[:, 1:], torch.tensor([anchor]), head, 0.0)
             rec["greedy_path"], rec["candidates"] = path[0].numpy(), cand[0].numpy()
             rec["greedy_scores"] = torch.cat(proxy.argmax_inputs).numpy()
             us = np.random.default_rng(100 + seed).random(B - 1)
             rec["u"] = us
-            sample_probs = release._sample_probs
             release._sample_probs = _inverse_cdf(us)
             path, cand_s, q = model.propose(z[:, 1:], torch.tensor([anchor]), head, TEMPERATURE)
             assert torch.equal(cand_s, cand)
@@ -175,9 +174,8 @@ def record_case(release, hf_target, model, seed, n):
             q1 = release._sampling_probs(logits[:, 1:], TEMPERATURE, TOP_P, TOP_K)
             rec["dflash_q"] = q1[0].numpy()
             rec["dflash_tokens"] = release._sample_probs(q1)[0].numpy()
-            release._sample_probs = sample_probs
-        finally:
-            release.torch = torch
+        finally:  # the release's own torch and draws again
+            release.torch, release._sample_probs = torch, sample_probs
     return rec
 
 
