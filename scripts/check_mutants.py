@@ -1,22 +1,29 @@
-"""Apply each plausible one-line bug to a scratch checkout and run the tests that should kill it.
+"""Apply each plausible one-line bug to a scratch copy and run the tests that should kill it.
 
-Issue 13 listed bugs that once left the whole CPU suite green; each now has a test that turns
-red. This script keeps that claim checkable: it edits one line in a scratch copy, runs the named
-test file, restores the line, and prints KILLED (with the failing tests) or SURVIVED.
+Issue 13 listed bugs that once left the whole CPU suite green; issue 26 added the classes the
+oracle had not pinned (DFlash 2's convolutions and selector, the draft law, Gemma 4's scaled
+proportional RoPE, MoE placement and norm_topk_prob, snapshots of reused states, golden compare
+tolerances, the tree step's gate wiring, generate --chat, the SPM tie order). Each now has a test
+that turns red without torch. This script keeps that claim checkable: it edits one line in a
+scratch copy, runs the named test file, restores the line, and prints KILLED (with the failing
+tests) or SURVIVED; it exits 1 if any mutant survives or its pattern is not found.
 
-    git worktree add /tmp/mutants HEAD --detach
-    python scripts/check_mutants.py /tmp/mutants
-    git worktree remove --force /tmp/mutants
+    python scripts/check_mutants.py                 # on a fresh copy of this checkout (CI)
+    python scripts/check_mutants.py --only 13 14    # the mutants whose names start so
+    python scripts/check_mutants.py /tmp/mutants    # on a checkout of your own
 
 Never point it at a checkout with uncommitted work: it rewrites files in place (and restores
 them). A "PATTERN NOT FOUND" line means the code moved: update the pattern, not the test.
 """
 
+import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
-ROOT = sys.argv[1]
 MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test file)
     (
         '1a SWA causal_block/noncausal window W-1 (config visibility)',
@@ -137,18 +144,176 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'self._k[self.length - 1 : end - 1] = k',
         'tests/models/test_drafter.py',
     ),
+    # ---- issue 26: the oracle's blind spots (each killed without torch)
+    (
+        '12 SPM: equal scores merge the rightmost pair, not the leftmost',
+        'dflash_ref/io/spm.py',
+        'heapq.heappush(queue, (-score[merged], left, right, len(merged)))',
+        'heapq.heappush(queue, (-score[merged], -left, right, len(merged)))',
+        'tests/io/test_spm_tie_order.py',
+    ),
+    (
+        '13a DFlash 2 conv: the per-token kernel from the input row, not the output row',
+        'dflash_ref/models/dflash2_conv.py',
+        'kernel = base[j].reshape(1, G, group_size) + dynamic[j:, j, :, None]',
+        'kernel = base[j].reshape(1, G, group_size) + dynamic[: T - j, j, :, None]',
+        'tests/models/test_release_fixture.py',
+    ),
+    (
+        '13b DFlash 2 conv: the kernel projection\'s halves swapped',
+        'dflash_ref/models/dflash2_conv.py',
+        'return grouped_dynamic_causal_conv(xp, u, dyn[:, 0], base[0], group_size), dyn[:, 1]',
+        'return grouped_dynamic_causal_conv(xp, u, dyn[:, 1], base[0], group_size), dyn[:, 0]',
+        'tests/models/test_release_fixture.py',
+    ),
+    (
+        '13c DFlash 2 conv: the second convolution uses the first base kernel',
+        'dflash_ref/models/dflash2_conv.py',
+        'w[name + ".base_kernel"][1], group_size)',
+        'w[name + ".base_kernel"][0], group_size)',
+        'tests/models/test_release_fixture.py',
+    ),
+    (
+        '13d DFlash 2 selector: predecessor and successor codebooks swapped',
+        'dflash_ref/models/dflash2.py',
+        'row = unary[i] + self.succ[cand[i]] @ (self.pred[prev] * g[i])',
+        'row = unary[i] + self.pred[cand[i]] @ (self.succ[prev] * g[i])',
+        'tests/models/test_release_fixture.py',
+    ),
+    (
+        '13e DFlash 2 selector: the path does not advance (every row given the anchor)',
+        'dflash_ref/models/dflash2.py',
+        'prev = tokens[i] = int(cand_h[i, index[i]])',
+        'tokens[i] = int(cand_h[i, index[i]])',
+        'tests/models/test_release_fixture.py',
+    ),
+    (
+        '14a draft law: the selector\'s q forgets the temperature',
+        'dflash_ref/models/dflash2.py',
+        'q_i = target_probs("numpy", scores, law.temperature)',
+        'q_i = target_probs("numpy", scores, 1.0)',
+        'tests/models/test_release_fixture.py',
+    ),
+    (
+        '14b draft law: drafter rows skip top-p / top-k',
+        'dflash_ref/ops/sampling.py',
+        'q = sampling_probs(be, logits, law.temperature, law.top_p, law.top_k)  # [n-1, V]',
+        'q = sampling_probs(be, logits, law.temperature)  # [n-1, V]',
+        'tests/models/test_release_fixture.py',
+    ),
+    (
+        '15 Gemma 4 proportional RoPE: the scaling factor dropped',
+        'dflash_ref/models/gemma4.py',
+        'return (inv / np.float32(spec.factor)).astype(np.float32)',
+        'return inv.astype(np.float32)',
+        'tests/models/test_gemma4_rope_factor.py',
+    ),
+    (
+        '16a MoE placement: layer % step instead of (layer + 1) % step',
+        'dflash_ref/config/qwen.py',
+        'and (layer + 1) % self.decoder_sparse_step == 0)',
+        'and layer % self.decoder_sparse_step == 0)',
+        'tests/models/test_moe_placement.py',
+    ),
+    (
+        '16b MoE: norm_topk_prob parsed but never read',
+        'dflash_ref/models/moe.py',
+        'self.renormalise = cfg.moe.norm_topk_prob',
+        'self.renormalise = True',
+        'tests/models/test_moe_placement.py',
+    ),
+    (
+        '17a snapshot: K/V rows shared with the state, not copied',
+        'dflash_ref/models/stores.py',
+        'return {self.layers[0]: (self.cache.k[:n].copy(), self.cache.v[:n].copy())}',
+        'return {self.layers[0]: (self.cache.k[:n], self.cache.v[:n])}',
+        'tests/models/test_snapshot_reuse.py',
+    ),
+    (
+        '17b snapshot: feature rows shared with the buffer, not copied',
+        'dflash_ref/models/cache.py',
+        'return self.rows(start, n).copy(), start',
+        'return self.rows(start, n), start',
+        'tests/models/test_snapshot_reuse.py',
+    ),
+    (
+        '18a golden compare: atol and rtol swapped in the test',
+        'dflash_ref/oracle/compare.py',
+        'bad = err > tol.atol + tol.rtol * np.abs(np.nan_to_num(r))',
+        'bad = err > tol.rtol + tol.atol * np.abs(np.nan_to_num(r))',
+        'tests/oracle/test_compare_tolerance_sides.py',
+    ),
+    (
+        '18b golden compare: a manifest\'s atol read as its rtol',
+        'dflash_ref/oracle/compare.py',
+        'Tolerance(atol=float(t["atol"]), rtol=float(t["rtol"]),',
+        'Tolerance(atol=float(t["rtol"]), rtol=float(t["atol"]),',
+        'tests/oracle/test_compare_tolerance_sides.py',
+    ),
+    (
+        '19a tree step: the gate reads the last tree node, not the bonus node',
+        'dflash_ref/spec_decode/ddtree.py',
+        '        return self.path[-1]',
+        '        return len(self.posterior) - 1',
+        'tests/spec_decode/test_gate_wiring_tree.py',
+    ),
+    (
+        '19b tree step: the commit-EMA gate told the verify width is B',
+        'dflash_ref/spec_decode/decoding.py',
+        'return self._commit(res, width=len(block.tokens), step_t0=step_t0)',
+        'return self._commit(res, width=self.B, step_t0=step_t0)',
+        'tests/spec_decode/test_gate_wiring_tree.py',
+    ),
+    (
+        '20 generate --chat: a second BOS before the template\'s',
+        'dflash_ref/cli_generate.py',
+        'ids = tok.encode(text, add_bos=False)  # the template writes its own BOS',
+        'ids = tok.encode(text)  # the template writes its own BOS',
+        'tests/test_cli_generate_chat.py',
+    ),
 ]
-env = dict(os.environ, PYTHONPATH=ROOT)
-for name, f, old, new, tests in MUTANTS:
-    p = os.path.join(ROOT, f)
-    src = open(p).read()
-    n = src.count(old)
-    if n == 0:
-        print(f"{name}: PATTERN NOT FOUND")
-        continue
-    open(p, "w").write(src.replace(old, new))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
-    open(p, "w").write(src)
-    failed = [l.split(" ")[1] for l in r.stdout.splitlines() if l.startswith("FAILED")]
-    print(f"{name} [{f}, {n}x]: {'KILLED by ' + ', '.join(failed) if failed else 'SURVIVED'}")
+def scratch_copy() -> str:
+    """A copy of this checkout's files (no .git, no caches, no virtual environments)."""
+    here = Path(__file__).resolve().parents[1]
+    dst = Path(tempfile.mkdtemp(prefix="dflash_mutants_")) / "tree"
+    shutil.copytree(here, dst, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis",
+        ".benchmarks", "*.egg-info", "build", "dist"))
+    return str(dst)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", nargs="?", help="a scratch checkout (default: a fresh copy)")
+    ap.add_argument("--only", nargs="*", default=[], help="run the mutants whose names start so")
+    args = ap.parse_args()
+    root = args.root or scratch_copy()
+    env = dict(os.environ, PYTHONPATH=root)
+    bad = 0
+    for name, f, old, new, tests in MUTANTS:
+        if args.only and not any(name.startswith(o) for o in args.only):
+            continue
+        p = os.path.join(root, f)
+        src = open(p).read()
+        n = src.count(old)
+        if n == 0:
+            print(f"{name}: PATTERN NOT FOUND")
+            bad += 1
+            continue
+        open(p, "w").write(src.replace(old, new))
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            *tests.split()], cwd=root, env=env, capture_output=True, text=True)
+        open(p, "w").write(src)
+        failed = [ln.split(" ")[1] for ln in r.stdout.splitlines() if ln.startswith("FAILED")]
+        if not failed and r.returncode not in (0, 5):  # an error (collection, import): killed
+            failed = [f"(exit {r.returncode}: {r.stdout.strip().splitlines()[-1:]})"]
+        bad += not failed
+        print(f"{name} [{f}, {n}x]: {'KILLED by ' + ', '.join(failed) if failed else 'SURVIVED'}",
+              flush=True)
+    if not args.root:
+        shutil.rmtree(Path(root).parent, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -136,6 +136,25 @@ def _parse_qwen3(f: _Fields, family: str, outer: Mapping) -> dict:
     return kw
 
 
+def _refuse_keys_qwen35_moe_ignores(f: _Fields, mlp_only) -> None:
+    """transformers' Qwen3.5-MoE (``models/qwen3_5_moe/modeling_qwen3_5_moe.py``) reads neither
+    ``decoder_sparse_step`` / ``mlp_only_layers`` (every layer is sparse) nor ``norm_topk_prob``
+    (``Qwen3_5MoeTopKRouter`` always renormalises the top-k). A Qwen3.5 config that sets one of
+    them to anything else would run differently here and there: refused (docs/conventions.md,
+    "MoE: which layers are sparse, and norm_topk_prob")."""
+    found = {"decoder_sparse_step": f.int("decoder_sparse_step", 1),
+             "mlp_only_layers": list(mlp_only), "norm_topk_prob": f.bool("norm_topk_prob", True)}
+    odd = {k: v for k, v in found.items() if v != {"decoder_sparse_step": 1, "mlp_only_layers": [],
+                                                     "norm_topk_prob": True}[k]}
+    if odd:
+        raise ConfigError(
+            f"{f.where}: {', '.join(f'{k}={v!r}' for k, v in odd.items())} in a Qwen3.5 MoE "
+            "config; transformers' Qwen3.5-MoE ignores these keys (every layer sparse, top-k "
+            "weights renormalised), so the checkpoint's intent is unclear; expected "
+            "decoder_sparse_step 1, no mlp_only_layers and norm_topk_prob true: remove the keys "
+            "(or, for a Qwen3-Next model, which honours them, set model_type 'qwen3_next')")
+
+
 def _parse_qwen_hybrid(f: _Fields, family: str, outer: Mapping) -> dict:
     """Qwen3-Next / Qwen3.5: 3 GDN layers per full-attention layer, (1+w) norms, gated attention."""
     kw = _common(f)
@@ -181,6 +200,8 @@ def _parse_qwen_hybrid(f: _Fields, family: str, outer: Mapping) -> dict:
     moe = None
     if (f.int("num_experts", None, minimum=0) or 0) > 0:
         mlp_only = f.d.get("mlp_only_layers") or []
+        if family == "qwen3_5":
+            _refuse_keys_qwen35_moe_ignores(f, mlp_only)
         moe = MoEDims(
             num_experts=f.int("num_experts"),
             num_experts_per_tok=f.int("num_experts_per_tok"),

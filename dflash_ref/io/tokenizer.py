@@ -8,14 +8,16 @@
 - **a GGUF file** has no ``tokenizer.json``: its ``tokenizer.ggml.*`` metadata is rebuilt into a
   ``tokenizers`` pipeline, for the two tokenizer models in use (``tokenizer.ggml.model``):
 
-  ``"llama"`` (SentencePiece BPE; Llama 2, Gemma): normalizer ``[Prepend("▁") if
-  add_space_prefix] + Replace(" ", "▁")``; model ``BPE(byte_fallback=True)`` whose merges are
-  recovered from the vocabulary (every split ``a + b`` of a token with both halves in the
-  vocabulary, best merged token first); decoder ``Replace("▁", " "), ByteFallback, Fuse
-  [, Strip one leading space if add_space_prefix]``. llama.cpp (``src/llama-vocab.cpp``,
-  ``llm_tokenizer_spm_session``) merges the adjacent pair whose merged token has the highest
-  ``tokenizer.ggml.scores`` entry, leftmost first, and spells unknown characters as ``<0xNN>``
-  byte tokens: the same result as BPE with those merges ranked by score.
+  ``"llama"`` (SentencePiece; Llama 2, Gemma): normalizer ``[Prepend("▁") if
+  add_space_prefix] + Replace(" ", "▁")``; a custom pre-tokenizer cutting the text into pieces
+  by llama.cpp's rule (``src/llama-vocab.cpp``, ``llm_tokenizer_spm_session``: merge the
+  adjacent pair whose merged token has the highest ``tokenizer.ggml.scores`` entry, leftmost
+  first; :func:`~dflash_ref.io.spm.spm_pieces`); model
+  ``BPE(byte_fallback=True, ignore_merges=True)`` mapping each piece to its id and an unknown
+  character to ``<0xNN>`` byte tokens; decoder
+  ``Replace("▁", " "), ByteFallback, Fuse [, Strip one leading space if add_space_prefix]``.
+  (A BPE merge list ranked by score is not the same: it breaks ties between different merged
+  tokens of equal score by rank, not by position.)
 
   ``"gpt2"`` (byte-level BPE; Qwen): model ``BPE`` with ``tokenizer.ggml.merges`` in file order;
   pre-tokenizer ``Split(regex named by tokenizer.ggml.pre, isolated)`` then
@@ -51,6 +53,7 @@ from typing import Any
 
 from dflash_ref.errors import FormatError
 from dflash_ref.io.gguf_io import GGUFFile
+from dflash_ref.io.spm import SpmPreTokenizer
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type; gguf.TokenType)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = (
@@ -296,52 +299,35 @@ def _added_tokens(backend, spelled: Sequence[str], types: Sequence[int],
     backend.add_tokens(user)
 
 
-def spm_merges(tokens: Sequence[str], rank: Sequence[float]) -> list[tuple[str, str]]:
-    """BPE merges implied by a SentencePiece vocabulary: every ``(a, b)`` with ``a``, ``b`` and
-    ``a + b`` in ``tokens``, ordered by ``rank`` of ``a + b`` (smaller first), then longer ``a``.
-
-    llama.cpp's SPM tokenizer merges the adjacent pair whose merged token scores highest; with
-    ``rank = -score`` BPE over these merges does the same.
-    """
-    vocab = {t: i for i, t in enumerate(tokens)}
-    candidates = []
-    for token, r in zip(tokens, rank):
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                candidates.append((r, -len(left), left, right))
-    candidates.sort(key=lambda c: (c[0], c[1]))
-    return [(left, right) for _, _, left, right in candidates]
-
-
 def _llama_backend(meta: Mapping[str, Any], tokens: list[str], types: list[int],
                    arch: str | None, name: str):
-    """SentencePiece BPE from ``tokenizer.ggml.{tokens,scores,token_type,add_space_prefix}``.
+    """SentencePiece from ``tokenizer.ggml.{tokens,scores,token_type,add_space_prefix}``.
 
     Two Gemma rules (transformers' ``gemma_tokenizer`` GGUF builder): a token made only of
-    spaces is stored as real spaces ("  ") but matched as "▁▁", so it is respelled; and merges
-    are ranked by file position, which for Gemma 3's NORMAL tokens is the same order as the
+    spaces is stored as real spaces ("  ") but matched as "▁▁", so it is respelled; and a merged
+    token scores minus its file position, which for Gemma 3's NORMAL tokens is the same order as the
     scores (its scores are minus the position among them).
     """
     from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, normalizers
+    from tokenizers import decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
     is_gemma = arch in _GEMMA_ARCHES
     if is_gemma:
         tokens = [SPACE_MARK * len(t) if " " in t and not t.strip() else t for t in tokens]
-        rank = list(range(len(tokens)))
+        scores = [-float(i) for i in range(len(tokens))]
     else:
         scores = meta.get("tokenizer.ggml.scores")
         if scores is None or len(scores) != len(tokens):
             raise FormatError(f"{name}: tokenizer.ggml.scores is missing or has the wrong length; "
                               "a 'llama' (SentencePiece) vocabulary needs one score per token")
-        rank = [-float(s) for s in scores]
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else None
-    backend = Backend(BPE(vocab=vocab, merges=spm_merges(tokens, rank), unk_token=unk,
-                          fuse_unk=True, byte_fallback=True))
+    backend = Backend(BPE(vocab=vocab, merges=[], unk_token=unk, fuse_unk=True,
+                          byte_fallback=True, ignore_merges=True))
+    backend.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(
+        SpmPreTokenizer({t: float(s) for t, s in zip(tokens, scores)}))
     add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend(SPACE_MARK)] if add_space_prefix else []
     backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE_MARK)])

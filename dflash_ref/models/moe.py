@@ -5,6 +5,7 @@ Both route each token to its top-k experts and sum their gated MLPs, weighted::
     p      = softmax(router_logits)                      # [T, E], float32
     w, e   = top_k(p, k)                                 # [T, k] weights and expert ids
     w      = w / sum(w)                                  # renormalised over the k chosen
+                                                         # (Qwen3-Next: only if norm_topk_prob)
     y[t]   = sum_j w[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t]))    with e = e[t, j]
 
 - **Qwen3.5 MoE** (huggingface/transformers ``models/qwen3_5_moe/modeling_qwen3_5_moe.py``,
@@ -64,17 +65,19 @@ def fuse_expert_tensors(weights) -> dict:
     return out
 
 
-def route_top_k(xp, logits, k: int):
+def route_top_k(xp, logits, k: int, renormalise: bool = True):
     """Softmax over experts, the k most probable, renormalised: (weights [T, k], ids [T, k]).
 
-    logits [T, E]; ties go to the lower expert id (a stable sort).
+    logits [T, E]; ties go to the lower expert id (a stable sort). ``renormalise=False`` keeps
+    the k softmax probabilities as they are (Qwen3-Next with ``norm_topk_prob: false``,
+    ``Qwen3NextTopKRouter``).
     """
     z = logits - logits.max(axis=-1, keepdims=True)
     p = xp.exp(z)
     p = p / p.sum(axis=-1, keepdims=True)  # [T, E]
     ids = xp.argsort(-p, axis=-1, kind="stable")[:, :k]  # [T, k]
     w = xp.take_along_axis(p, ids, axis=-1)  # [T, k]
-    return w / w.sum(axis=-1, keepdims=True), ids
+    return (w / w.sum(axis=-1, keepdims=True) if renormalise else w), ids
 
 
 def _expert_mlp(xp, x, gate_up, down, act: str):
@@ -127,6 +130,7 @@ class QwenSparseMoE:
 
     def __init__(self, cfg, be, idx: int, w: dict):
         self.be, self.idx, self.k, self.act = be, idx, cfg.moe.num_experts_per_tok, cfg.hidden_act
+        self.renormalise = cfg.moe.norm_topk_prob  # always true for Qwen3.5 (config/qwen.py)
         self.router = w["mlp.gate.weight"]  # [E, H]
         self.gate_up, self.down = w["mlp.experts.gate_up_proj"], w["mlp.experts.down_proj"]
         self.shared = None
@@ -139,7 +143,7 @@ class QwenSparseMoE:
         """u [T, H] (post-attention-normed) -> [T, H] (a feed-forward: x unused)."""
         xp, tap = self.be.xp, batch.tap
         logits = u @ self.router.T  # [T, E]
-        weights, ids = route_top_k(xp, logits, self.k)
+        weights, ids = route_top_k(xp, logits, self.k, self.renormalise)
         tap(self.idx, "router_logits", logits)
         tap(self.idx, "experts", ids)
         tap(self.idx, "expert_weights", weights)
