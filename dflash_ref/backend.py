@@ -153,7 +153,7 @@ SMALL_MODEL_HIDDEN = 1024
 speedup fell from 1.87-2.87x to 1.09-1.21x with the default threads on a busy machine)."""
 
 
-def limit_blas_threads(hidden_size: int, threads: int = 1):
+def limit_blas_threads(hidden_size: int | None = None, threads: int = 1):
     """Limit the host BLAS (OpenBLAS, MKL, BLIS) to ``threads`` threads for a small model.
 
     A model of hidden size below :data:`SMALL_MODEL_HIDDEN` multiplies [T, 128] by [128, 512]
@@ -161,9 +161,10 @@ def limit_blas_threads(hidden_size: int, threads: int = 1):
     processes on one machine oversubscribe its cores. Uses ``threadpoolctl`` (a runtime
     dependency). Returns the limiter, also a context manager (``with limit_blas_threads(128):
     ...``; ``limiter.restore_original_limits()`` undoes a plain call), or None for a larger model,
-    whose threads are left alone.
+    whose threads are left alone. ``hidden_size=None``: limit anyway (the caller knows its
+    models are small, e.g. a notebook of tiny random models).
     """
-    if hidden_size >= SMALL_MODEL_HIDDEN:
+    if hidden_size is not None and hidden_size >= SMALL_MODEL_HIDDEN:
         return None
     from threadpoolctl import threadpool_limits
 

@@ -98,7 +98,7 @@ def test_blas_threads_oversubscribed_for_a_tiny_model():
     before = blas_threads()
     assert before, "NumPy's BLAS is not visible to threadpoolctl"
     with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):  # a known start
-        with limit_blas_threads(128):
+        with limit_blas_threads(128):  # 128 wide: the demo pair
             assert blas_threads() == [1] * len(before)
         assert blas_threads() == [2] * len(before)
         assert limit_blas_threads(2048) is None
@@ -107,3 +107,5 @@ def test_blas_threads_oversubscribed_for_a_tiny_model():
         assert blas_threads() == [1] * len(before)
         limiter.restore_original_limits()
         assert blas_threads() == [2] * len(before)
+        with limit_blas_threads():  # no size: the caller knows its models are small
+            assert blas_threads() == [1] * len(before)

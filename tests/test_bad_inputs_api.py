@@ -29,6 +29,7 @@ from dflash_ref.errors import (
     PositionWarning,
 )
 from dflash_ref.ops.sampling import GREEDY, SamplingParams
+from dflash_ref.spec_decode.batch import generate_batch
 from dflash_ref.spec_decode.loop import check_arguments
 
 DEMO = files("dflash_ref") / "data" / "demo"
@@ -78,6 +79,10 @@ GENERATE_CASES = [
      ConfigError, ["max_new_tokens", "-5"]),
     ("max_new_tokens_string", lambda t, d: generate(t, None, [1, 2], "8"),
      ConfigError, ["max_new_tokens", "'8'"]),
+    ("batch_float_ids_truncated", lambda t, d: generate_batch(t, d, [[1, 2], [3.5, 4]], 4),
+     ConfigError, ["integer token ids", "float64"]),
+    ("batch_prompt_past_vocab", lambda t, d: generate_batch(t, None, [[1, 2], [3, 999]], 4),
+     ConfigError, ["[0, 259)", "999"]),
     ("sampled_without_seed",
      lambda t, d: generate(t, d, [1, 2], 4, sampling=SamplingParams(temperature=0.8)),
      ConfigError, ["seed", "reproducible"]),
