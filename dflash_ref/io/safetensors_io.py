@@ -243,20 +243,6 @@ def load_checkpoint(path: str | Path) -> dict[str, np.ndarray]:
     return {name: ckpt.load(name) for name in ckpt}
 
 
-def check_finite_weights(weights: dict[str, np.ndarray], source) -> None:
-    """Raise :class:`~dflash_ref.errors.FormatError` naming every tensor of ``weights`` that
-    holds NaN or +-inf (``from_pretrained(..., check_finite=True)``; one pass over the weights).
-
-    A single NaN weight makes every logit after it NaN; this names the tensor instead."""
-    bad = {name: int((~np.isfinite(w)).sum()) for name, w in weights.items()
-           if w.dtype.kind == "f" and not np.isfinite(w).all()}
-    if bad:
-        shown = ", ".join(f"{n} ({k} values)" for n, k in list(bad.items())[:8])
-        raise FormatError(f"{source}: {len(bad)} weight tensors hold NaN or inf: {shown}"
-                          f"{' ...' if len(bad) > 8 else ''}; the checkpoint is corrupt or was "
-                          f"saved after a diverged step: download or convert it again")
-
-
 # ---------------------------------------------------------------- file helpers
 
 

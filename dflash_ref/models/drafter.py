@@ -49,11 +49,8 @@ import numpy as np
 from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
-from dflash_ref.io.safetensors_io import (
-    check_finite_weights,
-    check_tensor_shapes,
-    load_checkpoint,
-)
+from dflash_ref.io.compare import check_finite_weights
+from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.dflash2_conv import conv_finish, conv_prepare
 from dflash_ref.models.draft_cache import DraftCache
 from dflash_ref.models.target import TargetModel

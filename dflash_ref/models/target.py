@@ -40,11 +40,8 @@ import numpy as np
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
-from dflash_ref.io.safetensors_io import (
-    check_finite_weights,
-    check_tensor_shapes,
-    load_checkpoint,
-)
+from dflash_ref.io.compare import check_finite_weights
+from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.assemble import decoder_layers
 from dflash_ref.models.batch import forward_batch
 from dflash_ref.models.fused import run_fused
@@ -98,7 +95,7 @@ class TargetModel:
         dtype name or a number overrides (:meth:`TargetConfig.with_embedding_scale
         <dflash_ref.config.TargetConfig.with_embedding_scale>`; docs/conventions.md).
         ``check_finite``: refuse weights holding NaN or inf, naming the tensors
-        (:func:`~dflash_ref.io.safetensors_io.check_finite_weights`).
+        (:func:`~dflash_ref.io.compare.check_finite_weights`).
         """
         path = Path(path)
         cfg_path = path / "config.json"
