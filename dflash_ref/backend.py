@@ -146,3 +146,26 @@ def get_backend(name: str = "numpy") -> Backend:
 def as_backend(backend: str | Backend) -> Backend:
     """Accept a Backend or a backend name; components call this on their ``backend`` argument."""
     return backend if isinstance(backend, Backend) else get_backend(backend)
+
+
+SMALL_MODEL_HIDDEN = 1024
+"""Below this hidden size a matmul is too small for BLAS threads to pay (issue 25: the demo's
+speedup fell from 1.87-2.87x to 1.09-1.21x with the default threads on a busy machine)."""
+
+
+def limit_blas_threads(hidden_size: int | None = None, threads: int = 1):
+    """Limit the host BLAS (OpenBLAS, MKL, BLIS) to ``threads`` threads for a small model.
+
+    A model of hidden size below :data:`SMALL_MODEL_HIDDEN` multiplies [T, 128] by [128, 512]
+    matrices: each thread's share is smaller than the cost of waking it, and threads of several
+    processes on one machine oversubscribe its cores. Uses ``threadpoolctl`` (a runtime
+    dependency). Returns the limiter, also a context manager (``with limit_blas_threads(128):
+    ...``; ``limiter.restore_original_limits()`` undoes a plain call), or None for a larger model,
+    whose threads are left alone. ``hidden_size=None``: limit anyway (the caller knows its
+    models are small, e.g. a notebook of tiny random models).
+    """
+    if hidden_size is not None and hidden_size >= SMALL_MODEL_HIDDEN:
+        return None
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads, user_api="blas")

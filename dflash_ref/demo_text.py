@@ -75,3 +75,15 @@ def render_marked(tokens, from_draft, as_bytes: bool, colour: bool) -> str:
             piece = f"{ACCEPTED_COLOUR}{piece}{RESET}" if colour else f"[{piece}]"
         parts.append(piece)
     return ("" if as_bytes else " ").join(parts)
+
+
+def demo_held_out_prompts(n: int = 16) -> list[list[int]]:
+    """The first ``n`` (at most 24) held-out prompts of the demo pair, 64 byte ids each, read
+    from package data (``data/demo/held_out_prompts.json``, written from
+    ``scripts/demo_corpus.py``'s ``held_out_prompts(24)``), so an installed package needs no
+    source checkout."""
+    from importlib.resources import files
+
+    path = files("dflash_ref") / "data" / "demo" / "held_out_prompts.json"
+    prompts = json.loads(path.read_text(encoding="utf-8"))["prompts"]
+    return prompts[:n]

@@ -49,8 +49,28 @@ class NonFiniteLogitsError(DFlashRefError, ValueError):
         super().__init__(
             f"{role} logits are non-finite in {len(self.rows)} of {n_rows} rows (rows {shown}): "
             f"{self.n_nan} NaN, {self.n_posinf} +inf, {self.n_neginf} -inf; no token is chosen "
-            f"from them. Usual causes: the drafter read features past the end of its buffer (a "
-            f"cache restore that skipped the captured features, features lost across "
-            f"micro-batches) or a stale attention mask in a reused buffer (docs/conventions.md, "
-            f"\"Non-finite logits\")"
+            f"from them. {_NONFINITE_CAUSES.get(role, _NONFINITE_CAUSES['verify'])} "
+            f"(docs/conventions.md, \"Non-finite logits\")"
         )
+
+
+_WEIGHTS_CAUSE = ("a NaN or inf weight in the {model} checkpoint (load it with "
+                  "{loader}(..., check_finite=True) to name the tensor)")
+_NONFINITE_CAUSES = {  # by role: the target's own logits never involve the drafter
+    "target": "Usual causes: " + _WEIGHTS_CAUSE.format(model="target", loader=(
+        "TargetModel.from_pretrained")) + " or an overflow in its activations; no drafter made "
+        "these logits (with a restored state or prompt cache: features or an attention mask "
+        "left stale in a reused buffer).",
+    "verify": "Usual causes: " + _WEIGHTS_CAUSE.format(model="target", loader=(
+        "TargetModel.from_pretrained")) + ", or a stale attention mask in a reused buffer (the "
+        "drafter's features do not enter the target's logits).",
+    "draft": "Usual causes: " + _WEIGHTS_CAUSE.format(model="drafter", loader=(
+        "DFlashDrafter.from_pretrained")) + ", the drafter read features past the end of its "
+        "buffer (a cache restore that skipped the captured features, features lost across "
+        "micro-batches) or a stale attention mask in a reused buffer.",
+}
+
+
+class PositionWarning(UserWarning):
+    """A run reaches past the target's ``max_position_embeddings``: positions the model was never
+    trained on (RoPE extrapolates; the tokens are still computed, but rarely worth reading)."""

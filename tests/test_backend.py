@@ -83,3 +83,29 @@ def test_hypothesis_profile_is_the_intended_one():
     assert settings().max_examples == settings.get_profile(intended).max_examples
     if intended == "ci":
         assert settings().derandomize and settings().deadline is None
+
+
+def test_blas_threads_oversubscribed_for_a_tiny_model():
+    # issue 25: with the default BLAS threads the demo's speedup fell to ~1.1x on a busy
+    # machine; a model below 1024 wide runs with one BLAS thread, a larger one is left alone.
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from dflash_ref.backend import limit_blas_threads
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    assert before, "NumPy's BLAS is not visible to threadpoolctl"
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):  # a known start
+        with limit_blas_threads(128):  # 128 wide: the demo pair
+            assert blas_threads() == [1] * len(before)
+        assert blas_threads() == [2] * len(before)
+        assert limit_blas_threads(2048) is None
+        assert blas_threads() == [2] * len(before)
+        limiter = limit_blas_threads(640)
+        assert blas_threads() == [1] * len(before)
+        limiter.restore_original_limits()
+        assert blas_threads() == [2] * len(before)
+        with limit_blas_threads():  # no size: the caller knows its models are small
+            assert blas_threads() == [1] * len(before)

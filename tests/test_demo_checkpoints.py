@@ -187,3 +187,14 @@ def test_gguf_pair_generates_the_safetensors_tokens(demo):
         assert got.tokens == ref.tokens, decode_bytes(prompt)
         assert got.acceptance_lengths == ref.acceptance_lengths
         assert max(ref.acceptance_lengths) > 1  # the drafter is accepted: the pair is tested
+
+
+def test_notebook_prompts_need_no_source_checkout():
+    # issue 25: the end-to-end notebook loaded scripts/demo_corpus.py by a path that exists only
+    # in a source checkout; it now reads package data, which must equal the corpus's prompts
+    from dflash_ref.demo_text import demo_held_out_prompts
+
+    expected = [p.tolist() for p in demo_corpus.held_out_prompts(24)]
+    assert demo_held_out_prompts(24) == expected
+    assert demo_held_out_prompts() == expected[:16]
+    assert (DEMO / "held_out_prompts.json").is_file()

@@ -15,6 +15,9 @@ A tensor is an **outlier** when rel_rms exceeds the budget of the lossier storag
 (:data:`REL_RMS_BUDGET`).
 Tensors on one side only and shape mismatches are rows of their own, never silently skipped; a
 shape that matches only after a transpose says so (the GGUF axis-order pitfall).
+
+One weight set is checked on its own by :func:`check_finite_weights`: no NaN or inf
+(``from_pretrained(..., check_finite=True)``).
 """
 
 from __future__ import annotations
@@ -250,3 +253,17 @@ def format_table(rows: list[CompareRow], label_a: str = "a", label_b: str = "b")
         summary += f"; rel RMS mean {np.mean(compared):.3e}, max {np.max(compared):.3e}"
     lines.append(summary)
     return "\n".join(lines)
+
+
+def check_finite_weights(weights: dict[str, np.ndarray], source) -> None:
+    """Raise :class:`~dflash_ref.errors.FormatError` naming every tensor of ``weights`` that
+    holds NaN or +-inf (``from_pretrained(..., check_finite=True)``; one pass over the weights).
+
+    A single NaN weight makes every logit after it NaN; this names the tensor instead."""
+    bad = {name: int((~np.isfinite(w)).sum()) for name, w in weights.items()
+           if w.dtype.kind == "f" and not np.isfinite(w).all()}
+    if bad:
+        shown = ", ".join(f"{n} ({k} values)" for n, k in list(bad.items())[:8])
+        raise FormatError(f"{source}: {len(bad)} weight tensors hold NaN or inf: {shown}"
+                          f"{' ...' if len(bad) > 8 else ''}; the checkpoint is corrupt or was "
+                          f"saved after a diverged step: download or convert it again")

@@ -36,22 +36,20 @@ for "gpt2" True only for the llama3 pre-tokenizers, as llama.cpp does); a direct
 ``tokenizer_config.json`` ``add_bos_token`` (absent: whether the ``tokenizer.json``
 post-processor puts the BOS token first). EOS is never added.
 
-**Chat templates** are rendered with jinja2 the way transformers' ``apply_chat_template`` does
-(``src/transformers/utils/chat_template_utils.py``): a sandboxed environment with
-``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter that
-is ``json.dumps`` without HTML escaping, globals ``raise_exception``, ``strftime_now``, and the
-special-token strings (``bos_token``, ``eos_token``, ...) as template variables.
+**Chat templates** are rendered by :mod:`dflash_ref.io.chat_template` (jinja2, the way
+transformers' ``apply_chat_template`` does), with the special-token strings (``bos_token``,
+``eos_token``, ...) as template variables.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dflash_ref.errors import FormatError
+from dflash_ref.errors import ConfigError, FormatError
+from dflash_ref.io.chat_template import render_chat_template
 from dflash_ref.io.gguf_io import GGUFFile
 from dflash_ref.io.spm import SpmPreTokenizer
 
@@ -131,8 +129,17 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` with special (CONTROL) tokens such as BOS/EOS left out."""
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=True)
+        """Text of ``ids`` with special (CONTROL) tokens such as BOS/EOS left out.
+
+        Raises :class:`~dflash_ref.errors.ConfigError` for an id outside [0, vocab_size) (the
+        fast tokenizer would drop it and return less text without a word)."""
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ConfigError(f"decode: ids {bad[:8]} are outside this tokenizer's vocabulary "
+                              f"[0, {self.vocab_size}) ({self.source}); decode ids made by the "
+                              f"model this tokenizer belongs to")
+        return self.backend.decode(ids, skip_special_tokens=True)
 
     def token_to_id(self, token: str) -> int | None:
         """Id of one vocabulary entry spelled as stored ("<start_of_turn>", "▁the"), else None."""
@@ -155,38 +162,10 @@ class Tokenizer:
                 "base models usually have none: use encode() on plain text, or pass "
                 "chat_template=... with the instruct model's template")
         variables = {**self.special_tokens, **kwargs}
-        return render_chat_template(template, messages, add_generation_prompt, **variables)
-
-
-def render_chat_template(template: str, messages: Sequence[Mapping[str, Any]],
-                         add_generation_prompt: bool = True, **variables: Any) -> str:
-    """Render a chat template as transformers' ``apply_chat_template`` does (module docstring).
-
-    The template sees ``messages``, ``tools`` (None), ``documents`` (None),
-    ``add_generation_prompt`` and ``variables``. ``raise_exception(msg)`` in a template raises
-    ``jinja2.TemplateError``.
-    """
-    import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # jinja2's own tojson escapes <, >, & and ' for HTML; transformers' does not
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    context = {"tools": None, "documents": None, **variables}
-    return env.from_string(template).render(
-        messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-        **context)
+        where = ("the chat_template passed" if chat_template is not None
+                 else f"the chat template of {self.source}")
+        return render_chat_template(template, messages, add_generation_prompt,
+                                    template_source=where, **variables)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -227,9 +206,23 @@ def _from_directory(path: Path) -> Tokenizer:
             f"{path} has no tokenizer.json (it holds {present}); dflash-ref reads the fast "
             "tokenizer format only: save one with transformers "
             "(AutoTokenizer.from_pretrained(...).save_pretrained(dir)) or pass the GGUF file")
-    backend = Backend.from_file(str(tokenizer_json))
+    try:
+        backend = Backend.from_file(str(tokenizer_json))
+    except Exception as e:  # the tokenizers library raises a bare Exception
+        raise FormatError(f"{tokenizer_json} is not a tokenizer the tokenizers library can read "
+                          f"({e}); re-save it with transformers (AutoTokenizer.from_pretrained"
+                          f"(...).save_pretrained(dir)) or restore the original file") from e
     config_path = path / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    config = {}
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise FormatError(f"{config_path} is not valid JSON ({e}); fix the file or remove "
+                              f"it (the tokenizer then uses tokenizer.json's defaults)") from e
+        if not isinstance(config, dict):
+            raise FormatError(f"{config_path} holds a JSON {type(config).__name__}, expected an "
+                              f"object {{...}}; fix the file or remove it")
     special = {name: _token_text(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]

@@ -42,7 +42,6 @@ Two equivalent ways to hold the context:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +49,7 @@ import numpy as np
 from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
+from dflash_ref.io.compare import check_finite_weights
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.draft_cache import DraftCache
 from dflash_ref.models.target import TargetModel
@@ -101,14 +101,17 @@ class DFlashDrafter:
 
     @classmethod
     def from_pretrained(cls, path, target: TargetModel, backend=None,
-                        swa_convention: str | None = None) -> DFlashDrafter:
+                        swa_convention: str | None = None,
+                        check_finite: bool = False) -> DFlashDrafter:
         """Load a drafter directory (``config.json`` + safetensors) for ``target``.
 
         Reads the z-lab layout (``fc``, ``hidden_norm``, ``layers.N.*``, ``norm``; DFlash keys at
         the top level or under ``dflash_config``) and the HF DFlash-assistant layout
         (``encoder.fc``, ``encoder.output_norm_enc``). ``backend`` must match the target's (the
-        drafter shares the target's arrays); ``swa_convention`` overrides the config default.
+        drafter shares the target's arrays); ``swa_convention`` overrides the config default;
+        ``check_finite`` refuses weights holding NaN or inf, naming the tensors.
         """
+        _check_target(target, "from_pretrained")
         path = Path(path)
         if backend is not None and getattr(backend, "name", backend) != target.be.name:
             raise ConfigError(
@@ -118,9 +121,11 @@ class DFlashDrafter:
         cfg_path = path / "config.json"
         if not cfg_path.exists():
             raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
-        config = DrafterConfig.from_hf(json.loads(cfg_path.read_text()),
-                                       swa_convention=swa_convention)
-        return cls.class_for(config)(config, load_checkpoint(path), target)
+        config = DrafterConfig.from_file(cfg_path, swa_convention=swa_convention)
+        weights = load_checkpoint(path)
+        if check_finite:
+            check_finite_weights(weights, path)
+        return cls.class_for(config)(config, weights, target)
 
     @classmethod
     def from_gguf(cls, path, target: TargetModel,
@@ -135,6 +140,7 @@ class DFlashDrafter:
         """
         from dflash_ref.io.drafter_from_gguf import read_gguf_drafter
 
+        _check_target(target, "from_gguf")
         config_dict, weights = read_gguf_drafter(path, target.config)
         config = DrafterConfig.from_hf(config_dict, swa_convention=swa_convention)
         return cls.class_for(config)(config, weights, target)
@@ -390,3 +396,12 @@ def context_then_block(xp, ctx_k, ctx_v):
     def join_kv(nk, nv):
         return xp.concatenate([ctx_k, nk], axis=0), xp.concatenate([ctx_v, nv], axis=0)
     return join_kv
+
+
+def _check_target(target, method: str) -> None:
+    """Refuse a ``target`` that is not a loaded :class:`TargetModel` (say, its path)."""
+    if not isinstance(target, TargetModel):
+        raise ConfigError(f"DFlashDrafter.{method}(path, target): target must be a loaded "
+                          f"TargetModel, got {type(target).__name__} {target!r:.80}; load it "
+                          f"first: target = TargetModel.from_pretrained(target_path), then "
+                          f"DFlashDrafter.{method}(path, target)")

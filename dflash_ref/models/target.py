@@ -32,7 +32,6 @@ are all this one call. Commit and rollback are the state's (``state.rollback``,
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import numpy as np
 from dflash_ref.backend import Backend, as_backend
 from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
+from dflash_ref.io.compare import check_finite_weights
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.assemble import decoder_layers
 from dflash_ref.models.batch import forward_batch
@@ -87,27 +87,31 @@ class TargetModel:
 
     @classmethod
     def from_pretrained(cls, path, backend="numpy", target_layer_ids=None,
-                        embedding_scale=None) -> TargetModel:
+                        embedding_scale=None, check_finite: bool = False) -> TargetModel:
         """Load ``config.json`` + ``*.safetensors`` (single or sharded) from directory ``path``.
 
         ``embedding_scale`` (Gemma only): None follows HF, sqrt(hidden_size) rounded to the
         checkpoint's ``torch_dtype`` (HF casts its normaliser to the dtype it computes in); a
         dtype name or a number overrides (:meth:`TargetConfig.with_embedding_scale
         <dflash_ref.config.TargetConfig.with_embedding_scale>`; docs/conventions.md).
+        ``check_finite``: refuse weights holding NaN or inf, naming the tensors
+        (:func:`~dflash_ref.io.compare.check_finite_weights`).
         """
         path = Path(path)
         cfg_path = path / "config.json"
         if not cfg_path.exists():
             raise FormatError(f"{path} has no config.json; expected a Hugging Face model directory")
-        config = TargetConfig.from_hf(json.loads(cfg_path.read_text()))
+        config = TargetConfig.from_file(cfg_path)  # a malformed file is named in the error
         config = config.with_embedding_scale(embedding_scale)
         weights = load_checkpoint(path)
+        if check_finite:
+            check_finite_weights(weights, path)
         config = _match_weight_prefix(config, weights)
         return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
 
     @classmethod
     def from_gguf(cls, path, backend="numpy", target_layer_ids=None,
-                  embedding_scale=None) -> TargetModel:
+                  embedding_scale=None, check_finite: bool = False) -> TargetModel:
         """Load a llama.cpp GGUF of arch ``qwen3``, ``qwen35`` or ``gemma3`` (a path, or a file
         already opened with :func:`~dflash_ref.io.gguf_io.open_gguf`).
 
@@ -118,12 +122,15 @@ class TargetModel:
 
         ``embedding_scale`` (Gemma only): None follows llama.cpp, whose format this is: the
         unrounded float32 ``sqrtf(n_embd)`` (25.298 for the 640-wide 270M, not HF's bf16 25.25);
-        a dtype name or a number overrides (docs/conventions.md).
+        a dtype name or a number overrides (docs/conventions.md). ``check_finite``: refuse
+        dequantized weights holding NaN or inf, naming the tensors.
         """
         from dflash_ref.io.convert_target import read_gguf_target
         from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY
 
         config_dict, weights = read_gguf_target(path)
+        if check_finite:
+            check_finite_weights(weights, path)
         config = TargetConfig.from_hf(config_dict)
         taken = tuple(config_dict.get(LLAMA_CPP_DEFAULTS_KEY, ()))
         config = replace(config, defaults_used=config.defaults_used + taken)

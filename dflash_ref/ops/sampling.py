@@ -26,6 +26,7 @@ backend duck-typed (anything with ``to_numpy``, or a backend name for host array
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,10 +60,22 @@ class SamplingParams:
     seed: int | np.random.Generator | None = None
 
     def __post_init__(self):
-        t, p, k = self.temperature, self.top_p, self.top_k
-        if not (t >= 0 and 0 < p <= 1 and isinstance(k, (int, np.integer)) and k >= 0):
-            raise ConfigError(f"sampling needs temperature >= 0, top_p in (0, 1] and an integer "
-                              f"top_k >= 0; got temperature={t!r}, top_p={p!r}, top_k={k!r}")
+        t, p, k, seed = self.temperature, self.top_p, self.top_k, self.seed
+
+        def real(x):
+            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+        if not (real(t) and real(p) and isinstance(k, (int, np.integer))
+                and not isinstance(k, bool) and math.isfinite(t) and t >= 0 and 0 < p <= 1
+                and k >= 0):
+            raise ConfigError(f"sampling needs a finite temperature >= 0, top_p in (0, 1] and an "
+                              f"integer top_k >= 0 (0: no top-k); got temperature={t!r}, "
+                              f"top_p={p!r}, top_k={k!r}; pass e.g. SamplingParams(temperature="
+                              f"0.8, top_p=0.95, top_k=40, seed=0)")
+        if not (seed is None or isinstance(seed, np.random.Generator)
+                or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool))):
+            raise ConfigError(f"sampling seed must be an int, a numpy.random.Generator or None; "
+                              f"got {seed!r} ({type(seed).__name__}); pass e.g. seed=0")
 
     @property
     def greedy(self) -> bool:

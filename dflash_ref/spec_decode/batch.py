@@ -44,7 +44,7 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
             ``generate(..., sampling=replace(sampling, seed=seeds[j]))`` would); None: every
             sequence takes ``sampling.seed``.
     """
-    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+    prompts = list(prompts)
     if not prompts:
         raise ValueError("generate_batch: no prompts")
     sampling = sampling or GREEDY
@@ -56,7 +56,7 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
     checked = [check_arguments(target, drafter, p, max_new_tokens, law, block_size, "chain")
                for p, law in zip(prompts, laws)]
     runs = [Decoding(target, drafter, p, B, max_new_tokens, law, verifier, stops=stop_token_ids)
-            for p, (B, verifier), law in zip(prompts, checked, laws)]
+            for (p, B, verifier), law in zip(checked, laws)]
     outs = target.forward_batch([r.to_prefill for r in runs],
                                 [r.state for r in runs])  # 1. one prefill for all
     for r, out in zip(runs, outs):

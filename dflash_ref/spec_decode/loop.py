@@ -32,12 +32,13 @@ recording watch through one observer (:mod:`~dflash_ref.spec_decode.observe`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_ref.errors import ConfigError
+from dflash_ref.errors import ConfigError, PositionWarning
 from dflash_ref.ops.sampling import GREEDY, SamplingParams
 from dflash_ref.spec_decode.cost import CostModel
 from dflash_ref.spec_decode.decoding import Decoding, GenerationResult
@@ -113,11 +114,10 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
             progress (``Progress``), streaming (``Stream``), the golden-vector recorder
             (:mod:`dflash_ref.oracle`), or several (``Observers``).
     """
-    prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     sampling = sampling or GREEDY
     gating = gate if isinstance(gate, GateOptions) else GateOptions(gate)
-    B, verifier = check_arguments(target, drafter, prompt, max_new_tokens, sampling, block_size,
-                                  verify)
+    prompt, B, verifier = check_arguments(target, drafter, prompt_ids, max_new_tokens, sampling,
+                                          block_size, verify)
     run = Decoding(target, drafter, prompt, B, max_new_tokens, sampling, verifier, pager=pager,
                    stops=stop_token_ids, state=state, observer=observer,
                    cost_model=gating.cost_model)
@@ -148,25 +148,63 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
     return run.finish()  # 3.
 
 
-def check_arguments(target, drafter, prompt, max_new_tokens: int, sampling: SamplingParams,
-                    block_size: int | None, verify) -> tuple[int, Verifier]:
-    """Refuse bad arguments with the fix; return the block size B and the verifier built from
-    ``verify`` (plain decoding, without a drafter: B = 1 and no verifier)."""
+def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: SamplingParams,
+                    block_size: int | None, verify) -> tuple[np.ndarray, int, Verifier]:
+    """Refuse what the arguments cannot mean, with the fix, before anything runs; return the
+    prompt as [N] int64, the block size B and the verifier built from ``verify`` (plain
+    decoding, without a drafter: B = 1 and no verifier).
+
+    Refused (:class:`~dflash_ref.errors.ConfigError`): a prompt that is not one non-empty
+    sequence of integer ids in [0, vocab) (a 2-D batch goes to ``generate_batch``), a
+    ``max_new_tokens`` or ``block_size`` that is not an integer >= 1, T > 0 without a seed, a
+    drafter bound to another target. Warned (:class:`~dflash_ref.errors.PositionWarning`): a run
+    that would reach past the target's ``max_position_embeddings``.
+    """
+    prompt = np.asarray(prompt_ids)
+    if prompt.ndim != 1:
+        raise ConfigError(f"prompt_ids must be one sequence of token ids, shape [N]; got shape "
+                          f"{list(prompt.shape)}; pass one prompt's ids (text: load_tokenizer(path)"
+                          f".encode(text); several prompts: generate_batch(target, drafter, "
+                          f"prompts, ...))")
     if prompt.size == 0:
-        raise ValueError("prompt_ids is empty; generation needs at least one prompt token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise ConfigError("prompt_ids is empty; generation needs at least one prompt token")
+    if prompt.dtype.kind not in "iu":
+        raise ConfigError(f"prompt_ids must be integer token ids, got dtype {prompt.dtype} "
+                          f"(e.g. {prompt.reshape(-1)[0].item()!r}); pass ints, e.g. "
+                          f"load_tokenizer(path).encode(text)")
+    vocab = target.config.vocab_size
+    if prompt.min() < 0 or prompt.max() >= vocab:
+        raise ConfigError(f"prompt_ids must lie in [0, {vocab}) (the target's vocab_size); got "
+                          f"ids from {prompt.min()} to {prompt.max()}; encode the text with "
+                          f"this target's tokenizer")
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) \
+            or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}; "
+                          f"pass e.g. max_new_tokens=32")
+    if block_size is not None and (not isinstance(block_size, (int, np.integer))
+                                   or isinstance(block_size, bool) or block_size < 1):
+        raise ConfigError(f"block_size must be an integer >= 1 (1: plain decoding), got "
+                          f"{block_size!r}; pass e.g. block_size=drafter.block_size, or None for "
+                          f"the drafter's")
     if not sampling.greedy and sampling.seed is None:
-        raise ValueError("temperature > 0 needs a seed (SamplingParams(..., seed=int or "
-                         "np.random.Generator)) so that the sampled output is reproducible")
+        raise ConfigError("temperature > 0 needs a seed (SamplingParams(..., seed=int or "
+                          "np.random.Generator)) so that the sampled output is reproducible")
+    limit = target.config.max_position_embeddings
+    if limit is not None and prompt.size + max_new_tokens > limit:
+        warnings.warn(f"the prompt ({prompt.size} tokens) and max_new_tokens={max_new_tokens} "
+                      f"reach position {prompt.size + max_new_tokens - 1}, past the target's "
+                      f"max_position_embeddings={limit}: positions it was never trained on; "
+                      f"shorten the prompt or lower max_new_tokens", PositionWarning,
+                      stacklevel=3)
+    prompt = prompt.astype(np.int64)
     if drafter is None:  # plain decoding runs no verifier; a mode that does not exist is refused
         if not isinstance(verify, Verifier) and verify not in VERIFY_MODES:
             raise unknown_verify_mode(verify)
-        return 1, None
+        return prompt, 1, None
     verifier = make_verifier(verify, sampling)
-    B = int(block_size or drafter.block_size)
+    B = int(drafter.block_size if block_size is None else block_size)
     verifier.check(sampling, B, drafter.block_size)
     if drafter.target is not target:
         raise ConfigError("the drafter is bound to another TargetModel; load it with "
                           "DFlashDrafter.from_pretrained(path, target)")
-    return B, verifier
+    return prompt, B, verifier
