@@ -76,6 +76,11 @@ QWEN3_4B_WEIGHTS = (("q_proj", 4096, 2560), ("k_proj / v_proj", 1024, 2560),
                     ("down_proj", 2560, 9728), ("lm_head", 151936, 2560))
 PROJ_TOL = 1e-4  # of max |y|: a float32 product of <= 9728 terms against float64
 GDN_SELF_TOL = 1e-3  # chunked vs recurrent, both ours, float32: relative to max |recurrent|
+# Ours vs fla, relative to max |fla|: fla's Triton dots take float32 inputs as TF32 (10-bit
+# mantissa, unit roundoff 2^-11 = 4.9e-4), while ours agrees with our recurrent kernel to 4e-6.
+# Measured on an H200 (fla 0.6.0): 1.5e-3 at 8k tokens, 2.1e-3 at 32k. The check is there to
+# catch a different function (an O(1) error), not to grade fla's precision.
+FLA_TOL = 5e-3
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ DRY_SIZES = Sizes(iters=2, launches=50, copy_mib=1, proj=(("tiny", 48, 32),), pr
                   att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64)
 
 # Seconds per phase on an H200 (the whole run about 8 minutes; --budget-scale to stretch).
-BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 120, "e2e": 120,
+BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 240, "e2e": 120,
            "profile": 45}
 
 
@@ -311,7 +316,7 @@ _COLLECTED_RE = re.compile(r"(\d+)(?:/\d+)? tests? collected")
 
 
 def parse_pytest(out: str) -> tuple[dict, list[str]]:
-    """({outcome: count}, failing node ids) from pytest -q -rfE output."""
+    """({outcome: count}, failing node ids) from pytest -q -rfEs output."""
     last = [ln for ln in out.splitlines() if _COUNT_RE.search(ln) or _COLLECTED_RE.search(ln)]
     counts = {}
     if last:
@@ -326,7 +331,7 @@ def parse_pytest(out: str) -> tuple[dict, list[str]]:
 
 
 def phase_tests(ph: Phase) -> None:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m", "gpu"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-m", "gpu"]
     if ph.dev.dry:  # the plumbing only: collect one small file's gpu tests
         cmd += ["--collect-only", "tests/ops/test_norm.py"]
     elif importlib.util.find_spec("xdist") is not None:
@@ -539,8 +544,8 @@ def _gdn_vs_fla(ph: Phase, T: int, H: int, D: int) -> tuple[str, dict]:
         return chunk_gated_delta_rule(*tt, scale=D ** -0.5, output_final_state=True)
 
     o_f, S_f = fla()
-    err_f = _check_rel(f"gdn T={T} ours vs fla output", _rel(dev, o, o_f[0]), gpu_anchors.GDN_TOL)
-    _check_rel(f"gdn T={T} ours vs fla state", _rel(dev, S, S_f[0]), gpu_anchors.GDN_TOL)
+    err_f = _check_rel(f"gdn T={T} ours vs fla output", _rel(dev, o, o_f[0]), FLA_TOL)
+    _check_rel(f"gdn T={T} ours vs fla state", _rel(dev, S, S_f[0]), FLA_TOL)
     t_fla = dev.time(fla, ph.sizes.iters)
     ratio = t_ours / t_fla
     return (f"{ours}   fla {t_fla * 1e3:9.3f} ms   ratio {ratio:6.2f} (goal <= 2; vs fla "
@@ -695,7 +700,8 @@ def kernel_table(dev: Device, fn) -> dict[str, list]:
     dev.torch()
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 acc_events=True) as prof:
         fn()
         dev.sync()
     table: dict[str, list] = {}
