@@ -30,7 +30,8 @@ as it finishes. A missing anchor (torch, fla, ...) is a skipped row with the rea
 an error row; neither stops the run. A phase past its budget stops before its next measurement
 with a row saying so (a measurement already running is not interrupted). The JSON file
 (``--json``; default ``$OUT/gpu_report.json`` when ``OUT`` is set, else ``gpu_report.json``) is
-rewritten after every phase, so a run cut short keeps what it measured.
+rewritten after every phase, so a run cut short keeps what it measured. The exit status is 1
+when any row failed or raised (a mismatch, a failing `gpu` test), else 0.
 
 ``--dry-run`` runs every phase on the CPU with the NumPy backend, tiny shapes, perf_counter in
 place of CUDA events and NumPy stand-ins for the RawKernel and the profiler; no GPU is needed
@@ -234,6 +235,8 @@ class Phase:
             raise PastBudget(f"budget spent before {name!r}")
         try:
             text, values = fn()
+        except PastBudget:
+            raise  # the phase stops (run_phase prints the row)
         except Skip as exc:
             self.row(name, str(exc), "skipped")
         except (gpu_anchors.Mismatch, e2e_decode.Mismatch) as exc:

@@ -115,6 +115,9 @@ def test_a_phase_past_its_budget_stops_with_a_row_and_keeps_its_json(tmp_path, m
     module = load_script()
     calls = []
 
+    def spent_inside():  # e.g. pytest still running at the deadline
+        raise module.PastBudget("pytest still running")
+
     def phase(ph):
         ph.measure("first", lambda: calls.append(1) or ("done", {}))
         ph.deadline = 0.0  # the budget is spent now
@@ -129,6 +132,11 @@ def test_a_phase_past_its_budget_stops_with_a_row_and_keeps_its_json(tmp_path, m
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["phases"]["anchors"]["status"] == "stopped"
     assert "stopped" in "\n".join(module.summary(report))
+
+    monkeypatch.setitem(module.PHASES, "tests", lambda ph: ph.measure("pytest", spent_inside))
+    module.run_phase(report, "tests", module.Device(dry=True), module.DRY_SIZES, {}, 30.0)
+    assert report.rows[-1]["status"] == "stopped" and "pytest still running" in \
+        report.rows[-1]["text"]
 
 
 def test_parse_pytest_reads_the_counts_and_the_failing_tests():
