@@ -2,7 +2,7 @@
 anchors, the Qwen3-4B end-to-end rows and per-kernel tables, then a summary and a JSON file
 (docs/performance.md, "Measuring on a GPU").
 
-    scripts/gpu_report.sh                       # the whole run (about 8 minutes on an H200)
+    scripts/gpu_report.sh                       # the whole run (about 3 minutes on an H200)
     python scripts/gpu_report.py --only anchors # rerun one phase (repeat --only for more)
     python scripts/gpu_report.py --dry-run      # every phase's plumbing on the CPU (NumPy, tiny)
 
@@ -28,7 +28,8 @@ Every measurement checks its inputs first (a mismatch is a failed row with no ti
 times with CUDA events (medians; host costs with ``time.perf_counter``) and prints its row as soon
 as it finishes. A missing anchor (torch, fla, ...) is a skipped row with the reason, an exception
 an error row; neither stops the run. A phase past its budget stops before its next measurement
-with a row saying so (a measurement already running is not interrupted). The JSON file
+with a row saying so (a measurement already running is not interrupted, except pytest,
+which is stopped at the deadline). The JSON file
 (``--json``; default ``$OUT/gpu_report.json`` when ``OUT`` is set, else ``gpu_report.json``) is
 rewritten after every phase, so a run cut short keeps what it measured. The exit status is 1
 when any row failed or raised (a mismatch, a failing `gpu` test), else 0.
