@@ -1,0 +1,868 @@
+"""One GPU measurement run: versions, kernels built, the `gpu` tests, micro measurements, the
+anchors, the Qwen3-4B end-to-end rows and per-kernel tables, then a summary and a JSON file
+(docs/performance.md, "Measuring on a GPU").
+
+    scripts/gpu_report.sh                       # the whole run (about 3 minutes on an H200)
+    python scripts/gpu_report.py --only anchors # rerun one phase (repeat --only for more)
+    python scripts/gpu_report.py --dry-run      # every phase's plumbing on the CPU (NumPy, tiny)
+
+Phases, in order, each with a time budget in seconds (``--budget-scale`` multiplies them):
+
+    env       versions: Python, NumPy, CuPy, CUDA runtime / driver / NVRTC, the GPU, torch,
+              fla, FlashInfer, pytest-xdist
+    compile   every kernel family of kernels_cupy/cuda/ built (NVRTC) and loaded, each kernel
+              fetched through kernels_cupy._build.get_kernel
+    tests     ``pytest -m gpu -q`` (``-n 8`` with pytest-xdist) with DFLASH_REQUIRE_GPU=1:
+              passed / failed and the failing tests' names
+    micro     host cost per launch of a bare RawKernel and of an op (rms_norm); projection
+              bandwidth (``x @ W.T``, cuBLAS) at 1 and 16 rows on every Qwen3-4B weight shape
+    anchors   device copy bandwidth; chunked GDN vs fla's ``chunk_gated_delta_rule`` at 8k and
+              32k tokens (16 heads, K = V = 128); chunked vs our recurrent kernel at 128k;
+              attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k
+    e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
+              weight-read floor, a 16-token verify against a 1-token decode, speculative generate
+    profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
+              through torch.profiler; skipped without torch)
+
+Every measurement checks its inputs first (a mismatch is a failed row with no timing), warms up,
+times with CUDA events (medians; host costs with ``time.perf_counter``) and prints its row as soon
+as it finishes. A missing anchor (torch, fla, ...) is a skipped row with the reason, an exception
+an error row; neither stops the run. A phase past its budget stops before its next measurement
+with a row saying so (a measurement already running is not interrupted, except pytest,
+which is stopped at the deadline). The JSON file
+(``--json``; default ``$OUT/gpu_report.json`` when ``OUT`` is set, else ``gpu_report.json``) is
+rewritten after every phase, so a run cut short keeps what it measured. The exit status is 1
+when any row failed or raised (a mismatch, a failing `gpu` test), else 0.
+
+``--dry-run`` runs every phase on the CPU with the NumPy backend, tiny shapes, perf_counter in
+place of CUDA events and NumPy stand-ins for the RawKernel and the profiler; no GPU is needed
+(tests/benchmarks/test_gpu_report.py runs it in CI). Its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a source checkout
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks' helpers are reused, not copied
+
+import e2e_decode  # noqa: E402
+import gpu_anchors  # noqa: E402
+
+from dflash_ref.backend import (  # noqa: E402
+    cupy_device_description,
+    cupy_unavailable_reason,
+    get_backend,
+)
+from dflash_ref.spec_decode.loop import generate  # noqa: E402
+from dflash_ref.spec_decode.observe import Clock  # noqa: E402
+
+# Qwen/Qwen3-4B's projection weights, [out, in] (hidden 2560, 32 / 8 heads of 128, intermediate
+# 9728, vocabulary 151936: tests/config/configs.py::qwen3_4b).
+QWEN3_4B_WEIGHTS = (("q_proj", 4096, 2560), ("k_proj / v_proj", 1024, 2560),
+                    ("o_proj", 2560, 4096), ("gate_proj / up_proj", 9728, 2560),
+                    ("down_proj", 2560, 9728), ("lm_head", 151936, 2560))
+PROJ_TOL = 1e-4  # of max |y|: a float32 product of <= 9728 terms against float64
+GDN_SELF_TOL = 1e-3  # chunked vs recurrent, both ours, float32: relative to max |recurrent|
+# Ours vs fla, relative to max |fla|: fla's Triton dots take float32 inputs as TF32 (10-bit
+# mantissa, unit roundoff 2^-11 = 4.9e-4), while ours agrees with our recurrent kernel to 4e-6.
+# Measured on an H200 (fla 0.6.0): 1.5e-3 at 8k tokens, 2.1e-3 at 32k. The check is there to
+# catch a different function (an O(1) error), not to grade fla's precision.
+FLA_TOL = 5e-3
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The shapes and repetitions of one run: the issue's on a GPU, tiny ones for --dry-run."""
+
+    iters: int
+    launches: int
+    copy_mib: int
+    proj: tuple
+    proj_rows: tuple
+    gdn_T: tuple
+    gdn_long_T: int
+    gdn_heads: int
+    gdn_dim: int
+    att_ctxs: tuple
+    att_max_prefill: int
+    att_heads: tuple  # (query heads, kv heads, head dim)
+    e2e_size: str
+    profile_gdn_T: int
+
+
+GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
+                  proj_rows=(1, 16), gdn_T=(8192, 32768), gdn_long_T=131072, gdn_heads=16,
+                  gdn_dim=128, att_ctxs=(4096, 8192), att_max_prefill=8192,
+                  att_heads=(32, 8, 128), e2e_size="full", profile_gdn_T=8192)
+DRY_SIZES = Sizes(iters=2, launches=50, copy_mib=1, proj=(("tiny", 48, 32),), proj_rows=(1, 16),
+                  gdn_T=(64, 128), gdn_long_T=256, gdn_heads=2, gdn_dim=16, att_ctxs=(32, 64),
+                  att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64)
+
+# Seconds per phase on an H200 (the whole run about 8 minutes; --budget-scale to stretch).
+BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 240, "e2e": 120,
+           "profile": 45}
+
+
+class Skip(Exception):
+    """A row that cannot be measured here (a missing anchor, a dry run); the message says why."""
+
+
+class PastBudget(Exception):
+    """The phase used its time budget; it stops before its next measurement."""
+
+
+# ---------------------------------------------------------------------------------- the device
+
+
+class Device:
+    """The backend a run measures: CuPy on the GPU, or NumPy for --dry-run."""
+
+    def __init__(self, dry: bool):
+        self.dry = dry
+        self.be = get_backend("numpy" if dry else "cupy")
+        self.xp = self.be.xp
+        self.description = ("NumPy on the CPU (dry run: the numbers mean nothing)" if dry
+                            else cupy_device_description())
+
+    def sync(self) -> None:
+        if not self.dry:
+            self.xp.cuda.Stream.null.synchronize()
+
+    def time(self, fn, iters: int, warmup: int = 2) -> float:
+        """Median seconds of ``fn()``: CUDA events on the null stream (perf_counter dry)."""
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(iters):
+            if self.dry:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+                continue
+            start, stop = self.xp.cuda.Event(), self.xp.cuda.Event()
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(self.xp.cuda.get_elapsed_time(start, stop) / 1e3)
+        return float(np.median(times))
+
+    def host(self, x) -> np.ndarray:
+        """A device array or torch tensor as float64 NumPy."""
+        if hasattr(x, "detach"):
+            x = x.detach().float().cpu().numpy()
+        return np.asarray(self.be.to_numpy(x) if not isinstance(x, np.ndarray) else x,
+                          dtype=np.float64)
+
+    def torch(self):
+        """torch, when it can run the anchors here (CUDA on a GPU run; the CPU when dry)."""
+        try:
+            import torch
+        except ImportError as exc:
+            raise Skip(f"torch not installed ({exc})") from None
+        if not self.dry and not torch.cuda.is_available():
+            raise Skip("torch cannot see the GPU (a CPU-only build?)")
+        return torch
+
+    def to_torch(self, a):
+        torch = self.torch()
+        return torch.from_numpy(np.array(a)) if self.dry else torch.from_dlpack(a)
+
+
+# ---------------------------------------------------------------------------------- the report
+
+
+@dataclass
+class Report:
+    """Rows printed as they come and kept for the summary and the JSON file."""
+
+    json_path: Path
+    meta: dict
+    rows: list = field(default_factory=list)
+    phases: dict = field(default_factory=dict)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def row(self, phase: str, name: str, text: str, status: str = "ok", **values) -> None:
+        """Print one row now (flushed) and keep it. status: ok, skipped, failed, error,
+        stopped."""
+        self.rows.append({"phase": phase, "name": name, "status": status, "text": text,
+                          **values})
+        mark = "" if status == "ok" else f"[{status}] "
+        print(f"[{time.perf_counter() - self.t0:6.1f}s] {phase:<8} {name:<34} {mark}{text}",
+              flush=True)
+
+    def write_json(self) -> None:
+        """Write the JSON file whole: a temporary file renamed over the target."""
+        doc = {**self.meta, "phases": self.phases, "rows": self.rows}
+        tmp = self.json_path.with_name(self.json_path.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        os.replace(tmp, self.json_path)
+
+
+@dataclass
+class Phase:
+    """One phase's context: where rows go, its deadline, the device, the sizes, and what earlier
+    phases left for later ones (``shared``: the e2e models for the profile)."""
+
+    name: str
+    report: Report
+    dev: Device
+    sizes: Sizes
+    deadline: float
+    shared: dict
+
+    def row(self, name: str, text: str, status: str = "ok", **values) -> None:
+        self.report.row(self.name, name, text, status, **values)
+
+    def measure(self, name: str, fn) -> None:
+        """Run one measurement ``fn() -> (text, values)`` and print its row; a Skip, a mismatch
+        or an exception becomes that row's status, never a crash. Past the budget: stop."""
+        if time.perf_counter() > self.deadline:
+            raise PastBudget(f"budget spent before {name!r}")
+        try:
+            text, values = fn()
+        except PastBudget:
+            raise  # the phase stops (run_phase prints the row)
+        except Skip as exc:
+            self.row(name, str(exc), "skipped")
+        except (gpu_anchors.Mismatch, e2e_decode.Mismatch) as exc:
+            self.row(name, f"MISMATCH, not timed: {exc}", "failed")
+        except Exception as exc:  # noqa: BLE001 - a report row, not a crash
+            self.row(name, f"{type(exc).__name__}: {exc}", "error")
+        else:
+            self.row(name, text, "ok", **values)
+
+
+# ---------------------------------------------------------------------------------- env
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        raise Skip(f"{dist}: not installed") from None
+
+
+def phase_env(ph: Phase) -> None:
+    ph.measure("python", lambda: (f"{platform.python_version()} ({sys.executable}), "
+                                  f"{platform.machine()}", {"version": platform.python_version()}))
+    ph.measure("numpy", lambda: (np.__version__, {"version": np.__version__}))
+    for dist in ("cupy-cuda13x", "cupy-cuda12x", "cupy"):
+        try:
+            v = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        ph.row("cupy", f"{dist} {v}", version=v)
+        break
+    else:
+        ph.row("cupy", "not installed", "skipped")
+
+    def cuda():
+        if ph.dev.dry:
+            raise Skip("dry run: no CUDA device")
+        import cupy
+        from cupy_backends.cuda.libs import nvrtc
+
+        rt, drv = cupy.cuda.runtime.runtimeGetVersion(), cupy.cuda.runtime.driverGetVersion()
+        nv = ".".join(map(str, nvrtc.getVersion()))
+        fmt = lambda v: f"{v // 1000}.{(v % 1000) // 10}"  # noqa: E731
+        return (f"runtime {fmt(rt)}, driver {fmt(drv)}, NVRTC {nv}",
+                {"runtime": fmt(rt), "driver": fmt(drv), "nvrtc": nv})
+
+    ph.measure("cuda", cuda)
+    ph.measure("device", lambda: (ph.dev.description, {"device": ph.dev.description}))
+    for dist in ("torch", "fla-core", "flash-linear-attention", "flashinfer-python",
+                 "pytest-xdist", "gguf"):
+        ph.measure(dist, lambda dist=dist: (_version(dist), {"version": _version(dist)}))
+
+
+# ---------------------------------------------------------------------------------- compile
+
+
+def phase_compile(ph: Phase) -> None:
+    from kernels_cupy import _build
+
+    for family in _build.families():
+        names = _build.kernel_names(family)
+
+        def build(family=family, names=names):
+            if ph.dev.dry:
+                raise Skip(f"{len(names)} kernels declared; dry run: not built")
+            t0 = time.perf_counter()
+            for name in names:
+                _build.get_kernel(family, name)  # builds and loads the module on first use
+            s = time.perf_counter() - t0
+            return (f"{len(names):2d} kernels built and loaded in {s:6.2f} s",
+                    {"kernels": names, "seconds": s})
+
+        ph.measure(family, build)
+
+
+# ---------------------------------------------------------------------------------- tests
+
+_COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)")
+_COLLECTED_RE = re.compile(r"(\d+)(?:/\d+)? tests? collected")
+
+
+def parse_pytest(out: str) -> tuple[dict, list[str]]:
+    """({outcome: count}, failing node ids) from pytest -q -rfEs output."""
+    last = [ln for ln in out.splitlines() if _COUNT_RE.search(ln) or _COLLECTED_RE.search(ln)]
+    counts = {}
+    if last:
+        counts = {k.rstrip("s") if k.startswith("error") else k: int(n)
+                  for n, k in _COUNT_RE.findall(last[-1])}
+        m = _COLLECTED_RE.search(last[-1])
+        if m:
+            counts["collected"] = int(m.group(1))
+    failures = [ln.split(" ", 1)[1].split(" - ")[0] for ln in out.splitlines()
+                if ln.startswith(("FAILED ", "ERROR "))]
+    return counts, failures
+
+
+def phase_tests(ph: Phase) -> None:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-m", "gpu"]
+    if ph.dev.dry:  # the plumbing only: collect one small file's gpu tests
+        cmd += ["--collect-only", "tests/ops/test_norm.py"]
+    elif importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", "8"]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "DFLASH_REQUIRE_GPU": "1", "PYTHONPATH": path}
+    log = ph.report.json_path.with_name("gpu_report_tests.log")
+
+    def run():
+        timeout = max(ph.deadline - time.perf_counter(), 5.0)
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+            out, rc = done.stdout + done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+                else (exc.stdout or "")
+            log.write_text(out)
+            raise PastBudget(f"pytest still running after {timeout:.0f} s (log {log})") from None
+        log.write_text(out)
+        counts, failures = parse_pytest(out)
+        ph.shared["test_failures"] = failures
+        text = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no summary line"
+        if rc not in (0, 1) or (rc == 1 and not failures):
+            raise RuntimeError(f"pytest exited {rc}: {out.strip().splitlines()[-1:]} "
+                               f"(log {log})")
+        return (f"{text} in {time.perf_counter() - t0:.0f} s ({' '.join(cmd[3:])}; log {log.name})",
+                {"counts": counts, "failures": failures, "returncode": rc,
+                 "goal": "DFLASH_REQUIRE_GPU=1 pytest -m gpu green"})
+
+    ph.measure("pytest -m gpu", run)
+    for name in ph.shared.pop("test_failures", []):
+        ph.row("failed test", name, "failed")
+
+
+# ---------------------------------------------------------------------------------- micro
+
+
+def _rms_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _host_cost(dev: Device, fn, n: int) -> tuple[float, float]:
+    """(host seconds per call to enqueue, seconds per call until the device drained)."""
+    for _ in range(20):
+        fn()
+    dev.sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t_enq = time.perf_counter() - t0
+    dev.sync()
+    return t_enq / n, (time.perf_counter() - t0) / n
+
+
+def phase_micro(ph: Phase) -> None:
+    dev, xp, sz = ph.dev, ph.dev.xp, ph.sizes
+    n_hidden, eps = 2560, 1e-6
+    rng = np.random.default_rng(0)
+    x_h = rng.standard_normal((1, n_hidden)).astype(np.float32)
+    w_h = (1 + 0.1 * rng.standard_normal(n_hidden)).astype(np.float32)
+    x, w = xp.asarray(x_h), xp.asarray(w_h)
+    ref = _rms_reference(x_h, w_h, eps)
+
+    def checked(y, what):
+        err = float(np.abs(dev.host(y) - ref).max())
+        if not err <= 1e-5:
+            raise gpu_anchors.Mismatch(f"{what}: rms_norm differs from float64 by {err:.3g}")
+        return err
+
+    def raw_kernel():
+        if dev.dry:  # a NumPy stand-in with the same arguments, so the plumbing runs
+            y = np.empty_like(x_h)
+
+            def launch():
+                np.multiply(x_h / np.sqrt((x_h * x_h).mean(-1, keepdims=True) + eps), w_h, y)
+        else:
+            from kernels_cupy._build import ROW_BLOCK, get_kernel
+
+            kernel, y = get_kernel("norm", "rms_norm_f32"), xp.empty_like(x)
+            args = (x, w, y, np.int32(n_hidden), np.float32(eps), np.float32(0.0))
+
+            def launch():
+                kernel((1,), (ROW_BLOCK,), args)
+        launch()
+        err = checked(y, "bare RawKernel")
+        enq, drained = _host_cost(dev, launch, sz.launches)
+        return (f"rms_norm_f32 [1, {n_hidden}]: host {enq * 1e6:6.1f} us/launch, "
+                f"{drained * 1e6:6.1f} us with the drain (checked, err {err:.1e})",
+                {"host_us": enq * 1e6, "drained_us": drained * 1e6})
+
+    def op():
+        ops = dev.be.ops
+        err = checked(ops.rms_norm(x, w, eps), "ops.rms_norm")
+        enq, drained = _host_cost(dev, lambda: ops.rms_norm(x, w, eps), sz.launches)
+        return (f"ops.rms_norm [1, {n_hidden}]: host {enq * 1e6:6.1f} us/call, "
+                f"{drained * 1e6:6.1f} us with the drain (checked, err {err:.1e})",
+                {"host_us": enq * 1e6, "drained_us": drained * 1e6})
+
+    ph.measure("launch: bare RawKernel", raw_kernel)
+    ph.measure("launch: op (rms_norm)", op)
+    for label, n_out, n_in in sz.proj:
+        W = xp.random.default_rng(1).standard_normal((n_out, n_in), dtype=xp.float32)
+        W *= xp.float32(n_in ** -0.5)
+        for rows in sz.proj_rows:
+            ph.measure(f"proj {label} M={rows}",
+                       lambda W=W, rows=rows, shape=(n_out, n_in): _projection(ph, W, rows, shape))
+        del W
+
+
+def _projection(ph: Phase, W, rows: int, shape) -> tuple[str, dict]:
+    """``x @ W.T`` at ``rows`` rows: checked on three output columns against float64, then
+    timed; bandwidth = weight bytes / time (each weight read once)."""
+    dev, xp = ph.dev, ph.dev.xp
+    n_out, n_in = shape
+    x = xp.asarray(np.random.default_rng(rows).standard_normal((rows, n_in)).astype(np.float32))
+    y = x @ W.T  # [rows, out]
+    cols = [0, n_out // 2, n_out - 1]
+    ref = dev.host(x) @ dev.host(W[cols]).T
+    err = float(np.abs(dev.host(y[:, cols]) - ref).max() / np.abs(ref).max())
+    if not err <= PROJ_TOL:
+        raise gpu_anchors.Mismatch(f"x @ W.T differs from float64 by {err:.3g} of max")
+    t = dev.time(lambda: x @ W.T, ph.sizes.iters)
+    gbs = W.nbytes / t / 1e9
+    return (f"W [{n_out}, {n_in}] {W.nbytes / 1e6:8.1f} MB: {t * 1e6:9.1f} us  {gbs:8.1f} GB/s "
+            f"(checked, err {err:.1e})", {"us": t * 1e6, "GBps": gbs, "rows": rows})
+
+
+# ---------------------------------------------------------------------------------- anchors
+
+
+def _gdn_inputs(xp, T: int, H: int, D: int):
+    """q, k (L2-normalised), v [T, H, D]; g in (-2, 0], beta in [0, 1) [T, H]: float32, drawn
+    on the device (a 128k-token input is 1 GiB a tensor)."""
+    rng = xp.random.default_rng(T)
+    q, k, v = (rng.standard_normal((T, H, D), dtype=xp.float32) for _ in range(3))
+    q /= xp.linalg.norm(q, axis=-1, keepdims=True)
+    k /= xp.linalg.norm(k, axis=-1, keepdims=True)
+    g = rng.random((T, H), dtype=xp.float32) * xp.float32(-2.0)
+    beta = rng.random((T, H), dtype=xp.float32)
+    return [q, k, v, g, beta]
+
+
+def _rel(dev: Device, a, b) -> float:
+    a, b = dev.host(a), dev.host(b)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _check_rel(what: str, err: float, tol: float) -> float:
+    if not err <= tol:
+        raise gpu_anchors.Mismatch(f"{what}: differ by {err:.3g} of max (> {tol:g})")
+    return err
+
+
+def phase_anchors(ph: Phase) -> None:
+    dev, sz, ops = ph.dev, ph.sizes, ph.dev.be.ops
+    xp = dev.xp
+
+    def copy():
+        src = xp.arange(sz.copy_mib * 2**18, dtype=xp.float32)
+        dst = xp.empty_like(src)
+        dst[...] = src
+        if not bool((dst == src).all()):
+            raise gpu_anchors.Mismatch("the copy differs from its source")
+        t = dev.time(lambda: dst.__setitem__(Ellipsis, src), sz.iters)
+        bw = 2 * src.nbytes / t / 1e9
+        ph.shared["copy_GBps"] = bw
+        return (f"{sz.copy_mib} MiB d2d {t * 1e3:8.3f} ms  {bw:8.1f} GB/s (read + write)",
+                {"ms": t * 1e3, "GBps": bw})
+
+    ph.measure("copy", copy)
+    H, D = sz.gdn_heads, sz.gdn_dim
+    for T in sz.gdn_T:
+        ph.measure(f"gdn chunked vs fla T={T}", lambda T=T: _gdn_vs_fla(ph, T, H, D))
+    ph.measure(f"gdn chunked vs recurrent T={sz.gdn_long_T}",
+               lambda: _gdn_long(ph, sz.gdn_long_T, H, D, ops))
+    nh, nkv, d = sz.att_heads
+    for case in gpu_anchors.attention_cases(sz.att_ctxs, sz.att_max_prefill):
+        name, Tq, Tk, _ = case
+        ph.measure(f"attention {name} Tq={Tq} Tk={Tk}",
+                   lambda case=case: _attention_vs_sdpa(ph, case, nh, nkv, d))
+
+
+def _gdn_vs_fla(ph: Phase, T: int, H: int, D: int) -> tuple[str, dict]:
+    dev, ops = ph.dev, ph.dev.be.ops
+    inp = _gdn_inputs(dev.xp, T, H, D)
+    o, S = ops.gdn_chunked(*inp)
+    o_r, S_r = ops.gdn_recurrent(*inp)
+    err = _check_rel(f"gdn T={T} chunked vs recurrent output", _rel(dev, o, o_r), GDN_SELF_TOL)
+    _check_rel(f"gdn T={T} chunked vs recurrent state", _rel(dev, S, S_r), GDN_SELF_TOL)
+    del o_r, S_r
+    t_ours = dev.time(lambda: ops.gdn_chunked(*inp), ph.sizes.iters)
+    ours = f"ours {t_ours * 1e3:9.3f} ms (checked against our recurrent, err {err:.1e})"
+    try:
+        torch = dev.torch()
+        if dev.dry:
+            raise Skip("dry run: fla needs a GPU")
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        except ImportError as exc:
+            raise Skip(f"fla not installed ({exc})") from None
+    except Skip as exc:
+        raise Skip(f"{ours}; fla: skipped ({exc})") from None
+    del torch
+    tt = [dev.to_torch(a)[None] for a in inp]  # [1, T, H, ...]: fla's layout
+
+    def fla():
+        return chunk_gated_delta_rule(*tt, scale=D ** -0.5, output_final_state=True)
+
+    o_f, S_f = fla()
+    err_f = _check_rel(f"gdn T={T} ours vs fla output", _rel(dev, o, o_f[0]), FLA_TOL)
+    _check_rel(f"gdn T={T} ours vs fla state", _rel(dev, S, S_f[0]), FLA_TOL)
+    t_fla = dev.time(fla, ph.sizes.iters)
+    ratio = t_ours / t_fla
+    return (f"{ours}   fla {t_fla * 1e3:9.3f} ms   ratio {ratio:6.2f} (goal <= 2; vs fla "
+            f"err {err_f:.1e})", {"ours_ms": t_ours * 1e3, "fla_ms": t_fla * 1e3, "ratio": ratio,
+                                   "goal": "<= 2"})
+
+
+def _gdn_long(ph: Phase, T: int, H: int, D: int, ops) -> tuple[str, dict]:
+    dev = ph.dev
+    inp = _gdn_inputs(dev.xp, T, H, D)
+    o, S = ops.gdn_chunked(*inp)
+    o_r, S_r = ops.gdn_recurrent(*inp)
+    err = _check_rel(f"gdn T={T} chunked vs recurrent output", _rel(dev, o, o_r), GDN_SELF_TOL)
+    _check_rel(f"gdn T={T} chunked vs recurrent state", _rel(dev, S, S_r), GDN_SELF_TOL)
+    del o, S, o_r, S_r
+    iters = min(ph.sizes.iters, 3)
+    t_c = dev.time(lambda: ops.gdn_chunked(*inp), iters, warmup=1)
+    t_r = dev.time(lambda: ops.gdn_recurrent(*inp), iters, warmup=1)
+    return (f"chunked {t_c * 1e3:9.3f} ms   recurrent {t_r * 1e3:9.3f} ms   chunked "
+            f"{t_r / t_c:5.2f}x faster (goal >= 10; checked, err {err:.1e})",
+            {"chunked_ms": t_c * 1e3, "recurrent_ms": t_r * 1e3, "speedup": t_r / t_c,
+             "goal": ">= 10"})
+
+
+def _attention_vs_sdpa(ph: Phase, case, nh: int, nkv: int, d: int) -> tuple[str, dict]:
+    from dflash_ref.ops.masks import visible
+
+    dev, ops, xp = ph.dev, ph.dev.be.ops, ph.dev.xp
+    name, Tq, Tk, spec = case
+    rng = np.random.default_rng(Tq * 7 + Tk)
+    q = xp.asarray(rng.standard_normal((Tq, nh, d)).astype(np.float32))
+    k, v = (xp.asarray(rng.standard_normal((Tk, nkv, d)).astype(np.float32)) for _ in range(2))
+    ours = ops.attention(q, k, v, spec)
+    torch = dev.torch()
+    F = torch.nn.functional
+    # SDPA's layout [1, heads, T, d]; GQA by repeating the kv heads (the reference's grouping)
+    tq = dev.to_torch(q).permute(1, 0, 2)[None]
+    tk, tv = (dev.to_torch(a).permute(1, 0, 2).repeat_interleave(nh // nkv, dim=0)[None]
+              for a in (k, v))
+    if name == "prefill":
+        def sdpa():
+            return F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+    else:
+        mask = dev.to_torch(xp.asarray(visible(spec)))  # [Tq, Tk] bool
+
+        def sdpa():
+            return F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask)
+    err = _check_rel(f"attention {name} Tq={Tq} Tk={Tk}",
+                     _rel(dev, ours, sdpa()[0].permute(1, 0, 2)), gpu_anchors.ATT_TOL)
+    t_ours = dev.time(lambda: ops.attention(q, k, v, spec), ph.sizes.iters)
+    t_sdpa = dev.time(sdpa, ph.sizes.iters)
+    kv_gbs = 2 * Tk * nkv * d * 4 / t_ours / 1e9
+    goal = {"goal": "<= 2"} if name == "prefill" else {}
+    return (f"ours {t_ours * 1e3:9.3f} ms   SDPA {t_sdpa * 1e3:9.3f} ms   ratio "
+            f"{t_ours / t_sdpa:6.2f}   K/V {kv_gbs:7.1f} GB/s (checked, err {err:.1e})",
+            {"ours_ms": t_ours * 1e3, "sdpa_ms": t_sdpa * 1e3, "ratio": t_ours / t_sdpa,
+             "kv_GBps": kv_gbs, **goal})
+
+
+# ---------------------------------------------------------------------------------- e2e
+
+
+def phase_e2e(ph: Phase) -> None:
+    """benchmarks/e2e_decode.py's measure(), one row at a time (its functions, reused)."""
+    be, size, iters = ph.dev.be, ph.sizes.e2e_size, ph.sizes.iters
+    n_prompt, n_new, copy_mib = e2e_decode.RUNS[size]
+    rng = np.random.default_rng(0)
+    m: dict = {}
+
+    def build():
+        t0 = time.perf_counter()
+        m["target"], m["drafter"], m["t_bytes"], d_bytes = e2e_decode.build_pair(be, size)
+        ph.shared["e2e_target"] = m["target"]
+        m["prompt"] = rng.integers(0, m["target"].config.vocab_size, n_prompt)
+        for d in (None, m["drafter"]):  # warm-up: kernels loaded, the libraries' plans made
+            generate(m["target"], d, m["prompt"], 4)
+        cfg = m["target"].config
+        return (f"Qwen3-4B-shaped ({size}): {cfg.num_hidden_layers} layers, target "
+                f"{m['t_bytes'] / 1e9:.2f} GB, drafter {d_bytes / 1e9:.2f} GB float32, prompt "
+                f"{n_prompt}; built and warmed in {time.perf_counter() - t0:.1f} s",
+                {"target_bytes": m["t_bytes"], "drafter_bytes": d_bytes})
+
+    def need():
+        if "target" not in m:
+            raise Skip("the models were not built (see the row above)")
+        return m["target"], m["drafter"], m["prompt"]
+
+    def check():
+        target, drafter, prompt = need()
+        err = e2e_decode.check_verify_equals_decodes(target, prompt,
+                                                     rng.integers(0, 1000, e2e_decode.VERIFY))
+        m["plain"] = generate(target, None, prompt, n_new)
+        m["spec"] = generate(target, drafter, prompt, n_new)
+        same = e2e_decode.check_same_tokens(target, prompt, m["plain"].tokens, m["spec"].tokens)
+        return f"16-row verify == 16 decodes ({err:.1e} of max |logit|); {same}", {"err": err}
+
+    def decode():
+        target, _, _ = need()
+        if "plain" not in m:
+            raise Skip("no checked generate run (see the check row)")
+        clock = Clock(be, None)
+        t_copy, bw = e2e_decode.copy_bandwidth(be, clock, copy_mib, iters)
+        plain = m["plain"]
+        decode_s = plain.timings["plain"] / (len(plain.tokens) - 1)
+        floor_s = m["t_bytes"] / bw
+        m["decode_s"] = decode_s
+        return (f"{1 / decode_s:8.1f} tok/s   floor {1 / floor_s:8.1f} tok/s (copy "
+                f"{bw / 1e9:.0f} GB/s)   ratio {floor_s / decode_s:5.2f} (goal >= 0.6)",
+                {"tok_s": 1 / decode_s, "floor_tok_s": 1 / floor_s,
+                 "ratio": floor_s / decode_s, "goal": ">= 0.6"})
+
+    def verify():
+        target, _, prompt = need()
+        clock = Clock(be, None)
+        state = e2e_decode.prefilled(target, prompt)
+        t1 = e2e_decode.forward_time(target, state, np.array([7]), clock, iters)
+        t16 = e2e_decode.forward_time(target, state, rng.integers(0, 1000, e2e_decode.VERIFY),
+                                      clock, iters)
+        return (f"16 tokens {t16 * 1e3:9.3f} ms   1-token decode {t1 * 1e3:9.3f} ms   ratio "
+                f"{t16 / t1:5.2f} (goal <= 1.2)",
+                {"verify_ms": t16 * 1e3, "decode_ms": t1 * 1e3, "ratio": t16 / t1,
+                 "goal": "<= 1.2"})
+
+    def speculative():
+        if "spec" not in m or "decode_s" not in m:
+            raise Skip("no checked generate run or decode row")
+        spec, plain = m["spec"], m["plain"]
+        steps = max(len(spec.acceptance_lengths), 1)
+        step_s = (spec.timings.get("draft", 0.0) + spec.timings.get("verify", 0.0)) / steps
+        return (f"{n_new} tokens speculative {spec.timings['total']:7.3f} s ({steps} steps, tau "
+                f"{spec.tau:.2f})   plain {plain.timings['total']:7.3f} s   step / decode "
+                f"{step_s / m['decode_s']:5.2f} (goal <= 1.5)",
+                {"step_ms": step_s * 1e3, "step_over_decode": step_s / m["decode_s"],
+                 "goal": "<= 1.5"})
+
+    for name, fn in (("build", build), ("check", check), ("decode", decode),
+                     ("verify 16 vs decode 1", verify), ("speculative generate", speculative)):
+        ph.measure(name, fn)
+
+
+# ---------------------------------------------------------------------------------- profile
+
+
+def kernel_table(dev: Device, fn) -> dict[str, list]:
+    """{kernel name: [launches, microseconds]} of the GPU work ``fn()`` enqueues, through
+    torch.profiler (CUPTI sees CuPy's kernels too). Dry: one stand-in entry timed on the CPU."""
+    if dev.dry:
+        t0 = time.perf_counter()
+        fn()
+        return {"numpy (dry-run stand-in for the kernel table)": [1, (time.perf_counter() - t0)
+                                                                 * 1e6]}
+    dev.torch()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 acc_events=True) as prof:
+        fn()
+        dev.sync()
+    table: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            entry = table.setdefault(e.name[:60], [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us()
+    if not table:
+        raise Skip("torch.profiler recorded no CUDA kernel (CUPTI unavailable?)")
+    return table
+
+
+def _print_table(ph: Phase, label: str, table: dict, top: int = 12) -> tuple[str, dict]:
+    total_us, launches = sum(v[1] for v in table.values()), sum(v[0] for v in table.values())
+    for name, (n, us) in sorted(table.items(), key=lambda kv: -kv[1][1])[:top]:
+        ph.row(f"{label} kernel", f"{us / 1e3:8.3f} ms {100 * us / total_us:5.1f}% {n:5d}x  "
+               f"{name}", kernel=name, launches=n, ms=us / 1e3)
+    return (f"{launches} launches, {total_us / 1e3:.3f} ms of GPU time",
+            {"launches": launches, "gpu_ms": total_us / 1e3})
+
+
+def phase_profile(ph: Phase) -> None:
+    dev = ph.dev
+
+    def decode_step():
+        target = ph.shared.get("e2e_target")
+        label = "the e2e phase's model"
+        if target is None:  # --only profile: 8 layers of the same widths
+            size = "tiny" if dev.dry else "quick"
+            target = e2e_decode.build_pair(dev.be, size)[0]
+            label = f"benchmarks/e2e_decode.py's {size} model"
+        prompt = np.random.default_rng(0).integers(0, 1000, 512 if not dev.dry else 16)
+        state = e2e_decode.prefilled(target, prompt)
+        n0 = state.length
+
+        def step():
+            target.forward(np.array([7]), state)
+            state.rollback(n0)
+
+        for _ in range(3):
+            step()
+        dev.sync()
+        text, values = _print_table(ph, "decode", kernel_table(dev, step))
+        return f"one decode forward of {label} at {len(prompt)} tokens: {text}", values
+
+    def gdn_call():
+        T = ph.sizes.profile_gdn_T
+        inp = _gdn_inputs(dev.xp, T, ph.sizes.gdn_heads, ph.sizes.gdn_dim)
+        for _ in range(2):
+            dev.be.ops.gdn_chunked(*inp)
+        dev.sync()
+        text, values = _print_table(ph, "gdn", kernel_table(
+            dev, lambda: dev.be.ops.gdn_chunked(*inp)))
+        return f"one chunked GDN call, T={T}, {ph.sizes.gdn_heads} heads: {text}", values
+
+    ph.measure("decode step", decode_step)
+    ph.measure("chunked gdn call", gdn_call)
+    ph.shared.pop("e2e_target", None)
+
+
+# ---------------------------------------------------------------------------------- main
+
+PHASES = {"env": phase_env, "compile": phase_compile, "tests": phase_tests,
+          "micro": phase_micro, "anchors": phase_anchors, "e2e": phase_e2e,
+          "profile": phase_profile}
+
+
+def run_phase(report: Report, name: str, dev: Device, sizes: Sizes, shared: dict,
+              budget: float) -> None:
+    """Run one phase under its budget; record its status and time in the report."""
+    t0 = time.perf_counter()
+    print(f"== {name} (budget {budget:.0f} s)", flush=True)
+    ph = Phase(name, report, dev, sizes, t0 + budget, shared)
+    status = "done"
+    try:
+        PHASES[name](ph)
+    except PastBudget as exc:
+        status = "stopped"
+        ph.row("budget", f"past its {budget:.0f} s budget: {exc}; rerun with --only {name} "
+               f"--budget-scale 2", "stopped")
+    except Exception as exc:  # noqa: BLE001 - the next phases still run
+        status = "error"
+        ph.row("phase", f"{type(exc).__name__}: {exc}", "error")
+    report.phases[name] = {"status": status, "seconds": time.perf_counter() - t0,
+                           "budget": budget}
+    report.write_json()
+
+
+def summary(report: Report) -> list[str]:
+    """The summary table: one line per phase with its row counts, then every goal row."""
+    lines = ["", "== summary", f"device: {report.meta['device']}",
+             f"{'phase':<9}{'status':<9}{'ok':>4}{'skipped':>9}{'failed':>8}{'error':>7}"
+             f"{'seconds':>9}{'budget':>8}"]
+    for name, p in report.phases.items():
+        rows = [r for r in report.rows if r["phase"] == name]
+        n = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skipped", "failed", "error")}
+        lines.append(f"{name:<9}{p['status']:<9}{n['ok']:>4}{n['skipped']:>9}{n['failed']:>8}"
+                     f"{n['error']:>7}{p['seconds']:>9.1f}{p['budget']:>8.0f}")
+    goals = [r for r in report.rows if "goal" in r]
+    if goals:
+        lines.append("goal rows:")
+        lines += [f"  {r['phase']:<8} {r['name']:<34} {r['text']}" for r in goals]
+    lines.append(f"json: {report.json_path}")
+    return lines
+
+
+def default_json_path() -> Path:
+    out = os.environ.get("OUT")
+    return Path(out) / "gpu_report.json" if out else Path("gpu_report.json")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gpu_report.py", description=__doc__.split("\n")[0])
+    p.add_argument("--only", action="append", choices=list(PHASES), metavar="PHASE",
+                   help=f"run only this phase (repeatable): {', '.join(PHASES)}")
+    p.add_argument("--dry-run", action="store_true",
+                   help="every phase on the CPU with NumPy and tiny shapes (no GPU needed)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where the JSON report goes (default $OUT/gpu_report.json if OUT is set, "
+                        "else ./gpu_report.json)")
+    p.add_argument("--budget-scale", type=float, default=1.0,
+                   help="multiply every phase's time budget (e.g. 2 on a slower GPU)")
+    p.add_argument("--iters", type=int, default=None, help="timed runs per row (median kept)")
+    a = p.parse_args(argv)
+    json_path = a.json or default_json_path()
+    if not json_path.parent.is_dir():
+        print(f"gpu_report.py: error: --json {json_path}: the folder {json_path.parent} does not "
+              f"exist; create it or name a file in an existing folder", file=sys.stderr)
+        return 2
+    if not a.budget_scale > 0 or (a.iters is not None and a.iters < 1):
+        print("gpu_report.py: error: --budget-scale must be > 0 and --iters >= 1 "
+              f"(got {a.budget_scale}, {a.iters})", file=sys.stderr)
+        return 2
+    if not a.dry_run:
+        reason = cupy_unavailable_reason()
+        if reason is not None:
+            print(f"gpu_report.py: error: no usable CUDA GPU ({reason}); run with --dry-run to "
+                  f"check the script on the CPU", file=sys.stderr)
+            return 1
+    sizes = DRY_SIZES if a.dry_run else GPU_SIZES
+    if a.iters is not None:
+        sizes = Sizes(**{**sizes.__dict__, "iters": a.iters})
+    dev = Device(a.dry_run)
+    names = [n for n in PHASES if a.only is None or n in a.only]
+    report = Report(json_path, {"device": dev.description, "dry_run": a.dry_run,
+                                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                "argv": sys.argv[1:] if argv is None else list(argv),
+                                "sizes": sizes.__dict__})
+    print(f"device: {dev.description}", flush=True)
+    shared: dict = {}
+    for name in names:
+        run_phase(report, name, dev, sizes, shared, BUDGETS[name] * a.budget_scale)
+    print("\n".join(summary(report)), flush=True)
+    bad = [r for r in report.rows if r["status"] in ("failed", "error")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
