@@ -39,11 +39,13 @@ values survive the round trip; a file without them gets llama.cpp's values
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from dflash_ref.config import FULL, LINEAR, SLIDING, TargetConfig
 from dflash_ref.errors import ConfigError, FormatError
@@ -415,6 +417,9 @@ def read_gguf_target(path) -> tuple[dict, dict]:
     g = open_gguf(path)
     config, cfg = target_config_of_gguf(g)
     weights = {}
-    for name, (hf, suffix) in hf_names_of_gguf_target(g, cfg).items():
+    names = hf_names_of_gguf_target(g, cfg).items()
+    # Dequantizing a real model takes tens of seconds: a progress bar, on a terminal only.
+    for name, (hf, suffix) in tqdm(names, desc=f"loading {g.path.name}", unit="tensor",
+                                   disable=not sys.stderr.isatty(), leave=False):
         weights[hf] = from_gguf_value(cfg, suffix, g.load(name), f"{g.path.name}: {name}")
     return config, weights

@@ -104,3 +104,20 @@ def test_missing_rope_base_is_refused_not_llama_cpps_10000(tiny_qwen, tmp_path):
     bare = rewrite(path, tmp_path / "nr.gguf", drop_keys=("qwen3.rope.freq_base",))
     with pytest.raises(FormatError, match="falls back to 10000"):
         TargetModel.from_gguf(bare)
+
+
+def test_a_gguf_target_load_shows_progress_on_a_terminal_only(monkeypatch, capsys):
+    # Issue 25, item 3: a 17-41 s Gemma load printed nothing. On a terminal the dequantization
+    # shows a progress bar; piped (a log, a test), stderr stays clean.
+    import sys
+    from importlib.resources import files
+
+    from dflash_ref.io.convert_target import read_gguf_target
+
+    path = files("dflash_ref") / "data/demo/gguf/target.gguf"
+    read_gguf_target(path)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    _, weights = read_gguf_target(path)
+    err = capsys.readouterr().err
+    assert "loading target.gguf" in err and f"/{len(weights)} " in err  # the bar counts tensors
