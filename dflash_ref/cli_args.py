@@ -28,28 +28,25 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see '{self.prog} --help')\n")
 
 
-def positive_int(text: str) -> int:
-    """``--max-new-tokens`` / ``--block-size``: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected an integer >= 1"
-                                         ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed; expected an integer >= 1")
-    return value
+def int_at_least(lowest: int):
+    """An argparse type: an integer >= ``lowest``, refused with what was expected."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected an integer "
+                                             f">= {lowest}") from None
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"{value} is not allowed; expected an integer "
+                                             f">= {lowest}")
+        return value
+
+    return parse
 
 
-def seed(text: str) -> int:
-    """``--seed``: an integer >= 0 (numpy.random.default_rng refuses negative seeds)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected an integer >= 0"
-                                         ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; expected an integer >= 0")
-    return value
+positive_int = int_at_least(1)  # --max-new-tokens, --block-size
+seed = int_at_least(0)  # --seed (numpy.random.default_rng refuses negative seeds)
 
 
 def _float(text: str) -> float:
