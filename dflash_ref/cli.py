@@ -29,11 +29,7 @@ import numpy as np
 
 import dflash_ref
 from dflash_ref import cli_args
-from dflash_ref.backend import (
-    cupy_device_description,
-    cupy_unavailable_reason,
-    limit_blas_threads,
-)
+from dflash_ref.backend import cupy_device_description, cupy_unavailable_reason, limit_blas_threads
 
 
 def _nvrtc_line() -> str:

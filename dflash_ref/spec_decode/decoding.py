@@ -17,7 +17,7 @@ import numpy as np
 from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_tokens
 from dflash_ref.spec_decode.gate import GateObservation, StepObservation
-from dflash_ref.spec_decode.observe import Clock
+from dflash_ref.spec_decode.observe import UNWATCHED, Clock
 from dflash_ref.spec_decode.stats import acceptance_rate as _acceptance_rate
 from dflash_ref.spec_decode.verifiers import ChainBlock
 
@@ -83,8 +83,8 @@ class Decoding:
         verifier: the verify rule (:mod:`~dflash_ref.spec_decode.verifiers`; None without a
             drafter).
         pager, stops, state: as for ``generate`` (``stops``: its stop_token_ids).
-        observer: an :class:`~dflash_ref.spec_decode.observe.Observer`, or None: then no event
-            is sent at all.
+        observer: an :class:`~dflash_ref.spec_decode.observe.Observer`, or None: the events then
+            go to :data:`~dflash_ref.spec_decode.observe.UNWATCHED` (one no-op).
         cost_model: modelled times for a gate and ``modelled_time`` (or None).
     """
 
@@ -96,7 +96,7 @@ class Decoding:
         self.rng = None if sampling.greedy else sampling.generator()  # greedy draws nothing
         self.pager, self.cost = pager, cost_model
         self.stops = {int(t) for t in (stops or ())}
-        self.observer = observer
+        self.observer = UNWATCHED if observer is None else observer
         self.result = GenerationResult(tokens=[])
         self.result.per_position_accepted = np.zeros(max(B - 1, 0), dtype=np.int64)
         if state is not None and state.pager is not pager:
@@ -119,8 +119,7 @@ class Decoding:
         self.emitted_from_draft: list[bool] = []
         self.remaining, self.done = max_new_tokens, False
         self.clock = Clock(self.be, cost_model)
-        if observer is not None:
-            observer.on_start(self.state)
+        self.observer.on_start(self.state)
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -136,9 +135,8 @@ class Decoding:
         self.anchor = tokens[-1]
         self.remaining -= len(tokens)
         self.done = self.done or self.remaining <= 0 or any(t in self.stops for t in tokens)
-        if self.observer is not None:
-            self.observer.on_commit(list(tokens))
-            self.observer.on_emit([int(t) for t in tokens[:n_new]])
+        self.observer.on_commit(list(tokens))
+        self.observer.on_emit([int(t) for t in tokens[:n_new]])
         if self.pager is not None and self.pager.scorer is not None and not self.done:
             # KVFlash relevance (docs/kvflash.md): rescore and re-page when the cadence
             # max(tau, history // 45) is due.
@@ -147,18 +145,15 @@ class Decoding:
                 self.pager.maybe_reselect(history, len(self.emitted), len(tokens))
 
     def run_target(self, block, phase: str, logits_rows=None):
-        """The target's forward over ``block`` at its positions, timed as ``phase`` (and
-        reported to the observer, if any).
+        """The target's forward over ``block`` at its positions, timed as ``phase`` and
+        reported to the observer.
 
         Returns ``(output, seconds)``: the forward's wall time is a plain step's ``t_ar``."""
-        tap = None
-        if self.observer is not None:
-            tap = self.observer.before_forward(block.tokens, block.positions(self.state.length),
-                                               block.parents)
+        tap = self.observer.before_forward(block.tokens, block.positions(self.state.length),
+                                           block.parents)
         with self.clock.phase(phase) as lap:
             out = block.forward(self.target, self.state, tap, logits_rows)
-        if self.observer is not None:
-            self.observer.after_forward(out.logits)
+        self.observer.after_forward(out.logits)
         return out, lap.seconds
 
     # ------------------------------------------------------------------ the steps
@@ -168,7 +163,7 @@ class Decoding:
 
         Only that row's logits are computed (``logits_rows``) unless the observer asks for every
         row: the other N-1 rows would be N x vocab floats that nothing reads."""
-        every_row = self.observer is not None and self.observer.full_prefill_logits
+        every_row = self.observer.full_prefill_logits
         out, _ = self.run_target(ChainBlock(self.to_prefill), "prefill",
                                  logits_rows=None if every_row else slice(-1, None))
         self.sample_next(out)
@@ -214,8 +209,7 @@ class Decoding:
             logits, hidden = self.draft_cache.forward_block(self.anchor, self.s, n_rows=n_rows,
                                                             with_hidden=True)
             proposal = self.drafter.propose(hidden, logits, self.anchor, law, self.rng)
-        if self.observer is not None:
-            self.observer.on_draft(self.anchor, self.s + np.arange(n_rows), logits, proposal)
+        self.observer.on_draft(self.anchor, self.s + np.arange(n_rows), logits, proposal)
         return proposal
 
     def draft_logits(self):
@@ -223,17 +217,14 @@ class Decoding:
         with self.clock.phase("draft"):
             self._extend_draft_cache()
             logits = self.draft_cache.forward_block(self.anchor, self.s)
-        if self.observer is not None:
-            self.observer.on_draft(self.anchor, self.s + np.arange(logits.shape[0]), logits,
-                                   None)
+        self.observer.on_draft(self.anchor, self.s + np.arange(logits.shape[0]), logits, None)
         return logits
 
     def _extend_draft_cache(self) -> None:
         """The features of positions committed since the last draft join its context."""
         cache, s = self.draft_cache, self.s
         features, positions = self.state.features.rows(cache.length, s), np.arange(cache.length, s)
-        if self.observer is not None:
-            self.observer.on_draft_context(features, positions)
+        self.observer.on_draft_context(features, positions)
         cache.extend(features, positions)
 
     # ------------------------------------------------------------------ commit and finish
@@ -273,6 +264,5 @@ class Decoding:
         self.result.tokens = [int(t) for t in tokens]
         self.result.from_draft = self.emitted_from_draft[: len(tokens)]
         self.clock.finish(self.result)  # timings and modelled time
-        if self.observer is not None:
-            self.observer.on_finish(self.result)
+        self.observer.on_finish(self.result)
         return self.result

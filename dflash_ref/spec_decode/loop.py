@@ -133,8 +133,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
         if speculate and gate is not None:  # a. gate
             observation = run.observation()
             decision = gate.check(observation)
-            if run.observer is not None:
-                run.observer.on_gate(observation, decision)
+            run.observer.on_gate(observation, decision)
             run.result.gate_decisions.append(decision)
             if decision.floor:
                 speculate = False

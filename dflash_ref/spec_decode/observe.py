@@ -3,8 +3,9 @@
 ``generate(..., observer=...)`` reports what the loop does to an :class:`Observer`: a progress
 bar (:class:`Progress`), a text stream (:class:`Stream`), the golden-vector recorder
 (:class:`dflash_ref.oracle.record.Recorder`), or several at once (:class:`Observers`). An observer
-watches: it never changes what is generated. Without one the loop sends no events at all; its own
-timing is not an observer but its :class:`Clock` (``GenerationResult.timings``).
+watches: it never changes what is generated. Without one the events go to :data:`UNWATCHED`,
+whose every event is one no-op; the loop's own timing is not an observer but its :class:`Clock`
+(``GenerationResult.timings``).
 
 The events, in the order a step sends them (docs/spec_decode.md, "Observers"):
 
@@ -70,6 +71,20 @@ class Observer:
 
     def on_finish(self, result) -> None:
         """``result`` is complete."""
+
+
+class Unwatched(Observer):
+    """The observer of a run nobody watches: every event is one and the same no-op, so the loop
+    reports every event unconditionally (no ``if observer is not None`` at its call sites)."""
+
+    def ignore(self, *args, **kwargs) -> None:
+        """Nothing: nobody is watching (``before_forward`` thus returns no tap)."""
+
+    on_start = on_gate = on_draft_context = on_draft = before_forward = ignore
+    after_forward = on_commit = on_emit = on_finish = ignore
+
+
+UNWATCHED = Unwatched()
 
 
 class Observers(Observer):
