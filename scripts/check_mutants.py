@@ -267,8 +267,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '20 generate --chat: a second BOS before the template\'s',
         'dflash_ref/cli_generate.py',
-        'ids = tok.encode(text, add_bos=False)  # the template writes its own BOS',
-        'ids = tok.encode(text)  # the template writes its own BOS',
+        'return tok.encode(text, add_bos=False)  # the template writes its own BOS',
+        'return tok.encode(text)  # the template writes its own BOS',
         'tests/test_cli_generate_chat.py',
     ),
 ]
