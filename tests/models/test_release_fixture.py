@@ -23,7 +23,7 @@ import pytest
 
 import dflash_ref
 from dflash_ref.io.safetensors_io import load_checkpoint, write_safetensors
-from dflash_ref.models import drafter as drafter_module
+from dflash_ref.models import dflash2 as dflash2_module
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.sampling import SamplingParams
@@ -71,7 +71,7 @@ def block(drafter, case, monkeypatch=None):
     """Our (logits [B, V], normed rows [B, H], conv outputs [layers, 4, B, H] or None)."""
     conv = []
     if monkeypatch is not None:
-        prepare, finish = drafter_module.conv_prepare, drafter_module.conv_finish
+        prepare, finish = dflash2_module.conv_prepare, dflash2_module.conv_finish
 
         def rec_prepare(*args):
             y, dyn = prepare(*args)
@@ -83,8 +83,8 @@ def block(drafter, case, monkeypatch=None):
             conv.append(np.asarray(y))
             return y
 
-        monkeypatch.setattr(drafter_module, "conv_prepare", rec_prepare)
-        monkeypatch.setattr(drafter_module, "conv_finish", rec_finish)
+        monkeypatch.setattr(dflash2_module, "conv_prepare", rec_prepare)
+        monkeypatch.setattr(dflash2_module, "conv_finish", rec_finish)
     ctx = FIXTURE[f"{case}/context"]
     N = ctx.shape[0]
     logits, z = drafter.forward_block(ctx, np.arange(N), int(FIXTURE[f"{case}/anchor"]), N,
