@@ -41,6 +41,20 @@ def _p1(logits_row) -> float:
     return float(1.0 / np.exp(z - z.max()).sum())
 
 
+def expected_p1s(target, res) -> list[float]:
+    """The p1 each gate decision of ``res`` must have seen, computed independently.
+
+    One plain forward over prompt + every generated token; the row at position q holds the
+    target's distribution for the token at q + 1. Decision k is taken with the anchor (the newest
+    emitted token) at position N - 1 + emitted_k, emitted_k = 1 + the sum of the earlier steps'
+    a + 1; the row that produced the anchor is the one before it.
+    """
+    seq = np.concatenate([PROMPT, res.tokens])
+    logits = target.be.to_numpy(target.forward(seq, target.new_state()).logits)
+    emitted = 1 + np.concatenate([[0], np.cumsum(res.acceptance_lengths)[:-1]])
+    return [_p1(logits[PROMPT.size - 1 + int(e) - 1]) for e in emitted[: len(res.gate_decisions)]]
+
+
 def test_entropy_gate_sees_the_bonus_row(target):
     n = 40
     # Thresholds 0: the gate never floors, so every spec step is preceded by a decision.
@@ -49,17 +63,7 @@ def test_entropy_gate_sees_the_bonus_row(target):
     assert res.floored_at is None
     assert len(res.gate_decisions) == len(res.acceptance_lengths)
     assert any(a < B for a in res.acceptance_lengths[:-1]), "need rejections (bonus row != last)"
-    # Independent p1: one plain forward over prompt + every generated token; the row at
-    # position q holds the target's distribution for the token at q + 1.
-    seq = np.concatenate([PROMPT, res.tokens])
-    logits = target.be.to_numpy(target.forward(seq, target.new_state()).logits)
-    # Decision k is taken with the anchor (the newest emitted token) at position
-    # N - 1 + emitted_k, emitted_k = 1 + sum of the earlier steps' a + 1; the row that produced
-    # the anchor is the one before it.
-    emitted = 1 + np.concatenate([[0], np.cumsum(res.acceptance_lengths)[:-1]])
-    for k, d in enumerate(res.gate_decisions):
-        anchor_pos = PROMPT.size - 1 + int(emitted[k])
-        expected = _p1(logits[anchor_pos - 1])
+    for k, (d, expected) in enumerate(zip(res.gate_decisions, expected_p1s(target, res))):
         assert d.p1 == pytest.approx(expected, rel=1e-4, abs=1e-6), f"decision {k}"
 
 

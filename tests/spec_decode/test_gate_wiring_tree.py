@@ -18,7 +18,13 @@ from dflash_ref.spec_decode.ddtree import DDTreeOptions
 from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate
 from dflash_ref.spec_decode.loop import GateOptions, generate
 from dflash_ref.spec_decode.verifiers import TreeVerifier
-from tests.spec_decode.test_gate_wiring import PROMPT, B, _p1, _scripted, target  # noqa: F401
+from tests.spec_decode.test_gate_wiring import (  # noqa: F401
+    PROMPT,
+    B,
+    _scripted,
+    expected_p1s,
+    target,
+)
 
 
 def test_tree_step_entropy_gate_sees_the_bonus_node_row(target):  # noqa: F811
@@ -29,12 +35,7 @@ def test_tree_step_entropy_gate_sees_the_bonus_node_row(target):  # noqa: F811
     assert len(res.gate_decisions) == len(res.acceptance_lengths)
     # the bonus node is rarely the tree's last node: the test can tell the rows apart
     assert any(d + 1 > a for d, a in zip(res.drafted, res.acceptance_lengths))
-    seq = np.concatenate([PROMPT, res.tokens])
-    logits = target.be.to_numpy(target.forward(seq, target.new_state()).logits)
-    emitted = 1 + np.concatenate([[0], np.cumsum(res.acceptance_lengths)[:-1]])
-    for k, d in enumerate(res.gate_decisions):
-        anchor_pos = PROMPT.size - 1 + int(emitted[k])
-        expected = _p1(logits[anchor_pos - 1])
+    for k, (d, expected) in enumerate(zip(res.gate_decisions, expected_p1s(target, res))):
         assert d.p1 == pytest.approx(expected, rel=1e-4, abs=1e-6), f"decision {k}"
 
 
