@@ -13,7 +13,8 @@
 // groups (streaming, __ldcs: read once, evict first), LIN_UNROLL groups ahead before the first
 // FMA, then for each row t < T one x group (__ldg: read by every block, kept in L1/L2) and
 // accumulates acc[t][c] = fmaf(w[c][q], x[t][q], acc[t][c]) for q = 0..3 in order. Rows T..TT-1
-// read nothing and stay 0; columns past N read row N - 1 and are not written.
+// read nothing and stay 0; columns past N (the last block when N % LIN_COLS != 0) read nothing
+// (their weights are 0) and are not written.
 // Reduction over the block's threads, in a fixed order (emulated in
 // tests/kernels/test_linear_plan.py): inside each warp a butterfly over the lane bits 4, 3, 2,
 // 1, 0 (a reduce-scatter while a lane holds more than one value: each step keeps half of the
@@ -63,6 +64,7 @@ struct LinGroup<true> {  // 4 consecutive k: one 16-byte load
         const float4 t = __ldg(reinterpret_cast<const float4*>(p) + j);
         v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
     }
+    __device__ __forceinline__ void zero() { v[0] = v[1] = v[2] = v[3] = 0.0f; }
 };
 template <>
 struct LinGroup<false> {  // one k: a 4-byte load
@@ -70,6 +72,7 @@ struct LinGroup<false> {  // one k: a 4-byte load
     float v[1];
     __device__ __forceinline__ void load_stream(const float* p, const int j) { v[0] = __ldcs(p + j); }
     __device__ __forceinline__ void load_cached(const float* p, const int j) { v[0] = __ldg(p + j); }
+    __device__ __forceinline__ void zero() { v[0] = 0.0f; }
 };
 
 template <int TT, bool VEC>
@@ -97,7 +100,8 @@ __device__ __forceinline__ void linear_rows_body(const float* __restrict__ x,
             const int j = j0 + u * LIN_THREADS;
 #pragma unroll
             for (int c = 0; c < LIN_COLS; ++c) {
-                if (j < groups) wg[u][c].load_stream(wrow[c], j);
+                if (j < groups && n0 + c < N) wg[u][c].load_stream(wrow[c], j);
+                else wg[u][c].zero();
             }
         }
 #pragma unroll
