@@ -15,7 +15,9 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
     tests     ``pytest -m gpu -q`` (``-n 8`` with pytest-xdist) with DFLASH_REQUIRE_GPU=1:
               passed / failed and the failing tests' names
     micro     host cost per launch of a bare RawKernel and of an op (rms_norm); projection
-              bandwidth (``x @ W.T``, cuBLAS) at 1 and 16 rows on every Qwen3-4B weight shape
+              bandwidth at 1 and 16 rows on every Qwen3-4B weight shape, ``ops.linear`` (our
+              kernel, kernels_cupy/linear.py) beside cuBLAS (``x @ W.T``), each as a fraction
+              of the device copy bandwidth measured just before them
     anchors   device copy bandwidth; chunked GDN vs fla's ``chunk_gated_delta_rule`` at 8k and
               32k tokens (16 heads, K = V = 128); chunked vs our recurrent kernel at 128k;
               attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k
@@ -73,9 +75,12 @@ from dflash_ref.spec_decode.observe import Clock  # noqa: E402
 
 # Qwen/Qwen3-4B's projection weights, [out, in] (hidden 2560, 32 / 8 heads of 128, intermediate
 # 9728, vocabulary 151936: tests/config/configs.py::qwen3_4b).
+# The merged rows are the weights of issue 27's fused layer (q, k, v stacked; gate, up stacked).
 QWEN3_4B_WEIGHTS = (("q_proj", 4096, 2560), ("k_proj / v_proj", 1024, 2560),
-                    ("o_proj", 2560, 4096), ("gate_proj / up_proj", 9728, 2560),
+                    ("qkv merged", 6144, 2560), ("o_proj", 2560, 4096),
+                    ("gate_proj / up_proj", 9728, 2560), ("gate_up merged", 19456, 2560),
                     ("down_proj", 2560, 9728), ("lm_head", 151936, 2560))
+PROJ_GOAL = 0.8  # ops.linear's weight-read rate as a fraction of copy bandwidth (issue 27)
 PROJ_TOL = 1e-4  # of max |y|: a float32 product of <= 9728 terms against float64
 GDN_SELF_TOL = 1e-3  # chunked vs recurrent, both ours, float32: relative to max |recurrent|
 # Ours vs fla, relative to max |fla|: fla's Triton dots take float32 inputs as TF32 (10-bit
@@ -437,8 +442,20 @@ def phase_micro(ph: Phase) -> None:
                 f"{drained * 1e6:6.1f} us with the drain (checked, err {err:.1e})",
                 {"host_us": enq * 1e6, "drained_us": drained * 1e6})
 
+    def copy():
+        src = xp.ones(sz.copy_mib * 2**18, dtype=xp.float32)
+        dst = xp.empty_like(src)
+        dst[...] = src
+        if not bool((dst == src).all()):
+            raise gpu_anchors.Mismatch("the copy differs from its source")
+        t = dev.time(lambda: dst.__setitem__(Ellipsis, src), sz.iters)
+        ph.shared["micro_copy_GBps"] = bw = 2 * src.nbytes / t / 1e9
+        return (f"{sz.copy_mib} MiB d2d {t * 1e3:8.3f} ms  {bw:8.1f} GB/s (read + write): the "
+                f"projection rows' 1.0", {"ms": t * 1e3, "GBps": bw})
+
     ph.measure("launch: bare RawKernel", raw_kernel)
     ph.measure("launch: op (rms_norm)", op)
+    ph.measure("copy (projection baseline)", copy)
     for label, n_out, n_in in sz.proj:
         W = xp.random.default_rng(1).standard_normal((n_out, n_in), dtype=xp.float32)
         W *= xp.float32(n_in ** -0.5)
@@ -449,21 +466,33 @@ def phase_micro(ph: Phase) -> None:
 
 
 def _projection(ph: Phase, W, rows: int, shape) -> tuple[str, dict]:
-    """``x @ W.T`` at ``rows`` rows: checked on three output columns against float64, then
-    timed; bandwidth = weight bytes / time (each weight read once)."""
-    dev, xp = ph.dev, ph.dev.xp
+    """``x @ W.T`` at ``rows`` rows, ``ops.linear`` (ours) and cuBLAS: each checked on three
+    output columns against float64, then timed after a warm-up (Device.time); bandwidth = weight
+    bytes / time (each weight read once), and its fraction of the copy bandwidth."""
+    dev, xp, ops = ph.dev, ph.dev.xp, ph.dev.be.ops
     n_out, n_in = shape
     x = xp.asarray(np.random.default_rng(rows).standard_normal((rows, n_in)).astype(np.float32))
-    y = x @ W.T  # [rows, out]
     cols = [0, n_out // 2, n_out - 1]
-    ref = dev.host(x) @ dev.host(W[cols]).T
-    err = float(np.abs(dev.host(y[:, cols]) - ref).max() / np.abs(ref).max())
-    if not err <= PROJ_TOL:
-        raise gpu_anchors.Mismatch(f"x @ W.T differs from float64 by {err:.3g} of max")
-    t = dev.time(lambda: x @ W.T, ph.sizes.iters)
-    gbs = W.nbytes / t / 1e9
-    return (f"W [{n_out}, {n_in}] {W.nbytes / 1e6:8.1f} MB: {t * 1e6:9.1f} us  {gbs:8.1f} GB/s "
-            f"(checked, err {err:.1e})", {"us": t * 1e6, "GBps": gbs, "rows": rows})
+    ref = dev.host(x) @ dev.host(W[cols]).T  # [rows, 3] float64
+    runs = {"ours": lambda: ops.linear(x, W), "cuBLAS": lambda: x @ W.T}  # [rows, out]
+    errs = {}
+    for name, fn in runs.items():
+        errs[name] = float(np.abs(dev.host(fn()[:, cols]) - ref).max() / np.abs(ref).max())
+        if not errs[name] <= PROJ_TOL:
+            raise gpu_anchors.Mismatch(f"{name}: x @ W.T differs from float64 by "
+                                       f"{errs[name]:.3g} of max")
+    copy = ph.shared.get("micro_copy_GBps")
+    text, values = f"W [{n_out}, {n_in}] {W.nbytes / 1e6:8.1f} MB:", {"rows": rows}
+    for name, fn in runs.items():
+        t = dev.time(fn, ph.sizes.iters)
+        gbs = W.nbytes / t / 1e9
+        frac = gbs / copy if copy else float("nan")
+        text += f"  {name} {t * 1e6:8.1f} us {gbs:7.1f} GB/s {frac:5.2f} of copy;"
+        key = name.lower()
+        values.update({f"{key}_us": t * 1e6, f"{key}_GBps": gbs, f"{key}_of_copy": frac})
+    text += (f" goal ours >= {PROJ_GOAL} (checked, err ours {errs['ours']:.1e}, "
+             f"cuBLAS {errs['cuBLAS']:.1e})")
+    return text, {**values, "goal": f"ours >= {PROJ_GOAL} of copy"}
 
 
 # ---------------------------------------------------------------------------------- anchors
