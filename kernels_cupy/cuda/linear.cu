@@ -5,8 +5,10 @@
 //   linear_rows{TT}_vec4_f32(x, w, y, T, N, K)  TT in {1, 2, 4, 8, 16}, T <= TT; float4 loads:
 //                                                K % 4 == 0 and x, w 16-byte aligned
 //   linear_rows{TT}_f32(x, w, y, T, N, K)       the same with scalar loads (any K, any alignment)
-// Parallelisation: one block of LIN_THREADS threads per LIN_COLS consecutive output columns
-// (grid.x = ceil(N / LIN_COLS)); the block's threads split K. Thread i owns the element groups
+// Parallelisation: a block of LIN_THREADS threads computes a tile of LIN_COLS consecutive
+// output columns at a time, tiles blockIdx.x, blockIdx.x + gridDim.x, ... of ceil(N / LIN_COLS)
+// (the plan launches at most one wave of resident blocks, so the blocks start together and walk
+// K in step: the x rows they all read stay in L1); the block's threads split K. Thread i owns the element groups
 // j = i, i + LIN_THREADS, i + 2 LIN_THREADS, ... (a group: one float4 = 4 consecutive k, or one
 // float), so every weight element is read exactly once, from one thread, and a warp reads 512
 // contiguous bytes of a weight row per load. Per group the thread loads its LIN_COLS weight
@@ -20,7 +22,8 @@
 // 1, 0 (a reduce-scatter while a lane holds more than one value: each step keeps half of the
 // TT * LIN_COLS sums and adds the partner's copy of that half), then warp 0's result + warp 1's
 // + ... + warp 7's, in that order, read from shared memory by thread (t * LIN_COLS + c).
-// Launch: grid (ceil(N / LIN_COLS), 1, 1), block (LIN_THREADS, 1, 1), no dynamic shared memory.
+// Launch: grid (any count <= ceil(N / LIN_COLS), 1, 1), block (LIN_THREADS, 1, 1), no dynamic
+// shared memory (red: LIN_WARPS x TT x LIN_COLS floats, static).
 
 #define LIN_THREADS 256
 #define LIN_WARPS (LIN_THREADS / 32)
@@ -76,16 +79,14 @@ struct LinGroup<false> {  // one k: a 4-byte load
 };
 
 template <int TT, bool VEC>
-__device__ __forceinline__ void linear_rows_body(const float* __restrict__ x,
-                                                 const float* __restrict__ w,
-                                                 float* __restrict__ y, const int T, const int N,
-                                                 const int K) {
+__device__ __forceinline__ void linear_tile(const float* __restrict__ x,
+                                            const float* __restrict__ w, float* __restrict__ y,
+                                            const int T, const int N, const int K,
+                                            const int groups, const int n0, const int tid,
+                                            const int lane, const int warp,
+                                            float (&red)[LIN_WARPS][TT * LIN_COLS]) {
     constexpr int V = TT * LIN_COLS;  // sums per thread: acc[t * LIN_COLS + c]
     constexpr int G = LinGroup<VEC>::n;
-    __shared__ float red[LIN_WARPS][V];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n0 = blockIdx.x * LIN_COLS;
-    const int groups = K / G;  // the wrapper guarantees K % G == 0
     const float* wrow[LIN_COLS];
 #pragma unroll
     for (int c = 0; c < LIN_COLS; ++c) wrow[c] = w + (long long)min(n0 + c, N - 1) * K;
@@ -146,6 +147,23 @@ __device__ __forceinline__ void linear_rows_body(const float* __restrict__ x,
         for (int w8 = 1; w8 < LIN_WARPS; ++w8) s += red[w8][tid];
         const int t = tid / LIN_COLS, n = n0 + tid % LIN_COLS;
         if (t < T && n < N) y[(long long)t * N + n] = s;
+    }
+}
+
+template <int TT, bool VEC>
+__device__ __forceinline__ void linear_rows_body(const float* __restrict__ x,
+                                                 const float* __restrict__ w,
+                                                 float* __restrict__ y, const int T, const int N,
+                                                 const int K) {
+    constexpr int V = TT * LIN_COLS;  // sums per thread: acc[t * LIN_COLS + c]
+    constexpr int G = LinGroup<VEC>::n;
+    __shared__ float red[LIN_WARPS][V];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int groups = K / G;  // the wrapper guarantees K % G == 0
+    const int tiles = (N + LIN_COLS - 1) / LIN_COLS;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        linear_tile<TT, VEC>(x, w, y, T, N, K, groups, tile * LIN_COLS, tid, lane, warp, red);
+        __syncthreads();  // red is rewritten by the next tile
     }
 }
 

@@ -33,6 +33,7 @@ from kernels_cupy.linear_plan import (
     can_use_vec4,
     kernel_name,
     plan_linear,
+    resident_blocks,
     summation_depth,
 )
 
@@ -234,17 +235,31 @@ def test_rows_round_up_to_the_smallest_template(T):
     assert plan_linear(T, 4096, 2561, vec4=False)["kernel"] == f"linear_rows{p['TT']}_f32"
 
 
-def test_qwen3_4b_shapes_fill_the_gpu():
-    # (N, K) of every Qwen3-4B projection: grid = N / 4 blocks, >= 256 (k/v) for 132 SMs.
+def test_qwen3_4b_shapes_fill_the_gpu_in_one_wave():
+    # (N, K) of every Qwen3-4B projection on 132 SMs: N / 4 tiles, >= 256 (k/v); the grid is
+    # one wave of resident blocks (2 per SM at 118-128 registers, 4 at 64) or every tile.
     shapes = [(4096, 2560), (1024, 2560), (6144, 2560), (2560, 4096), (9728, 2560),
               (19456, 2560), (2560, 9728), (151936, 2560)]
-    for N, K in shapes:
-        p = plan_linear(16, N, K)
-        assert p["grid"] == (N // 4, 1, 1) and p["block"] == (256, 1, 1) and p["grid"][0] >= 256
+    for regs, per_sm in ((128, 2), (118, 2), (64, 4)):
+        wave = 132 * resident_blocks(regs)
+        assert wave == 132 * per_sm
+        for N, K in shapes:
+            p = plan_linear(16, N, K, max_blocks=wave)
+            assert p["tiles"] == N // 4 >= 256 and p["block"] == (256, 1, 1)
+            assert p["grid"] == (min(N // 4, wave), 1, 1) and p["grid"][0] >= min(256, wave)
+    assert plan_linear(1, 10, 8)["grid"] == (3, 1, 1)  # no wave given: a block per tile
     # By hand: K = 2560 is 640 float4 groups over 256 threads: 3 for the busiest thread, so
     # d = 3 * 4 FMAs + 5 lane additions + 7 warp additions = 24; K = 9728: 10 * 4 + 12 = 52.
     assert plan_linear(1, 2560, 2560)["depth"] == 24 and summation_depth(9728) == 52
     assert summation_depth(2561, vec4=False) == 11 + 12  # 2561 floats: 11 for thread 0
+
+
+def test_resident_blocks_by_hand():
+    # 256 threads = 8 warps. 128 registers: 4096 per warp, 16 warps per 65536 -> 2 blocks;
+    # 96: 3072 -> 21 warps -> 2; 40 (-> 1280 per warp): 51 warps -> 6; 32: 8 by threads (2048).
+    assert [resident_blocks(r) for r in (128, 96, 40, 32, 255)] == [2, 2, 6, 8, 1]
+    # An SM with 1536 threads (sm_86): 6 blocks at most.
+    assert resident_blocks(32, threads_per_sm=1536) == 6
 
 
 def test_vec4_needs_k_and_both_pointers_on_16_bytes():
@@ -254,15 +269,18 @@ def test_vec4_needs_k_and_both_pointers_on_16_bytes():
         plan_linear(1, 8, 6, vec4=True)
     with pytest.raises(ValueError, match=">= 0"):
         plan_linear(-1, 8, 8)
+    with pytest.raises(ValueError, match="max_blocks >= 1"):
+        plan_linear(1, 8, 8, max_blocks=0)
 
 
-def _coverage(T: int, N: int, K: int, vec4: bool):
+def _coverage(T: int, N: int, K: int, vec4: bool, max_blocks: int | None):
     """(reads [N, K], writes [T, N]): how often the plan's blocks and threads touch each."""
-    p = plan_linear(T, N, K, vec4)
+    p = plan_linear(T, N, K, vec4, max_blocks)
     G, groups = p["group"], K // p["group"]
     reads, writes = np.zeros((N, K), int), np.zeros((T, N), int)
-    for b in range(p["grid"][0]):
-        n0 = b * COLS
+    tiles = [tile for b in range(p["grid"][0]) for tile in range(b, p["tiles"], p["grid"][0])]
+    for tile in tiles:  # block b: tiles b, b + gridDim.x, ...
+        n0 = tile * COLS
         cols = [n0 + c for c in range(COLS) if n0 + c < N]  # the guarded loads
         for tid in range(THREADS):
             for j in range(tid, groups, THREADS):  # j0 += THREADS * UNROLL, u in 0..UNROLL-1
@@ -275,9 +293,10 @@ def _coverage(T: int, N: int, K: int, vec4: bool):
 
 
 @pytest.mark.parametrize(("T", "N", "K"), [(1, 5, 12), (7, 13, 2052), (16, 9, 1030), (16, 4, 8),
-                                           (3, 1, 1)], ids=str)
-def test_every_weight_read_once_and_every_output_written_once(T, N, K):
-    reads, writes = _coverage(T, N, K, K % 4 == 0)
+                                           (3, 1, 1), (2, 41, 20)], ids=str)
+@pytest.mark.parametrize("max_blocks", [None, 1, 3])  # a block per tile; blocks walking tiles
+def test_every_weight_read_once_and_every_output_written_once(T, N, K, max_blocks):
+    reads, writes = _coverage(T, N, K, K % 4 == 0, max_blocks)
     assert (reads == 1).all(), np.argwhere(reads != 1)[:5]
     assert (writes == 1).all(), np.argwhere(writes != 1)[:5]
 
@@ -311,6 +330,7 @@ def test_constants_match_the_cuda_source():
 @pytest.mark.parametrize(("T", "N", "K", "misalign"), [
     (1, 2560, 2560, False), (16, 1024, 2560, False), (7, 13, 1028, False), (2, 9, 2562, False),
     (16, 37, 4100, False), (5, 11, 1024, True), (3, 3, 1, False), (4, 7, 0, False),
+    (2, 40001, 8, False),  # 10001 tiles: more than one wave, blocks walk several tiles
 ], ids=str)
 def test_kernel_equals_the_emulation_bit_for_bit(T, N, K, misalign):
     # Bit for bit: the kernel and the emulation do the same float32 operations in the same
