@@ -5,18 +5,18 @@
 //   linear_rows{TT}_vec4_f32(x, w, y, T, N, K)  TT in {1, 2, 4, 8, 16}, T <= TT; float4 loads:
 //                                                K % 4 == 0 and x, w 16-byte aligned
 //   linear_rows{TT}_f32(x, w, y, T, N, K)       the same with scalar loads (any K, any alignment)
-// Parallelisation: a block of LIN_THREADS threads computes a tile of LIN_COLS consecutive
-// output columns at a time, tiles blockIdx.x, blockIdx.x + gridDim.x, ... of ceil(N / LIN_COLS)
-// (the plan launches at most one wave of resident blocks, so the blocks start together and walk
-// K in step: the x rows they all read stay in L1); the block's threads split K. Thread i owns the element groups
-// j = i, i + LIN_THREADS, i + 2 LIN_THREADS, ... (a group: one float4 = 4 consecutive k, or one
-// float), so every weight element is read exactly once, from one thread, and a warp reads 512
-// contiguous bytes of a weight row per load. Per group the thread loads its LIN_COLS weight
-// groups (streaming, __ldcs: read once, evict first), LIN_UNROLL groups ahead before the first
-// FMA, then for each row t < T one x group (__ldg: read by every block, kept in L1/L2) and
-// accumulates acc[t][c] = fmaf(w[c][q], x[t][q], acc[t][c]) for q = 0..3 in order. Rows T..TT-1
-// read nothing and stay 0; columns past N (the last block when N % LIN_COLS != 0) read nothing
-// (their weights are 0) and are not written.
+// Parallelisation: a block of LIN_THREADS threads computes a tile of LIN_COLS consecutive output
+// columns at a time, tiles blockIdx.x, blockIdx.x + gridDim.x, ... of ceil(N / LIN_COLS) (the plan
+// launches at most one wave of resident blocks, so the blocks start together and walk K in step:
+// the x rows they all read stay in L1); the block's threads split K. Thread i owns the element
+// groups j = i, i + LIN_THREADS, i + 2 LIN_THREADS, ... (a group: one float4 = 4 consecutive k, or
+// one float), so every weight element is read exactly once, from one thread, and a warp reads 512
+// contiguous bytes of a weight row per load. Per group the thread loads its LIN_COLS weight groups
+// (streaming, __ldcs: read once, evict first), LIN_UNROLL groups ahead before the first FMA, then
+// for each row t < T one x group (__ldg: read by every block, kept in L1/L2) and accumulates
+// acc[t][c] = fmaf(w[c][q], x[t][q], acc[t][c]) for q = 0..3 in order. Rows T..TT-1 read nothing
+// and stay 0; columns past N (the last block when N % LIN_COLS != 0) read nothing (their weights
+// are 0) and are not written.
 // Reduction over the block's threads, in a fixed order (emulated in
 // tests/kernels/test_linear_plan.py): inside each warp a butterfly over the lane bits 4, 3, 2,
 // 1, 0 (a reduce-scatter while a lane holds more than one value: each step keeps half of the
@@ -73,8 +73,12 @@ template <>
 struct LinGroup<false> {  // one k: a 4-byte load
     static constexpr int n = 1;
     float v[1];
-    __device__ __forceinline__ void load_stream(const float* p, const int j) { v[0] = __ldcs(p + j); }
-    __device__ __forceinline__ void load_cached(const float* p, const int j) { v[0] = __ldg(p + j); }
+    __device__ __forceinline__ void load_stream(const float* p, const int j) {
+        v[0] = __ldcs(p + j);
+    }
+    __device__ __forceinline__ void load_cached(const float* p, const int j) {
+        v[0] = __ldg(p + j);
+    }
     __device__ __forceinline__ void zero() { v[0] = 0.0f; }
 };
 
@@ -171,13 +175,33 @@ __device__ __forceinline__ void linear_rows_body(const float* __restrict__ x,
                    float* __restrict__ y, const int T, const int N, const int K
 #define LIN_ARGS x, w, y, T, N, K
 
-extern "C" __global__ void linear_rows1_vec4_f32(LIN_PARAMS) { linear_rows_body<1, true>(LIN_ARGS); }
-extern "C" __global__ void linear_rows2_vec4_f32(LIN_PARAMS) { linear_rows_body<2, true>(LIN_ARGS); }
-extern "C" __global__ void linear_rows4_vec4_f32(LIN_PARAMS) { linear_rows_body<4, true>(LIN_ARGS); }
-extern "C" __global__ void linear_rows8_vec4_f32(LIN_PARAMS) { linear_rows_body<8, true>(LIN_ARGS); }
-extern "C" __global__ void linear_rows16_vec4_f32(LIN_PARAMS) { linear_rows_body<16, true>(LIN_ARGS); }
-extern "C" __global__ void linear_rows1_f32(LIN_PARAMS) { linear_rows_body<1, false>(LIN_ARGS); }
-extern "C" __global__ void linear_rows2_f32(LIN_PARAMS) { linear_rows_body<2, false>(LIN_ARGS); }
-extern "C" __global__ void linear_rows4_f32(LIN_PARAMS) { linear_rows_body<4, false>(LIN_ARGS); }
-extern "C" __global__ void linear_rows8_f32(LIN_PARAMS) { linear_rows_body<8, false>(LIN_ARGS); }
-extern "C" __global__ void linear_rows16_f32(LIN_PARAMS) { linear_rows_body<16, false>(LIN_ARGS); }
+extern "C" __global__ void linear_rows1_vec4_f32(LIN_PARAMS) {
+    linear_rows_body<1, true>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows2_vec4_f32(LIN_PARAMS) {
+    linear_rows_body<2, true>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows4_vec4_f32(LIN_PARAMS) {
+    linear_rows_body<4, true>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows8_vec4_f32(LIN_PARAMS) {
+    linear_rows_body<8, true>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows16_vec4_f32(LIN_PARAMS) {
+    linear_rows_body<16, true>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows1_f32(LIN_PARAMS) {
+    linear_rows_body<1, false>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows2_f32(LIN_PARAMS) {
+    linear_rows_body<2, false>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows4_f32(LIN_PARAMS) {
+    linear_rows_body<4, false>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows8_f32(LIN_PARAMS) {
+    linear_rows_body<8, false>(LIN_ARGS);
+}
+extern "C" __global__ void linear_rows16_f32(LIN_PARAMS) {
+    linear_rows_body<16, false>(LIN_ARGS);
+}

@@ -319,7 +319,8 @@ def test_constants_match_the_cuda_source():
         for vec4 in (True, False):
             name = kernel_name(TT, vec4)
             assert name in declared
-            assert f"{name}(LIN_PARAMS) {{ linear_rows_body<{TT}, {str(vec4).lower()}>" in src
+            body = rf"{name}\(LIN_PARAMS\) {{\s*linear_rows_body<{TT}, {str(vec4).lower()}>"
+            assert re.search(body, src), name
     assert len(declared) == 2 * len(ROW_TEMPLATES)
 
 
