@@ -36,6 +36,7 @@ from kernels_cupy.linear_plan import (
     resident_blocks,
     summation_depth,
 )
+from tests.strategies import AWKWARD, f32_arrays
 
 U32 = 2.0**-24  # unit roundoff of float32
 
@@ -207,6 +208,19 @@ def test_emulation_is_within_the_stated_bound_of_float64(T, N, K):
     assert_within(y, exact, linear_bound(x, w, summation_depth(K, vec4)), f"emulation {T, N, K}")
 
 
+@given(st.data())
+def test_emulation_within_the_bound_for_awkward_shapes(data):
+    # Any row count the kernel takes, awkward N and K (odd K runs the scalar kernel's order).
+    T = data.draw(st.integers(1, MAX_ROWS))
+    N, K = data.draw(AWKWARD), data.draw(st.sampled_from([1, 3, 4, 7, 100, 257, 1028, 1030]))
+    vec4 = K % 4 == 0 and data.draw(st.booleans())
+    x = data.draw(f32_arrays((T, K), -2.0, 2.0, min_abs=2.0**-20))
+    w = data.draw(f32_arrays((N, K), -2.0, 2.0, min_abs=2.0**-20))
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    assert_within(emulate_linear(x, w, vec4), exact, linear_bound(x, w, summation_depth(K, vec4)),
+                  f"emulation T={T} N={N} K={K} vec4={vec4}")
+
+
 def test_the_bound_catches_a_dropped_group():
     # A kernel that skipped the last element group of each thread (an off-by-one in the
     # j < groups guard) is outside the bound: the bound is ~d u of sum |x w|, one term ~1/K of it.
@@ -299,6 +313,13 @@ def test_every_weight_read_once_and_every_output_written_once(T, N, K, max_block
     reads, writes = _coverage(T, N, K, K % 4 == 0, max_blocks)
     assert (reads == 1).all(), np.argwhere(reads != 1)[:5]
     assert (writes == 1).all(), np.argwhere(writes != 1)[:5]
+
+
+@given(st.integers(1, MAX_ROWS), AWKWARD, st.sampled_from([1, 4, 6, 36, 1028]),
+       st.one_of(st.none(), st.integers(1, 40)))
+def test_coverage_for_any_shape_and_wave(T, N, K, max_blocks):
+    reads, writes = _coverage(T, N, K, K % 4 == 0, max_blocks)
+    assert (reads == 1).all() and (writes == 1).all()
 
 
 def test_the_unrolled_loop_visits_the_same_groups_in_the_same_order():
