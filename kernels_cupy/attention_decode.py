@@ -33,7 +33,6 @@ KERNELS = {  # (largest head dim, vec4) -> kernel name
     (256, False): "attention_decode_d256_f32",
     (256, True): "attention_decode_d256_vec4_f32",
 }
-COMBINE = "attention_decode_combine_f32"
 COMBINE_THREADS = 128
 MAX_STAGES = 4  # DEC_MAX_STAGES: cp.async.wait_group takes an immediate, 0..MAX_STAGES - 2
 MIN_STAGES = 2  # one tile in flight while one is used: never fewer

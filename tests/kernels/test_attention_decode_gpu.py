@@ -1,0 +1,137 @@
+"""The v2 decode / verify attention kernels on a GPU (``gpu``): NumPy reference vs CuPy.
+
+``attention_decode_*`` (kernels_cupy/cuda/attention_decode.cu) is named explicitly through
+``attention_using("decode_v2", ...)`` so that a fallback to v1 cannot hide it. The expected
+values are the NumPy reference's (``dflash_ref.ops.attention.attention``: the mask materialised,
+a two-pass softmax; an independent implementation), compared at the "float32_attention"
+tolerance (dflash_ref/testing.py: another summation order over d <= 256 and up to ~3e4 keys).
+The same cases run on the CPU through the kernel's emulation
+(tests/kernels/test_attention_decode_plan.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dflash_ref.ops.attention import attention
+from dflash_ref.ops.masks import MaskSpec
+from dflash_ref.testing import assert_close
+
+pytestmark = pytest.mark.gpu
+
+MASKS = ["none", "causal", "window", "tree", "prefix_window", "sym_window"]
+
+
+def make_mask(kind: str, Tq: int, Tk: int, rng) -> MaskSpec | None:
+    """A MaskSpec of ``kind`` for Tq queries at the end of Tk slots, ~5% slots invalid."""
+    k_pos = np.arange(Tk, dtype=np.int64)
+    k_pos[rng.random(Tk) < 0.05] = -1
+    q_pos = np.arange(max(Tk - Tq, 0), max(Tk - Tq, 0) + Tq, dtype=np.int64)
+    base = max(Tk - Tq, 0)
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return MaskSpec(q_pos, k_pos, causal=True)
+    if kind == "window":
+        return MaskSpec(q_pos, k_pos, causal=True, window=40)
+    if kind == "tree":
+        anc = rng.random((Tq, Tk)) < 0.5
+        return MaskSpec(q_pos, k_pos, causal=False, base_pos=base, ancestors=anc)
+    if kind == "prefix_window":
+        return MaskSpec(q_pos, k_pos, causal=True, base_pos=base, window=100)
+    if kind == "sym_window":
+        return MaskSpec(q_pos, k_pos, causal=False, window=20, window_mode="symmetric")
+    if kind == "empty":
+        return MaskSpec(q_pos, np.full(Tk, -1), causal=True)
+    raise ValueError(kind)
+
+
+def run_v2(q, k, v, mask, **kw):
+    import cupy as cp
+
+    from kernels_cupy.attention import attention_using
+
+    got = attention_using("decode_v2", cp.asarray(q), cp.asarray(k), cp.asarray(v), mask, **kw)
+    return cp.asnumpy(got)
+
+
+GRID = [(Tq, Tk, d) for Tq in (1, 4, 16) for Tk in (1, 31, 32, 33, 512, 4100)
+        for d in (64, 128, 256)]
+
+
+@pytest.mark.parametrize("case", GRID, ids=str)
+def test_decode_v2_matches_the_reference(rng, case):
+    Tq, Tk, d = case
+    nh, nkv = [(32, 8), (8, 8), (16, 2)][(Tq + Tk + d) % 3]  # GQA 4, 1 (MHA), 8
+    kind = MASKS[(Tq * 7 + Tk * 3 + d) % len(MASKS)]
+    q = rng.standard_normal((Tq, nh, d)).astype(np.float32)
+    k = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
+    v = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
+    mask = make_mask(kind, Tq, Tk, rng)
+    assert_close(run_v2(q, k, v, mask, scale=0.1), attention(q, k, v, mask, scale=0.1),
+                 "float32_attention", op="attention", case=f"{case} {nh}/{nkv} {kind}")
+
+
+@pytest.mark.parametrize("kind", MASKS + ["empty"])
+@pytest.mark.parametrize("shape", [(1, 32, 8, 128, 4100), (16, 32, 8, 128, 777),
+                                   (5, 12, 4, 66, 300), (3, 16, 2, 256, 1000),
+                                   (16, 64, 4, 128, 200), (2, 6, 3, 97, 65)], ids=str)
+def test_decode_v2_every_mask_scalar_and_vec4(rng, shape, kind):
+    # d = 66 and 97: the 4-byte cp.async kernels; (16, 64, 4): 256 rows, several row chunks.
+    Tq, nh, nkv, d, Tk = shape
+    q = rng.standard_normal((Tq, nh, d)).astype(np.float32)
+    k = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
+    v = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
+    mask = make_mask(kind, Tq, Tk, rng)
+    assert_close(run_v2(q, k, v, mask, scale=0.1), attention(q, k, v, mask, scale=0.1),
+                 "float32_attention", op="attention", case=f"{shape} {kind}")
+
+
+def test_decode_v2_softcap_and_default_scale(rng):
+    Tq, nh, nkv, d, Tk = 4, 16, 4, 256, 2000
+    q = rng.standard_normal((Tq, nh, d)).astype(np.float32) * 3
+    k = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
+    v = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
+    mask = make_mask("causal", Tq, Tk, rng)
+    for kw in ({"softcap": 30.0}, {}):
+        assert_close(run_v2(q, k, v, mask, **kw), attention(q, k, v, mask, **kw),
+                     "float32_attention", op="attention", case=str(kw))
+
+
+def test_decode_v2_unaligned_views_and_nan_in_invisible_slots(rng):
+    # k / v one float into a larger buffer (the scalar kernel); a NaN in an invalid slot must not
+    # reach the output (the slot is zero-weighted, never multiplied in).
+    import cupy as cp
+
+    from kernels_cupy.attention import attention_using
+
+    Tq, nh, nkv, d, Tk = 1, 8, 2, 128, 300
+    q = rng.standard_normal((Tq, nh, d)).astype(np.float32)
+    kv = rng.standard_normal((2, Tk * nkv * d + 1)).astype(np.float32)
+    k, v = (kv[i, 1:].reshape(Tk, nkv, d) for i in range(2))
+    k_pos = np.arange(Tk)
+    k_pos[7] = -1
+    k[7], v[7] = np.nan, np.nan
+    mask = MaskSpec(np.array([Tk]), k_pos, causal=True)
+    dev = cp.asarray(kv)
+    dk, dv = (dev[i, 1:].reshape(Tk, nkv, d) for i in range(2))
+    assert dk.data.ptr % 16 != 0
+    got = cp.asnumpy(attention_using("decode_v2", cp.asarray(q), dk, dv, mask))
+    assert_close(got, attention(q, k, v, mask), "float32_attention", op="attention",
+                 case="unaligned k/v, NaN in an invalid slot")
+
+
+@pytest.mark.parametrize("name", ["decode", "decode_v1", "auto"])
+def test_every_named_decode_kernel_agrees(rng, name):
+    import cupy as cp
+
+    from kernels_cupy.attention import attention_using
+
+    Tq, nh, nkv, d, Tk = 16, 32, 8, 128, 1500
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
+               for s in ((Tq, nh, d), (Tk, nkv, d), (Tk, nkv, d)))
+    mask = make_mask("causal", Tq, Tk, rng)
+    got = attention_using(name, cp.asarray(q), cp.asarray(k), cp.asarray(v), mask)
+    assert_close(cp.asnumpy(got), attention(q, k, v, mask), "float32_attention",
+                 op="attention", case=name)
