@@ -17,35 +17,9 @@ import pytest
 from dflash_ref.ops.attention import attention
 from dflash_ref.ops.masks import MaskSpec
 from dflash_ref.testing import assert_close
+from tests.kernels.test_attention_decode_plan import GRID, MASKS, grid_heads_and_mask, make_mask
 
 pytestmark = pytest.mark.gpu
-
-MASKS = ["none", "causal", "window", "tree", "prefix_window", "sym_window"]
-
-
-def make_mask(kind: str, Tq: int, Tk: int, rng) -> MaskSpec | None:
-    """A MaskSpec of ``kind`` for Tq queries at the end of Tk slots, ~5% slots invalid."""
-    k_pos = np.arange(Tk, dtype=np.int64)
-    k_pos[rng.random(Tk) < 0.05] = -1
-    q_pos = np.arange(max(Tk - Tq, 0), max(Tk - Tq, 0) + Tq, dtype=np.int64)
-    base = max(Tk - Tq, 0)
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return MaskSpec(q_pos, k_pos, causal=True)
-    if kind == "window":
-        return MaskSpec(q_pos, k_pos, causal=True, window=40)
-    if kind == "tree":
-        anc = rng.random((Tq, Tk)) < 0.5
-        return MaskSpec(q_pos, k_pos, causal=False, base_pos=base, ancestors=anc)
-    if kind == "prefix_window":
-        return MaskSpec(q_pos, k_pos, causal=True, base_pos=base, window=100)
-    if kind == "sym_window":
-        return MaskSpec(q_pos, k_pos, causal=False, window=20, window_mode="symmetric")
-    if kind == "empty":
-        return MaskSpec(q_pos, np.full(Tk, -1), causal=True)
-    raise ValueError(kind)
-
 
 def run_v2(q, k, v, mask, **kw):
     import cupy as cp
@@ -56,15 +30,10 @@ def run_v2(q, k, v, mask, **kw):
     return cp.asnumpy(got)
 
 
-GRID = [(Tq, Tk, d) for Tq in (1, 4, 16) for Tk in (1, 31, 32, 33, 512, 4100)
-        for d in (64, 128, 256)]
-
-
 @pytest.mark.parametrize("case", GRID, ids=str)
 def test_decode_v2_matches_the_reference(rng, case):
     Tq, Tk, d = case
-    nh, nkv = [(32, 8), (8, 8), (16, 2)][(Tq + Tk + d) % 3]  # GQA 4, 1 (MHA), 8
-    kind = MASKS[(Tq * 7 + Tk * 3 + d) % len(MASKS)]
+    nh, nkv, kind = grid_heads_and_mask(case)  # GQA 4, 1 (MHA), 8; every mask kind in turn
     q = rng.standard_normal((Tq, nh, d)).astype(np.float32)
     k = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
     v = rng.standard_normal((Tk, nkv, d)).astype(np.float32)
