@@ -49,7 +49,7 @@ COMBINE_BLOCK = 128
 BLOCKS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 128
-KERNEL_CHOICES = ("auto", "decode", "decode_v2", "decode_v1", "prefill")
+KERNEL_CHOICES = ("auto", "decode", "decode_v2", "prefill")
 
 
 def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int,
@@ -136,12 +136,18 @@ def _kernel(name: str, shared_mem: int, device_id: int, family: str = "attention
     return kernel
 
 
+@functools.lru_cache(maxsize=64)
+def _no_mask_arrays(Tq: int, Tk: int, device_id: int) -> tuple:
+    """q_pos, k_pos (zeros) and a dummy ancestor byte for mask=None: made once per shape and
+    device (no allocation or fill launch per call); the kernels only read them."""
+    return cp.zeros(Tq, cp.int32), cp.zeros(Tk, cp.int32), cp.zeros(1, cp.uint8)
+
+
 def _mask_args(mask: MaskSpec | None, Tq: int, Tk: int) -> tuple:
     """(q_pos, k_pos, anc, causal, window, window_mode, has_base, base_pos, has_anc) for C."""
     if mask is None:  # every key visible: valid slots (k_pos 0 >= 0), no rule, no window
-        zeros_q, zeros_k = cp.zeros(Tq, cp.int32), cp.zeros(Tk, cp.int32)
-        return (zeros_q, zeros_k, cp.zeros(1, cp.uint8), i32(0), i32(0), i32(0), i32(0),
-                i32(0), i32(0))
+        zeros_q, zeros_k, anc = _no_mask_arrays(Tq, Tk, cp.cuda.Device().id)
+        return (zeros_q, zeros_k, anc, i32(0), i32(0), i32(0), i32(0), i32(0), i32(0))
     q_pos = cp.ascontiguousarray(cp.asarray(mask.q_pos).astype(cp.int32, copy=False))
     k_pos = cp.ascontiguousarray(cp.asarray(mask.k_pos).astype(cp.int32, copy=False))
     if mask.ancestors is not None:
@@ -167,10 +173,10 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
 
 def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     """:func:`attention` with the kernel named: "auto" (by shape, as :func:`attention`),
-    "decode" (v2, ``attention_decode_*``, falling back to v1 where v2's plan does not fit),
-    "decode_v2" (v2 only), "decode_v1" (``attention_fwd_*``) or "prefill"
-    (``attention_prefill_*``); any of them takes any shape. Same result either way, to float32
-    rounding; tests run the kernels on the same inputs."""
+    "decode_v2" (``attention_decode_*``; a ValueError where its plan does not fit the device),
+    "decode" (v1, ``attention_fwd_*``) or "prefill" (``attention_prefill_*``); any of them takes
+    any shape. "auto" runs v2 for the decode shapes, v1 only where v2's plan does not fit. Same
+    result either way, to float32 rounding; tests run the kernels on the same inputs."""
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"attention_using: kernel must be one of {KERNEL_CHOICES}, got "
                          f"{kernel!r}")
@@ -188,6 +194,7 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
     vec4 = can_use_vec4(d, q.data.ptr, k.data.ptr, v.data.ptr)
     if kernel == "auto":
         kernel = choose_kernel(Tq, nh, nkv, d, Tk, _sm_count(dev), _shared_limit(dev), vec4)
+        kernel = "decode_auto" if kernel == "decode" else kernel  # v2, v1 as its fallback
     out = cp.empty((Tq, nh, d), cp.float32)
     margs = _mask_args(mask, Tq, Tk)
     softcap = fp32(0.0 if softcap is None else softcap)
@@ -200,7 +207,7 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
             shared_mem=plan["shared_mem"],
         )
         return out
-    if kernel in ("decode", "decode_v2"):
+    if kernel in ("decode_auto", "decode_v2"):
         try:
             plan = plan_decode(Tq, nh, nkv, d, Tk, _sm_count(dev), vec4, _optin(dev),
                                _shared_per_sm(dev))

@@ -91,7 +91,7 @@ def test_decode_v2_unaligned_views_and_nan_in_invisible_slots(rng):
                  case="unaligned k/v, NaN in an invalid slot")
 
 
-@pytest.mark.parametrize("name", ["decode", "decode_v1", "auto"])
+@pytest.mark.parametrize("name", ["decode", "decode_v2", "auto"])
 def test_every_named_decode_kernel_agrees(rng, name):
     import cupy as cp
 
@@ -104,3 +104,36 @@ def test_every_named_decode_kernel_agrees(rng, name):
     got = attention_using(name, cp.asarray(q), cp.asarray(k), cp.asarray(v), mask)
     assert_close(cp.asnumpy(got), attention(q, k, v, mask), "float32_attention",
                  op="attention", case=name)
+
+
+def test_auto_runs_v2_for_decode_and_verify(monkeypatch, rng):
+    import cupy as cp
+
+    import kernels_cupy.attention as katt
+
+    used = []
+    real = katt.plan_decode
+    monkeypatch.setattr(katt, "plan_decode", lambda *a: used.append(a) or real(*a))
+    for Tq in (1, 16):
+        q, k, v = (cp.asarray(rng.standard_normal(s).astype(np.float32))
+                   for s in ((Tq, 32, 128), (600, 8, 128), (600, 8, 128)))
+        katt.attention(q, k, v, make_mask("causal", Tq, 600, rng))
+    assert [a[0] for a in used] == [1, 16]
+
+
+def test_v2_without_a_key_split_equals_the_prefill_kernel_bit_for_bit(rng):
+    # With one key split each row sees the prefill kernel's float operations in its order
+    # (docs/attention.md, "The decode kernel (v2)").
+    import cupy as cp
+
+    from kernels_cupy.attention import _sm_count, attention_using
+    from kernels_cupy.attention_decode import plan_decode
+
+    Tq, nh, nkv, d, Tk = 1024, 32, 8, 128, 1024
+    assert plan_decode(Tq, nh, nkv, d, Tk, _sm_count(cp.cuda.Device().id))["n_splits"] == 1
+    q, k, v = (cp.asarray(rng.standard_normal(s).astype(np.float32))
+               for s in ((Tq, nh, d), (Tk, nkv, d), (Tk, nkv, d)))
+    mask = MaskSpec(np.arange(Tq), np.arange(Tk), causal=True)
+    a = attention_using("prefill", q, k, v, mask, scale=0.05)
+    b = attention_using("decode_v2", q, k, v, mask, scale=0.05)
+    assert cp.array_equal(a, b), f"max |prefill - v2| = {float(cp.abs(a - b).max())}"
