@@ -45,6 +45,8 @@
 // ld = d + 4 (vec4: d % 4 == 0 and q / k / v 16-byte aligned) or d + 1; dynamic shared memory
 // = (stages * 2 * DEC_KT * ld + R * d + stages * R) * 4 bytes (above 48 KiB the wrapper raises
 // the kernel's opt-in limit). Positions are int32; indices into q / k / v / anc are 64-bit.
+// Registers (ptxas via NVRTC 13.0, sm_90): d128 vec4 128, d128 126, d256 vec4 114, d256 100, no
+// spills (tests/kernels/test_attention_decode_plan.py checks <= 128 and no spill).
 // Precision: FP32 CUDA cores (no tensor cores, no TF32); within float32 rounding of the
 // reference (tests/kernels/test_attention_decode_plan.py states the tolerance).
 
@@ -139,7 +141,7 @@ template <int RPW>
 __device__ __forceinline__ unsigned dec_tile_mask(
     unsigned* bits, const long long t0, const long long j_end, const int lane,
     const int* __restrict__ k_pos, const unsigned char* __restrict__ anc, const int Tk,
-    const bool* row_ok, const int* qp, const long long* qi, const int causal, const int window,
+    const bool* row_ok, const int* qp, const int* qi, const int causal, const int window,
     const int window_mode, const int has_base, const int base_pos, const int has_anc) {
     const long long j = t0 + lane;
     const bool in = j < j_end;
@@ -149,7 +151,7 @@ __device__ __forceinline__ unsigned dec_tile_mask(
     for (int s = 0; s < RPW; ++s) {
         bool vis = false;
         if (row_ok[s] && in) {
-            const unsigned char* anc_row = has_anc ? anc + qi[s] * (long long)Tk : anc;
+            const unsigned char* anc_row = has_anc ? anc + (long long)qi[s] * Tk : anc;
             vis = dec_key_visible(qp[s], kp, anc_row, j, causal, window, window_mode, has_base,
                                   base_pos, has_anc);
         }
@@ -185,14 +187,14 @@ __device__ __forceinline__ void attention_decode_body(
     // Per-row state of this warp's rows (slot s <-> block row s * DEC_WARPS + warp).
     bool row_ok[RPW];
     int qp[RPW];
-    long long qi[RPW];
+    int qi[RPW];  // query row i (Tq < 2^31)
     float m[RPW], l[RPW], acc[RPW][DC];
 #pragma unroll
     for (int s = 0; s < RPW; ++s) {
         const int r = s * DEC_WARPS + warp;
         const long long rg = row0 + r;
         row_ok[s] = (r < R) && (rg < rows_total);
-        qi[s] = row_ok[s] ? rg / g : 0;
+        qi[s] = row_ok[s] ? (int)(rg / g) : 0;
         qp[s] = row_ok[s] ? q_pos[qi[s]] : 0;
         m[s] = DEC_NEG_INF;
         l[s] = 0.0f;
