@@ -18,7 +18,10 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
               bandwidth (``x @ W.T``, cuBLAS) at 1 and 16 rows on every Qwen3-4B weight shape
     anchors   device copy bandwidth; chunked GDN vs fla's ``chunk_gated_delta_rule`` at 8k and
               32k tokens (16 heads, K = V = 128); chunked vs our recurrent kernel at 128k;
-              attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k
+              attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k;
+              decode attention per layer (Qwen3-4B heads) at 512, 4k, 8k and 32k keys: ours
+              (the v2 kernel), v1, torch SDPA with enable_gqa and FlashInfer when importable,
+              GPU time only (calls queued behind a spin kernel)
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
               weight-read floor, a 16-token verify against a 1-token decode, speculative generate
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
