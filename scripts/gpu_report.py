@@ -20,7 +20,10 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
               of the device copy bandwidth measured just before them
     anchors   device copy bandwidth; chunked GDN vs fla's ``chunk_gated_delta_rule`` at 8k and
               32k tokens (16 heads, K = V = 128); chunked vs our recurrent kernel at 128k;
-              attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k
+              attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k;
+              decode attention per layer (Qwen3-4B heads) at 512, 4k, 8k and 32k keys: ours
+              (the v2 kernel), v1, torch SDPA with enable_gqa and FlashInfer when importable,
+              GPU time only (calls queued behind a spin kernel)
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
               weight-read floor, a 16-token verify against a 1-token decode, speculative generate
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
@@ -108,6 +111,7 @@ class Sizes:
     att_heads: tuple  # (query heads, kv heads, head dim)
     e2e_size: str
     profile_gdn_T: int
+    att_decode_ctxs: tuple = (512, 4096, 8192, 32768)  # decode attention rows (Qwen3-4B heads)
 
 
 GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
@@ -116,7 +120,8 @@ GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
                   att_heads=(32, 8, 128), e2e_size="full", profile_gdn_T=8192)
 DRY_SIZES = Sizes(iters=2, launches=50, copy_mib=1, proj=(("tiny", 48, 32),), proj_rows=(1, 16),
                   gdn_T=(64, 128), gdn_long_T=256, gdn_heads=2, gdn_dim=16, att_ctxs=(32, 64),
-                  att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64)
+                  att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64,
+                  att_decode_ctxs=(16, 48))
 
 # Seconds per phase on an H200 (the whole run about 8 minutes; --budget-scale to stretch).
 BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 240, "e2e": 120,
@@ -548,6 +553,9 @@ def phase_anchors(ph: Phase) -> None:
         name, Tq, Tk, _ = case
         ph.measure(f"attention {name} Tq={Tq} Tk={Tk}",
                    lambda case=case: _attention_vs_sdpa(ph, case, nh, nkv, d))
+    for ctx in sz.att_decode_ctxs:
+        ph.measure(f"decode attention/layer Tk={ctx}",
+                   lambda ctx=ctx: _decode_attention_vs_anchors(ph, ctx, nh, nkv, d))
 
 
 def _gdn_vs_fla(ph: Phase, T: int, H: int, D: int) -> tuple[str, dict]:
@@ -636,6 +644,104 @@ def _attention_vs_sdpa(ph: Phase, case, nh: int, nkv: int, d: int) -> tuple[str,
             f"{t_ours / t_sdpa:6.2f}   K/V {kv_gbs:7.1f} GB/s (checked, err {err:.1e})",
             {"ours_ms": t_ours * 1e3, "sdpa_ms": t_sdpa * 1e3, "ratio": t_ours / t_sdpa,
              "kv_GBps": kv_gbs, **goal})
+
+
+# A kernel that keeps the GPU busy ~2 ms, so that the launches queued behind it run back to back
+# and the events between them time the GPU, not the host's launch cost (ours: ~30 us per call).
+_SPIN_SRC = r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+DECODE_CALLS = 20  # calls per timed batch
+
+
+def _gpu_time(dev: Device, fn, iters: int) -> float:
+    """Median GPU seconds of one ``fn()`` call: batches of DECODE_CALLS calls queued behind a
+    2 ms spin kernel, between two CUDA events (perf_counter per call when dry)."""
+    if dev.dry:
+        return dev.time(fn, iters)
+    cp = dev.xp
+    spin = cp.RawKernel(_SPIN_SRC, "spin")
+    fn()  # warm-up: compiled, loaded, plans made
+    dev.sync()
+    times = []
+    for _ in range(max(iters, 3)):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        spin((1,), (1,), (np.int64(4_000_000),))
+        start.record()
+        for _ in range(DECODE_CALLS):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / DECODE_CALLS)
+    return float(np.median(times))
+
+
+def _decode_attention_vs_anchors(ph: Phase, ctx: int, nh: int, nkv: int,
+                                 d: int) -> tuple[str, dict]:
+    """One decode step's attention for one layer (1 query row, ``ctx`` keys, every key visible)
+    through ops.attention (the v2 decode kernel), the v1 kernel and torch SDPA with
+    ``enable_gqa``; FlashInfer's single decode too when it is importable (float32 permitting)."""
+    from dflash_ref.ops.masks import causal_mask
+
+    dev, ops, xp = ph.dev, ph.dev.be.ops, ph.dev.xp
+    rng = np.random.default_rng(ctx)
+    q = xp.asarray(rng.standard_normal((1, nh, d)).astype(np.float32))
+    k, v = (xp.asarray(rng.standard_normal((ctx, nkv, d)).astype(np.float32)) for _ in range(2))
+    # Positions on the device as int32, as a paged pool keeps them: no copy per call.
+    spec = causal_mask(xp.asarray(np.array([ctx - 1], np.int32)), xp.arange(ctx, dtype=np.int32))
+    ours = ops.attention(q, k, v, spec)
+    times = {"ours": _gpu_time(dev, lambda: ops.attention(q, k, v, spec), ph.sizes.iters)}
+    if not dev.dry:
+        from kernels_cupy.attention import attention_using
+
+        ref = attention_using("decode", q, k, v, spec)
+        _check_rel(f"decode Tk={ctx} v2 vs v1", _rel(dev, ours, ref), gpu_anchors.ATT_TOL)
+        times["v1"] = _gpu_time(dev, lambda: attention_using("decode", q, k, v, spec),
+                                ph.sizes.iters)
+    notes = []
+    try:
+        torch = dev.torch()
+        F = torch.nn.functional
+        tq = dev.to_torch(q).permute(1, 0, 2)[None]  # [1, nh, 1, d]
+        tk, tv = (dev.to_torch(a).permute(1, 0, 2)[None] for a in (k, v))  # [1, nkv, ctx, d]
+
+        def sdpa():
+            return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+
+        err = _check_rel(f"decode Tk={ctx} ours vs SDPA",
+                         _rel(dev, ours, sdpa()[0].permute(1, 0, 2)), gpu_anchors.ATT_TOL)
+        times["sdpa"] = _gpu_time(dev, sdpa, ph.sizes.iters)
+        notes.append(f"vs SDPA err {err:.1e}")
+    except Skip as exc:
+        notes.append(f"SDPA skipped: {exc}")
+    try:
+        if dev.dry:
+            raise Skip("dry run")
+        import flashinfer
+
+        fq, fk, fv = (dev.to_torch(a) for a in (q[0], k, v))
+
+        def fi():
+            return flashinfer.single_decode_with_kv_cache(fq, fk, fv, kv_layout="NHD")
+
+        _check_rel(f"decode Tk={ctx} ours vs FlashInfer", _rel(dev, ours[0], fi()),
+                   gpu_anchors.ATT_TOL)
+        times["flashinfer"] = _gpu_time(dev, fi, ph.sizes.iters)
+    except Exception as exc:  # noqa: BLE001 - a missing or float32-less anchor is a note
+        notes.append(f"FlashInfer skipped: {type(exc).__name__}: {str(exc)[:60]}")
+    anchor = min((times[a] for a in ("sdpa", "flashinfer") if a in times), default=None)
+    kv_gbs = 2 * ctx * nkv * d * 4 / times["ours"] / 1e9
+    text = "   ".join(f"{n} {t * 1e6:8.1f} us" for n, t in times.items())
+    values = {f"{n}_us": t * 1e6 for n, t in times.items()}
+    goal = "<= 20 us" if ctx <= 512 else "<= 1.2x the anchor"
+    if anchor is not None:
+        values["ratio"] = times["ours"] / anchor
+        text += f"   ratio {values['ratio']:5.2f}"
+    return (f"{text}   K/V {kv_gbs:7.1f} GB/s (goal {goal}; {'; '.join(notes)})",
+            {**values, "kv_GBps": kv_gbs, "goal": goal})
 
 
 # ---------------------------------------------------------------------------------- e2e
