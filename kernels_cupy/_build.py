@@ -82,7 +82,8 @@ def get_kernel(family: str, name: str):
     the driver) and checks the name; every later call is one dictionary lookup, with no file read
     and no compile (tests/kernels/test_build_cache.py)."""
     if name not in kernel_names(family):
-        raise KeyError(f"kernel {name!r} is not declared in {family}.cu: {list(kernel_names(family))}")
+        raise KeyError(f"kernel {name!r} is not declared in {family}.cu: "
+                       f"{list(kernel_names(family))}")
     return _module(family).get_function(name)
 
 
