@@ -34,6 +34,8 @@ intermediates. A layer only computes.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class RMSNorm:
     """``rms_norm(x, w, eps, offset)`` over the last axis (``offset=1.0``: the (1 + w) form)."""
@@ -75,19 +77,31 @@ class Rope:
 class Projections:
     """Projections of one input as one product: ``u @ [W_1; ...; W_n]^T``, split by rows.
 
-    ``Projections(be, [Wq, Wk, Wv])(u)`` -> ``(u @ Wq^T, u @ Wk^T, u @ Wv^T)``, each [T, n_i]
-    (column slices of one [T, sum n_i] product): u is read once and one ``linear`` runs where n
-    separate products would run n (vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear``
-    stack the same weights). The stacked weight is made once, on the backend, when the layer is.
+    ``Projections.stacked(be, w, ["q", "k", "v"])(u)`` -> ``(u @ w["q"]^T, u @ w["k"]^T,
+    u @ w["v"]^T)``, each [T, n_i] (column slices of one [T, sum n_i] product): u is read once
+    and one ``linear`` runs where n separate products would run n (vLLM's ``QKVParallelLinear`` /
+    ``MergedColumnParallelLinear`` stack the same weights).
     """
 
-    def __init__(self, be, weights):
-        self.be = be
-        self.weight = weights[0] if len(weights) == 1 else be.xp.concatenate(weights)  # [N, H]
-        edges = [0]
-        for w in weights:
-            edges.append(edges[-1] + w.shape[0])
-        self.slices = [slice(a, b) for a, b in zip(edges, edges[1:])]
+    def __init__(self, be, weight, sizes):
+        """``weight`` [sum(sizes), H]: the stacked rows, ``sizes`` [n_1, ..., n_n] of them."""
+        self.be, self.weight, self.sizes = be, weight, list(sizes)
+        edges = np.cumsum([0, *self.sizes])
+        self.slices = [slice(int(a), int(b)) for a, b in zip(edges, edges[1:])]
+
+    @classmethod
+    def stacked(cls, be, w: dict, names):
+        """Stack ``w[name]`` for ``names`` once, on the backend, when the layer is made; ``w``'s
+        entries become views of the stacked rows (the same memory, not a second copy)."""
+        p = cls(be, be.xp.concatenate([w[n] for n in names]), [w[n].shape[0] for n in names])
+        for n, rows in zip(names, p.slices):
+            w[n] = p.weight[rows]
+        return p
+
+    def rows(self, first: int, stop: int):
+        """The projections ``first .. stop-1`` alone, over the same stacked memory."""
+        lo, hi = self.slices[first].start, self.slices[stop - 1].stop
+        return Projections(self.be, self.weight[lo:hi], self.sizes[first:stop])
 
     def __call__(self, u):
         """u [T, H] -> one [T, n_i] array per weight."""
@@ -126,7 +140,8 @@ class Attention:
         qk = cfg.qk_norm  # per head over d, (1 + w) where the family's norms are
         self.q_norm = self.head_norm(w.get("self_attn.q_norm.weight") if qk else None, cfg)
         self.k_norm = self.head_norm(w.get("self_attn.k_norm.weight") if qk else None, cfg)
-        self.project = Projections(be, [w[f"self_attn.{p}.weight"] for p in self.PROJECTIONS])
+        names = [f"self_attn.{p}.weight" for p in self.PROJECTIONS]
+        self.project = Projections.stacked(be, w, names)  # q (and k, v) in one product
 
     def head_norm(self, weight, cfg):
         """A per-head RMSNorm over d with ``weight`` [d], or :class:`Identity` for None."""
@@ -173,7 +188,7 @@ class GatedMLP:
 
     def __init__(self, be, w: dict, act):
         self.be, self.w, self.act = be, w, act
-        self.gate_up = Projections(be, [w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
+        self.gate_up = Projections.stacked(be, w, ["mlp.gate_proj.weight", "mlp.up_proj.weight"])
 
     def __call__(self, x, u, batch):
         """u [T, H] -> [T, H] (x, the residual stream, and batch unused)."""
