@@ -53,6 +53,7 @@ from dflash_ref.models.gdn_config import (
     qkvz_ba_to_separate,
     split_qkvz_ba,
 )
+from dflash_ref.models.layers import Projections
 
 __all__ = ["LAYOUTS", "PROJECTION_LAYOUTS", "SCAN_MODES", "GDNConfig", "GDNLayer", "GDNState",
            "GDNTrace", "GDNTreeStates", "check_weights", "infer_layout", "qkvz_ba_to_separate",
@@ -157,6 +158,9 @@ class GDNLayer:
              for name, arr in weights.items()}
         w["conv1d.weight"] = w["conv1d.weight"].reshape(cfg.conv_dim, cfg.conv_kernel)
         self.w = w
+        names = (("in_proj_qkvz", "in_proj_ba") if cfg.layout == "qwen3_next" else
+                 ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
+        self.in_proj = Projections.stacked(self.be, w, [f"{n}.weight" for n in names])
         self.A = -xp.exp(w["A_log"])  # [HV]; GGUF's ssm_a stores this already
 
     # ------------------------------------------------------------------ state
@@ -174,14 +178,13 @@ class GDNLayer:
     def project(self, x):
         """Input projections: x [T, hidden] -> (mixed_qkv [T, conv_dim], z [T, HV, dv],
         b [T, HV], a [T, HV])."""
-        c, w = self.cfg, self.w
+        c = self.cfg
         T = x.shape[0]
-        if c.layout == "qwen3_next":
-            qkvz = x @ w["in_proj_qkvz.weight"].T  # [T, H (2 dk + 2 r dv)]
-            return split_qkvz_ba(qkvz, x @ w["in_proj_ba.weight"].T, c, self.be.xp)
-        mixed = x @ w["in_proj_qkv.weight"].T  # [T, conv_dim], channels [q | k | v]
-        z = (x @ w["in_proj_z.weight"].T).reshape(T, c.num_v_heads, c.head_v_dim)
-        return mixed, z, x @ w["in_proj_b.weight"].T, x @ w["in_proj_a.weight"].T
+        if c.layout == "qwen3_next":  # qkvz [T, H (2 dk + 2 r dv)], ba: one product
+            return split_qkvz_ba(*self.in_proj(x), c, self.be.xp)
+        # x @ W^T for in_proj_qkv ([T, conv_dim], channels [q | k | v]), _z, _b, _a: one product
+        mixed, z, b, a = self.in_proj(x)
+        return mixed, z.reshape(T, c.num_v_heads, c.head_v_dim), b, a
 
     def gates(self, b, a):
         """beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias), both [T, HV]."""
@@ -275,7 +278,8 @@ class GDNLayer:
         """Gated RMSNorm and out_proj: o, z [T, HV, dv] -> [T, hidden]."""
         c = self.cfg
         y = self.be.ops.gated_rms_norm(o, z, self.w["norm.weight"], c.rms_norm_eps)  # [T, HV, dv]
-        return y.reshape(o.shape[0], c.value_dim) @ self.w["out_proj.weight"].T  # [T, hidden]
+        return self.be.ops.linear(y.reshape(o.shape[0], c.value_dim),
+                                  self.w["out_proj.weight"])  # y @ W^T [T, hidden]
 
     def _check_x(self, x, op: str):
         """x as a [T, hidden] array of the layer's dtype on its backend."""

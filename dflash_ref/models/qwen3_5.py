@@ -53,6 +53,8 @@ class GDNMixer:
         self.idx = idx
         gdn_w = {k[len("linear_attn."):]: v for k, v in w.items() if k.startswith("linear_attn.")}
         self.layer = GDNLayer(gdn_config(cfg), gdn_w, backend=be)
+        for k, v in self.layer.w.items():  # the layer's arrays (stacked rows), not a second copy
+            w["linear_attn." + k] = v
 
     def __call__(self, u, batch):
         """u [T, H] -> [T, H], from (and advancing) the layer's state in ``batch.gdn[i]``."""
