@@ -34,9 +34,11 @@ from tests.io.convert_helpers import rewrite
 # safetensors weights, with every 2-D tensor rounded to bfloat16 for BF16 (round to nearest even,
 # written out below, independent of the converter; 1-D and conv tensors stay F32 in the GGUF).
 # Measured max |diff| then: F32 <= 1.5e-6, BF16 <= ~7e-6 (the +1/-1 of (1+w) norms and exp/log
-# of A_log round). Q8_0 has no exact reference: its bound is the weight error through 4 layers
+# of A_log round); 1.03e-5 on one qwen3_5 BF16 logit since the stacked projections (issue 27:
+# one product per q/k/v, gate/up and GDN input group, whose BLAS blocking rounds differently), so
+# atol is 2e-5. Q8_0 has no exact reference: its bound is the weight error through 4 layers
 # (measured 8.5e-2 on qwen3).
-F32_TOL = Tolerance(1e-5, 1e-5, "F32; only the +1/-1 of (1+w) norms and exp/log of A_log round")
+F32_TOL = Tolerance(1e-5, 2e-5, "F32; only the +1/-1 of (1+w) norms and exp/log of A_log round")
 TARGET_TOL = {
     ("qwen3", "f32"): F32_TOL, ("gemma3", "f32"): F32_TOL, ("qwen3_5", "f32"): F32_TOL,
     ("qwen3", "bf16"): F32_TOL, ("gemma3", "bf16"): F32_TOL, ("qwen3_5", "bf16"): F32_TOL,
