@@ -291,6 +291,7 @@ extern "C" __global__ void gdn_chunk_state_f32(
         float acc[GDN_ST_MAX_IPT];
 #pragma unroll
         for (int j = 0; j < GDN_ST_MAX_IPT; ++j) acc[j] = 0.0f;
+#pragma unroll 4
         for (int r = 0; r < Kp; r += 4) {
             const float4 sv = *reinterpret_cast<const float4*>(sST + tx * ldw + r);
 #pragma unroll
@@ -319,6 +320,7 @@ extern "C" __global__ void gdn_chunk_state_f32(
         float acc2[GDN_ST_MAX_RPT];
 #pragma unroll
         for (int m = 0; m < GDN_ST_MAX_RPT; ++m) acc2[m] = 0.0f;
+#pragma unroll 4
         for (int i = 0; i < Cp; i += 4) {
             const float4 dv = *reinterpret_cast<const float4*>(sDT + tx * ldk + i);
 #pragma unroll
