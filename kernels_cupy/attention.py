@@ -8,6 +8,10 @@ tile; :func:`plan_launch`).
 Long contexts are split over the key axis (flash-decoding style) when the (query, head) grid
 alone would leave the GPU mostly idle; a second kernel combines the splits.
 
+Decode and verify (few query rows) run the v2 kernels (:mod:`kernels_cupy.attention_decode`:
+one block per GQA group, a cp.async ring of K/V tiles, key splits filling the GPU, a log-sum-exp
+combine); ``attention_fwd_*`` above (v1) stays as their fallback where v2's plan does not fit
+the device's shared memory (d = 256 on an sm_86 / sm_89) and as a named kernel for tests.
 Many query rows (prefill, a long verify) go to the prefill kernels instead
 (:mod:`kernels_cupy.attention_prefill`: 64 query rows of one head per block, K/V streamed once
 per query tile, the same per-row arithmetic); :func:`attention` picks one by shape
@@ -25,6 +29,7 @@ from dflash_ref.ops.attention import check_attention_args
 from dflash_ref.ops.masks import WINDOW_MODES, MaskSpec
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32
+from kernels_cupy.attention_decode import COMBINE_THREADS, DEC_WARPS, plan_decode
 from kernels_cupy.attention_prefill import PF_WARPS, choose_kernel, plan_prefill
 
 # Must match attention.cu.
@@ -44,6 +49,7 @@ COMBINE_BLOCK = 128
 BLOCKS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 128
+KERNEL_CHOICES = ("auto", "decode", "decode_v2", "prefill")
 
 
 def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int,
@@ -112,20 +118,36 @@ def _shared_limit(device_id: int) -> int:
 
 
 @functools.cache
-def _kernel(name: str, shared_mem: int, device_id: int):
+def _shared_per_sm(device_id: int) -> int:
+    return int(cp.cuda.Device(device_id).attributes["MaxSharedMemoryPerMultiprocessor"])
+
+
+@functools.cache
+def _optin(device_id: int) -> int:
+    return int(cp.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+
+
+@functools.cache
+def _kernel(name: str, shared_mem: int, device_id: int, family: str = "attention"):
     """Kernel ``name``, its dynamic shared memory limit raised to ``shared_mem`` if needed."""
-    kernel = get_kernel("attention", name)
+    kernel = get_kernel(family, name)
     if shared_mem > SHARED_DEFAULT and kernel.max_dynamic_shared_size_bytes < shared_mem:
         kernel.max_dynamic_shared_size_bytes = shared_mem  # cudaFuncAttributeMaxDynamicShared...
     return kernel
 
 
+@functools.lru_cache(maxsize=64)
+def _no_mask_arrays(Tq: int, Tk: int, device_id: int) -> tuple:
+    """q_pos, k_pos (zeros) and a dummy ancestor byte for mask=None: made once per shape and
+    device (no allocation or fill launch per call); the kernels only read them."""
+    return cp.zeros(Tq, cp.int32), cp.zeros(Tk, cp.int32), cp.zeros(1, cp.uint8)
+
+
 def _mask_args(mask: MaskSpec | None, Tq: int, Tk: int) -> tuple:
     """(q_pos, k_pos, anc, causal, window, window_mode, has_base, base_pos, has_anc) for C."""
     if mask is None:  # every key visible: valid slots (k_pos 0 >= 0), no rule, no window
-        zeros_q, zeros_k = cp.zeros(Tq, cp.int32), cp.zeros(Tk, cp.int32)
-        return (zeros_q, zeros_k, cp.zeros(1, cp.uint8), i32(0), i32(0), i32(0), i32(0),
-                i32(0), i32(0))
+        zeros_q, zeros_k, anc = _no_mask_arrays(Tq, Tk, cp.cuda.Device().id)
+        return (zeros_q, zeros_k, anc, i32(0), i32(0), i32(0), i32(0), i32(0), i32(0))
     q_pos = cp.ascontiguousarray(cp.asarray(mask.q_pos).astype(cp.int32, copy=False))
     k_pos = cp.ascontiguousarray(cp.asarray(mask.k_pos).astype(cp.int32, copy=False))
     if mask.ancestors is not None:
@@ -144,17 +166,20 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
 
     Rows with no visible key are zeros, as in the reference. d must be <= 256. The kernel is
     chosen by shape (:func:`kernels_cupy.attention_prefill.choose_kernel`): the prefill kernel
-    for Tq >= 64 with a grid of at least one block per SM, the decode kernel otherwise.
+    for Tq >= 64 with a grid of at least one block per SM, the v2 decode kernel otherwise
+    (v1 where v2's plan does not fit the device's shared memory).
     """
     return attention_using("auto", q, k, v, mask, scale, softcap)
 
 
 def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     """:func:`attention` with the kernel named: "auto" (by shape, as :func:`attention`),
-    "decode" (``attention_fwd_*``, any shape) or "prefill" (``attention_prefill_*``, any shape).
-    Same result either way, to float32 rounding; tests run both kernels on the same inputs."""
-    if kernel not in ("auto", "decode", "prefill"):
-        raise ValueError(f"attention_using: kernel must be 'auto', 'decode' or 'prefill', got "
+    "decode_v2" (``attention_decode_*``; a ValueError where its plan does not fit the device),
+    "decode" (v1, ``attention_fwd_*``) or "prefill" (``attention_prefill_*``); any of them takes
+    any shape. "auto" runs v2 for the decode shapes, v1 only where v2's plan does not fit. Same
+    result either way, to float32 rounding; tests run the kernels on the same inputs."""
+    if kernel not in KERNEL_CHOICES:
+        raise ValueError(f"attention_using: kernel must be one of {KERNEL_CHOICES}, got "
                          f"{kernel!r}")
     q, k, v = f32(q, "attention", "q"), f32(k, "attention", "k"), f32(v, "attention", "v")
     Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap)
@@ -170,6 +195,7 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
     vec4 = can_use_vec4(d, q.data.ptr, k.data.ptr, v.data.ptr)
     if kernel == "auto":
         kernel = choose_kernel(Tq, nh, nkv, d, Tk, _sm_count(dev), _shared_limit(dev), vec4)
+        kernel = "decode_auto" if kernel == "decode" else kernel  # v2, v1 as its fallback
     out = cp.empty((Tq, nh, d), cp.float32)
     margs = _mask_args(mask, Tq, Tk)
     softcap = fp32(0.0 if softcap is None else softcap)
@@ -182,6 +208,16 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
             shared_mem=plan["shared_mem"],
         )
         return out
+    if kernel in ("decode_auto", "decode_v2"):
+        try:
+            plan = plan_decode(Tq, nh, nkv, d, Tk, _sm_count(dev), vec4, _optin(dev),
+                               _shared_per_sm(dev))
+        except ValueError:
+            if kernel == "decode_v2":
+                raise
+        else:
+            _decode_v2(plan, q, k, v, margs, out, scale, softcap, dev)
+            return out
     plan = plan_launch(Tq, nh, nkv, d, Tk, _sm_count(dev), vec4=vec4,
                        shared_limit=_shared_limit(dev))
     n_splits = plan["n_splits"]
@@ -206,3 +242,26 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
                                            i32(n_splits))
         )
     return out
+
+
+def _decode_v2(plan: dict, q, k, v, margs: tuple, out, scale: float, softcap, dev: int) -> None:
+    """Launch ``attention_decode_*`` (and the combine when the keys are split) into ``out``."""
+    Tq, nh, d = q.shape
+    Tk = k.shape[0]
+    n_splits = plan["n_splits"]
+    if n_splits == 1:
+        part_o, part_ml = out, out  # never written
+    else:
+        part_o = cp.empty((n_splits, Tq * nh, d), cp.float32)
+        part_ml = cp.empty((n_splits, Tq * nh, 2), cp.float32)
+    _kernel(plan["kernel"], plan["shared_mem"], dev, "attention_decode")(
+        plan["grid"], (DEC_WARPS * 32,),
+        (q, k, v, *margs[:3], out, part_o, part_ml, i32(Tq), i32(Tk), i32(nh),
+         i32(k.shape[1]), i32(d), fp32(scale), softcap, *margs[3:], i32(plan["R"]),
+         i32(plan["keys_per_split"]), i32(n_splits), i32(plan["ld"]), i32(plan["stages"])),
+        shared_mem=plan["shared_mem"],
+    )
+    if n_splits > 1:
+        get_kernel("attention_decode", "attention_decode_combine_f32")(
+            (Tq * nh,), (COMBINE_THREADS,), (part_o, part_ml, out, i32(Tq * nh), i32(d),
+                                              i32(n_splits)))

@@ -15,10 +15,15 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
     tests     ``pytest -m gpu -q`` (``-n 8`` with pytest-xdist) with DFLASH_REQUIRE_GPU=1:
               passed / failed and the failing tests' names
     micro     host cost per launch of a bare RawKernel and of an op (rms_norm); projection
-              bandwidth (``x @ W.T``, cuBLAS) at 1 and 16 rows on every Qwen3-4B weight shape
+              bandwidth at 1 and 16 rows on every Qwen3-4B weight shape, ``ops.linear`` (our
+              kernel, kernels_cupy/linear.py) beside cuBLAS (``x @ W.T``), each as a fraction
+              of the device copy bandwidth measured just before them
     anchors   device copy bandwidth; chunked GDN vs fla's ``chunk_gated_delta_rule`` at 8k and
               32k tokens (16 heads, K = V = 128); chunked vs our recurrent kernel at 128k;
-              attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k
+              attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k;
+              decode attention per layer (Qwen3-4B heads) at 512, 4k, 8k and 32k keys: ours
+              (the v2 kernel), v1, torch SDPA with enable_gqa and FlashInfer when importable,
+              GPU time only (calls queued behind a spin kernel)
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
               weight-read floor, a 16-token verify against a 1-token decode, speculative generate
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
@@ -73,9 +78,12 @@ from dflash_ref.spec_decode.observe import Clock  # noqa: E402
 
 # Qwen/Qwen3-4B's projection weights, [out, in] (hidden 2560, 32 / 8 heads of 128, intermediate
 # 9728, vocabulary 151936: tests/config/configs.py::qwen3_4b).
+# The merged rows are the weights of issue 27's fused layer (q, k, v stacked; gate, up stacked).
 QWEN3_4B_WEIGHTS = (("q_proj", 4096, 2560), ("k_proj / v_proj", 1024, 2560),
-                    ("o_proj", 2560, 4096), ("gate_proj / up_proj", 9728, 2560),
+                    ("qkv merged", 6144, 2560), ("o_proj", 2560, 4096),
+                    ("gate_proj / up_proj", 9728, 2560), ("gate_up merged", 19456, 2560),
                     ("down_proj", 2560, 9728), ("lm_head", 151936, 2560))
+PROJ_GOAL = 0.8  # ops.linear's weight-read rate as a fraction of copy bandwidth (issue 27)
 PROJ_TOL = 1e-4  # of max |y|: a float32 product of <= 9728 terms against float64
 GDN_SELF_TOL = 1e-3  # chunked vs recurrent, both ours, float32: relative to max |recurrent|
 # Ours vs fla, relative to max |fla|: fla's Triton dots take float32 inputs as TF32 (10-bit
@@ -103,6 +111,7 @@ class Sizes:
     att_heads: tuple  # (query heads, kv heads, head dim)
     e2e_size: str
     profile_gdn_T: int
+    att_decode_ctxs: tuple = (512, 4096, 8192, 32768)  # decode attention rows (Qwen3-4B heads)
 
 
 GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
@@ -111,7 +120,8 @@ GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
                   att_heads=(32, 8, 128), e2e_size="full", profile_gdn_T=8192)
 DRY_SIZES = Sizes(iters=2, launches=50, copy_mib=1, proj=(("tiny", 48, 32),), proj_rows=(1, 16),
                   gdn_T=(64, 128), gdn_long_T=256, gdn_heads=2, gdn_dim=16, att_ctxs=(32, 64),
-                  att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64)
+                  att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64,
+                  att_decode_ctxs=(16, 48))
 
 # Seconds per phase on an H200 (the whole run about 8 minutes; --budget-scale to stretch).
 BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 240, "e2e": 120,
@@ -437,8 +447,20 @@ def phase_micro(ph: Phase) -> None:
                 f"{drained * 1e6:6.1f} us with the drain (checked, err {err:.1e})",
                 {"host_us": enq * 1e6, "drained_us": drained * 1e6})
 
+    def copy():
+        src = xp.ones(sz.copy_mib * 2**18, dtype=xp.float32)
+        dst = xp.empty_like(src)
+        dst[...] = src
+        if not bool((dst == src).all()):
+            raise gpu_anchors.Mismatch("the copy differs from its source")
+        t = dev.time(lambda: dst.__setitem__(Ellipsis, src), sz.iters)
+        ph.shared["micro_copy_GBps"] = bw = 2 * src.nbytes / t / 1e9
+        return (f"{sz.copy_mib} MiB d2d {t * 1e3:8.3f} ms  {bw:8.1f} GB/s (read + write): the "
+                f"projection rows' 1.0", {"ms": t * 1e3, "GBps": bw})
+
     ph.measure("launch: bare RawKernel", raw_kernel)
     ph.measure("launch: op (rms_norm)", op)
+    ph.measure("copy (projection baseline)", copy)
     for label, n_out, n_in in sz.proj:
         W = xp.random.default_rng(1).standard_normal((n_out, n_in), dtype=xp.float32)
         W *= xp.float32(n_in ** -0.5)
@@ -449,21 +471,33 @@ def phase_micro(ph: Phase) -> None:
 
 
 def _projection(ph: Phase, W, rows: int, shape) -> tuple[str, dict]:
-    """``x @ W.T`` at ``rows`` rows: checked on three output columns against float64, then
-    timed; bandwidth = weight bytes / time (each weight read once)."""
-    dev, xp = ph.dev, ph.dev.xp
+    """``x @ W.T`` at ``rows`` rows, ``ops.linear`` (ours) and cuBLAS: each checked on three
+    output columns against float64, then timed after a warm-up (Device.time); bandwidth = weight
+    bytes / time (each weight read once), and its fraction of the copy bandwidth."""
+    dev, xp, ops = ph.dev, ph.dev.xp, ph.dev.be.ops
     n_out, n_in = shape
     x = xp.asarray(np.random.default_rng(rows).standard_normal((rows, n_in)).astype(np.float32))
-    y = x @ W.T  # [rows, out]
     cols = [0, n_out // 2, n_out - 1]
-    ref = dev.host(x) @ dev.host(W[cols]).T
-    err = float(np.abs(dev.host(y[:, cols]) - ref).max() / np.abs(ref).max())
-    if not err <= PROJ_TOL:
-        raise gpu_anchors.Mismatch(f"x @ W.T differs from float64 by {err:.3g} of max")
-    t = dev.time(lambda: x @ W.T, ph.sizes.iters)
-    gbs = W.nbytes / t / 1e9
-    return (f"W [{n_out}, {n_in}] {W.nbytes / 1e6:8.1f} MB: {t * 1e6:9.1f} us  {gbs:8.1f} GB/s "
-            f"(checked, err {err:.1e})", {"us": t * 1e6, "GBps": gbs, "rows": rows})
+    ref = dev.host(x) @ dev.host(W[cols]).T  # [rows, 3] float64
+    runs = {"ours": lambda: ops.linear(x, W), "cuBLAS": lambda: x @ W.T}  # [rows, out]
+    errs = {}
+    for name, fn in runs.items():
+        errs[name] = float(np.abs(dev.host(fn()[:, cols]) - ref).max() / np.abs(ref).max())
+        if not errs[name] <= PROJ_TOL:
+            raise gpu_anchors.Mismatch(f"{name}: x @ W.T differs from float64 by "
+                                       f"{errs[name]:.3g} of max")
+    copy = ph.shared.get("micro_copy_GBps")
+    text, values = f"W [{n_out}, {n_in}] {W.nbytes / 1e6:8.1f} MB:", {"rows": rows}
+    for name, fn in runs.items():
+        t = dev.time(fn, ph.sizes.iters)
+        gbs = W.nbytes / t / 1e9
+        frac = gbs / copy if copy else float("nan")
+        text += f"  {name} {t * 1e6:8.1f} us {gbs:7.1f} GB/s {frac:5.2f} of copy;"
+        key = name.lower()
+        values.update({f"{key}_us": t * 1e6, f"{key}_GBps": gbs, f"{key}_of_copy": frac})
+    text += (f" goal ours >= {PROJ_GOAL} (checked, err ours {errs['ours']:.1e}, "
+             f"cuBLAS {errs['cuBLAS']:.1e})")
+    return text, {**values, "goal": f"ours >= {PROJ_GOAL} of copy"}
 
 
 # ---------------------------------------------------------------------------------- anchors
@@ -519,6 +553,9 @@ def phase_anchors(ph: Phase) -> None:
         name, Tq, Tk, _ = case
         ph.measure(f"attention {name} Tq={Tq} Tk={Tk}",
                    lambda case=case: _attention_vs_sdpa(ph, case, nh, nkv, d))
+    for ctx in sz.att_decode_ctxs:
+        ph.measure(f"decode attention/layer Tk={ctx}",
+                   lambda ctx=ctx: _decode_attention_vs_anchors(ph, ctx, nh, nkv, d))
 
 
 def _gdn_vs_fla(ph: Phase, T: int, H: int, D: int) -> tuple[str, dict]:
@@ -607,6 +644,104 @@ def _attention_vs_sdpa(ph: Phase, case, nh: int, nkv: int, d: int) -> tuple[str,
             f"{t_ours / t_sdpa:6.2f}   K/V {kv_gbs:7.1f} GB/s (checked, err {err:.1e})",
             {"ours_ms": t_ours * 1e3, "sdpa_ms": t_sdpa * 1e3, "ratio": t_ours / t_sdpa,
              "kv_GBps": kv_gbs, **goal})
+
+
+# A kernel that keeps the GPU busy ~2 ms, so that the launches queued behind it run back to back
+# and the events between them time the GPU, not the host's launch cost (ours: ~30 us per call).
+_SPIN_SRC = r"""
+extern "C" __global__ void spin(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+DECODE_CALLS = 20  # calls per timed batch
+
+
+def _gpu_time(dev: Device, fn, iters: int) -> float:
+    """Median GPU seconds of one ``fn()`` call: batches of DECODE_CALLS calls queued behind a
+    2 ms spin kernel, between two CUDA events (perf_counter per call when dry)."""
+    if dev.dry:
+        return dev.time(fn, iters)
+    cp = dev.xp
+    spin = cp.RawKernel(_SPIN_SRC, "spin")
+    fn()  # warm-up: compiled, loaded, plans made
+    dev.sync()
+    times = []
+    for _ in range(max(iters, 3)):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        spin((1,), (1,), (np.int64(4_000_000),))
+        start.record()
+        for _ in range(DECODE_CALLS):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / DECODE_CALLS)
+    return float(np.median(times))
+
+
+def _decode_attention_vs_anchors(ph: Phase, ctx: int, nh: int, nkv: int,
+                                 d: int) -> tuple[str, dict]:
+    """One decode step's attention for one layer (1 query row, ``ctx`` keys, every key visible)
+    through ops.attention (the v2 decode kernel), the v1 kernel and torch SDPA with
+    ``enable_gqa``; FlashInfer's single decode too when it is importable (float32 permitting)."""
+    from dflash_ref.ops.masks import causal_mask
+
+    dev, ops, xp = ph.dev, ph.dev.be.ops, ph.dev.xp
+    rng = np.random.default_rng(ctx)
+    q = xp.asarray(rng.standard_normal((1, nh, d)).astype(np.float32))
+    k, v = (xp.asarray(rng.standard_normal((ctx, nkv, d)).astype(np.float32)) for _ in range(2))
+    # Positions on the device as int32, as a paged pool keeps them: no copy per call.
+    spec = causal_mask(xp.asarray(np.array([ctx - 1], np.int32)), xp.arange(ctx, dtype=np.int32))
+    ours = ops.attention(q, k, v, spec)
+    times = {"ours": _gpu_time(dev, lambda: ops.attention(q, k, v, spec), ph.sizes.iters)}
+    if not dev.dry:
+        from kernels_cupy.attention import attention_using
+
+        ref = attention_using("decode", q, k, v, spec)
+        _check_rel(f"decode Tk={ctx} v2 vs v1", _rel(dev, ours, ref), gpu_anchors.ATT_TOL)
+        times["v1"] = _gpu_time(dev, lambda: attention_using("decode", q, k, v, spec),
+                                ph.sizes.iters)
+    notes = []
+    try:
+        torch = dev.torch()
+        F = torch.nn.functional
+        tq = dev.to_torch(q).permute(1, 0, 2)[None]  # [1, nh, 1, d]
+        tk, tv = (dev.to_torch(a).permute(1, 0, 2)[None] for a in (k, v))  # [1, nkv, ctx, d]
+
+        def sdpa():
+            return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+
+        err = _check_rel(f"decode Tk={ctx} ours vs SDPA",
+                         _rel(dev, ours, sdpa()[0].permute(1, 0, 2)), gpu_anchors.ATT_TOL)
+        times["sdpa"] = _gpu_time(dev, sdpa, ph.sizes.iters)
+        notes.append(f"vs SDPA err {err:.1e}")
+    except Skip as exc:
+        notes.append(f"SDPA skipped: {exc}")
+    try:
+        if dev.dry:
+            raise Skip("dry run")
+        import flashinfer
+
+        fq, fk, fv = (dev.to_torch(a) for a in (q[0], k, v))
+
+        def fi():
+            return flashinfer.single_decode_with_kv_cache(fq, fk, fv, kv_layout="NHD")
+
+        _check_rel(f"decode Tk={ctx} ours vs FlashInfer", _rel(dev, ours[0], fi()),
+                   gpu_anchors.ATT_TOL)
+        times["flashinfer"] = _gpu_time(dev, fi, ph.sizes.iters)
+    except Exception as exc:  # noqa: BLE001 - a missing or float32-less anchor is a note
+        notes.append(f"FlashInfer skipped: {type(exc).__name__}: {str(exc)[:60]}")
+    anchor = min((times[a] for a in ("sdpa", "flashinfer") if a in times), default=None)
+    kv_gbs = 2 * ctx * nkv * d * 4 / times["ours"] / 1e9
+    text = "   ".join(f"{n} {t * 1e6:8.1f} us" for n, t in times.items())
+    values = {f"{n}_us": t * 1e6 for n, t in times.items()}
+    goal = "<= 20 us" if ctx <= 512 else "<= 1.2x the anchor"
+    if anchor is not None:
+        values["ratio"] = times["ours"] / anchor
+        text += f"   ratio {values['ratio']:5.2f}"
+    return (f"{text}   K/V {kv_gbs:7.1f} GB/s (goal {goal}; {'; '.join(notes)})",
+            {**values, "kv_GBps": kv_gbs, "goal": goal})
 
 
 # ---------------------------------------------------------------------------------- e2e

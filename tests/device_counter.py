@@ -15,6 +15,12 @@ for device memory), and :data:`LEDGER` records, where CuPy would copy:
 - downloads (each a host synchronisation on a GPU): ``be.to_numpy`` / ``.get()`` of a DeviceArray,
   and ``int()`` / ``float()`` / ``bool()`` / ``.item()`` / ``.tolist()`` of one.
 
+and launches (each a kernel CuPy would start; :data:`TWIN_LAUNCHES` and ``_count_launches``):
+an op call counts its twin's kernels plus one copy per non-contiguous array argument (the twins'
+``f32`` makes them contiguous); a ufunc on a DeviceArray (``+``, ``@``, ``exp``, a reduction), a
+NumPy function computing on one (``concatenate``, ``where``), an assignment into one, and
+``ascontiguousarray`` / ``astype`` / ``copy`` that must copy count one each.
+
 Each entry names the dflash_ref line that made it. Results are the NumPy backend's, bit for bit
 (the ops are the reference ops, run on the same memory). The code base tells device arrays from
 host ones by their type's module (``type(x).__module__.startswith("cupy")``:
@@ -41,16 +47,28 @@ class Ledger:
     def __init__(self):
         self.uploads: list[str] = []
         self.downloads: list[str] = []
+        self.launches: list[str] = []
 
     def reset(self) -> None:
         self.uploads.clear()
         self.downloads.clear()
+        self.launches.clear()
 
     def add(self, kind: str, what: str) -> None:
         getattr(self, kind).append(f"{what} at {_caller()}")
 
 
 LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to reach it
+
+# Kernels the CuPy twin of each op starts for one call in a decode / verify / draft step (read from
+# kernels_cupy/<family>.py; an op absent here starts one). Attention: the key-split kernel and its
+# combine (a decode step's grid splits the keys to fill the GPU). The chunked GDN is a prefill op
+# (tens of kernels) and is not on a step's path.
+TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2}
+# NumPy functions that start no kernel on CuPy: views, shapes, dtype and host-side queries.
+_NO_KERNEL = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
+                        "broadcast_to", "result_type", "shape", "ndim", "size", "may_share_memory",
+                        "shares_memory", "iscomplexobj", "atleast_1d", "atleast_2d", "ravel"})
 
 
 def _caller() -> str:
@@ -122,11 +140,15 @@ class DeviceArray(np.ndarray):
         for x in inputs:
             if _host_arrays(x):
                 LEDGER.add("uploads", f"a host operand of {ufunc.__name__}")
+        LEDGER.add("launches", f"ufunc {ufunc.__name__}" + ("" if method == "__call__" else
+                                                           f".{method}"))
         return _wrap(getattr(ufunc, method)(*_strip(inputs), **_strip(kwargs)))
 
     def __array_function__(self, func, types, args, kwargs):
         if _host_arrays(args) + _host_arrays(kwargs):
             LEDGER.add("uploads", f"a host argument of np.{func.__name__}")
+        if func.__name__ not in _NO_KERNEL:
+            LEDGER.add("launches", f"np.{func.__name__}")
         return _wrap(func(*_strip(args), **_strip(kwargs)))
 
     def __getitem__(self, idx):
@@ -137,6 +159,7 @@ class DeviceArray(np.ndarray):
     def __setitem__(self, idx, value):
         if _host_arrays(idx if isinstance(idx, tuple) else (idx,)) + _host_arrays(value):
             LEDGER.add("uploads", "a host index or value in an assignment")
+        LEDGER.add("launches", "an assignment")
         np.ndarray.__setitem__(self.view(np.ndarray), _strip(idx), _strip(value))
 
     def _read(self, what: str):
@@ -164,6 +187,15 @@ class DeviceArray(np.ndarray):
     def get(self):
         return np.array(self._read(".get()"))
 
+    def astype(self, dtype, *args, copy=True, **kwargs):
+        if np.dtype(dtype) != self.dtype or copy:
+            LEDGER.add("launches", ".astype")
+        return _wrap(self.view(np.ndarray).astype(dtype, *args, copy=copy, **kwargs))
+
+    def copy(self, *args, **kwargs):
+        LEDGER.add("launches", ".copy()")
+        return _wrap(self.view(np.ndarray).copy(*args, **kwargs))
+
     def __repr__(self):
         return f"DeviceArray({np.ndarray.__repr__(self.view(np.ndarray))})"
 
@@ -182,12 +214,16 @@ class _DeviceXP:
             def upload(a, *args, **kwargs):
                 if not isinstance(a, DeviceArray):
                     LEDGER.add("uploads", f"xp.{name}")
+                elif name == "array" or not a.flags.c_contiguous:
+                    LEDGER.add("launches", f"xp.{name} (a copy)")
                 return _wrap(attr(_strip(a), *args, **kwargs))
             return upload
 
         def on_device(*args, **kwargs):
             if _host_arrays(args) + _host_arrays(kwargs):
                 LEDGER.add("uploads", f"a host argument of xp.{name}")
+            if name not in _NO_KERNEL and name not in ("empty", "empty_like"):
+                LEDGER.add("launches", f"xp.{name}")
             return _wrap(attr(*_strip(args), **_strip(kwargs)))
         return on_device
 
@@ -211,6 +247,10 @@ def _device_op(name: str, fn):
         for a in (*args, *kwargs.values()):
             if _host_arrays(a):
                 LEDGER.add("uploads", f"a host argument of op {name}")
+            if isinstance(a, DeviceArray) and a.ndim and not a.flags.c_contiguous:
+                LEDGER.add("launches", f"a contiguous copy for op {name}")
+        for _ in range(TWIN_LAUNCHES.get(name, 1)):
+            LEDGER.add("launches", f"op {name}")
         return _wrap(fn(*_strip(args), **_strip(kwargs)))
 
     op.__name__ = op.__qualname__ = name

@@ -105,5 +105,5 @@ def _feed_forward(cfg, be, idx: int, w: dict, norm):
     if sparse and cfg.moe.kind == "qwen":
         return QwenSparseMoE(cfg, be, idx, w)
     act = be.ops.swiglu if cfg.hidden_act == "silu" else GeGLU(be.xp)
-    mlp = GatedMLP(w, act)  # its width is the tensors' (Gemma 4 double-wide too)
+    mlp = GatedMLP(be, w, act)  # its width is the tensors' (Gemma 4 double-wide too)
     return Gemma4MoE(cfg, be, idx, w, norm, mlp) if sparse else mlp

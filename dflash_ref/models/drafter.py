@@ -52,6 +52,7 @@ from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.compare import check_finite_weights
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.draft_cache import DraftCache
+from dflash_ref.models.layers import Projections
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
 from dflash_ref.ops.reductions import argmax_rows_checked
@@ -91,6 +92,7 @@ class DFlashDrafter:
             {k[len(f"layers.{i}."):]: v for k, v in w.items() if k.startswith(f"layers.{i}.")}
             for i in range(config.num_hidden_layers)
         ]
+        self.products = [self._products(w) for w in self.layers]  # stacked projections
         self.embedding_scale = config.noise_embedding_scale(target.config)
         self.block_size = config.block_size  # B, the block drafted by default
         # each layer's key-visibility rule (DrafterConfig.visibility), read once for every draft
@@ -98,6 +100,15 @@ class DFlashDrafter:
         self._bind(target)
 
     # ------------------------------------------------------------------ construction
+
+    def _products(self, w: dict) -> dict:
+        """One layer's stacked projections (:class:`~dflash_ref.models.layers.Projections`):
+        the block's q, k, v; the context's k, v; the MLP's gate and up. The k and v rows are
+        stacked once and shared by the two products that read them."""
+        a = "self_attn."
+        qkv = Projections.stacked(self.be, w, [f"{a}{p}_proj.weight" for p in "qkv"])
+        gate_up = Projections.stacked(self.be, w, ["mlp.gate_proj.weight", "mlp.up_proj.weight"])
+        return {"qkv": qkv, "kv": qkv.rows(1, 3), "gate_up": gate_up}
 
     @classmethod
     def from_pretrained(cls, path, target: TargetModel, backend=None,
@@ -194,7 +205,8 @@ class DFlashDrafter:
                 f"context features have shape {tuple(features.shape)}, expected [ctx, {width}] "
                 f"(C={cfg.n_capture} captured layers x hidden {cfg.hidden_size})"
             )
-        return self.be.ops.rms_norm(features @ self.fc.T, self.hidden_norm, cfg.rms_norm_eps)
+        c = self.be.ops.linear(features, self.fc)  # features @ fc^T [ctx, H]
+        return self.be.ops.rms_norm(c, self.hidden_norm, cfg.rms_norm_eps)
 
     def embed_block(self, anchor_token: int, n_rows: int | None = None):
         """Embed: the block [anchor, mask x (n-1)] through the target's embedding rows: [n, H].
@@ -212,8 +224,9 @@ class DFlashDrafter:
         """Context K/V of one layer: k_norm + RoPE at absolute ``positions``; [ctx, nkv, d] each."""
         cfg, w = self.config, self.layers[layer]
         n = c.shape[0]
-        k = (c @ w["self_attn.k_proj.weight"].T).reshape(n, cfg.num_key_value_heads, cfg.head_dim)
-        v = (c @ w["self_attn.v_proj.weight"].T).reshape(n, cfg.num_key_value_heads, cfg.head_dim)
+        k, v = self.products[layer]["kv"](c)  # c @ Wk^T, c @ Wv^T: one product
+        k = k.reshape(n, cfg.num_key_value_heads, cfg.head_dim)
+        v = v.reshape(n, cfg.num_key_value_heads, cfg.head_dim)
         k = self.be.ops.rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps)
         return self._rope(layer, k, positions), v
 
@@ -271,21 +284,21 @@ class DFlashDrafter:
         cfg, w, ops = self.config, self.layers[i], self.be.ops
         B, nh, nkv, d = u.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
-        q = (u @ w["self_attn.q_proj.weight"].T).reshape(B, nh, d)
-        q = self._rope(i, ops.rms_norm(q, w["self_attn.q_norm.weight"], eps), noise_pos)
-        nk = (u @ w["self_attn.k_proj.weight"].T).reshape(B, nkv, d)
-        nk = self._rope(i, ops.rms_norm(nk, w["self_attn.k_norm.weight"], eps), noise_pos)
-        nv = (u @ w["self_attn.v_proj.weight"].T).reshape(B, nkv, d)
+        q, nk, nv = self.products[i]["qkv"](u)  # u @ Wq^T, u @ Wk^T, u @ Wv^T: one product
+        q = self._rope(i, ops.rms_norm(q.reshape(B, nh, d), w["self_attn.q_norm.weight"], eps),
+                       noise_pos)
+        nk = self._rope(i, ops.rms_norm(nk.reshape(B, nkv, d), w["self_attn.k_norm.weight"], eps),
+                        noise_pos)
+        nv = nv.reshape(B, nkv, d)
         k, v = join_kv(nk, nv)  # [ctx + B, nkv, d] each: context FIRST
         mask = self.layer_mask(i, ctx_pos, noise_pos)
         o = ops.attention(q, k, v, mask, scale=d ** -0.5)  # [B, nh, d]
-        return o.reshape(B, nh * d) @ w["self_attn.o_proj.weight"].T
+        return ops.linear(o.reshape(B, nh * d), w["self_attn.o_proj.weight"])
 
     def mlp(self, i: int, u):
         """The SwiGLU MLP: ``W_down(swiglu(W_gate u, W_up u))``, [B, H] -> [B, H]."""
-        w = self.layers[i]
-        g, up = u @ w["mlp.gate_proj.weight"].T, u @ w["mlp.up_proj.weight"].T
-        return self.be.ops.swiglu(g, up) @ w["mlp.down_proj.weight"].T
+        g, up = self.products[i]["gate_up"](u)  # u @ Wg^T, u @ Wu^T: one product
+        return self.be.ops.linear(self.be.ops.swiglu(g, up), self.layers[i]["mlp.down_proj.weight"])
 
     def logits(self, z):
         """Draft logits from final-normed rows z [n, H] (docs/drafter.md, "Head").
@@ -297,7 +310,7 @@ class DFlashDrafter:
         cfg, xp = self.config, self.be.xp
         if cfg.output_multiplier is None and cfg.final_logit_softcapping is None:
             return self.target.lm_head(z)
-        logits = z @ self.target.lm_head_weight.T
+        logits = self.be.ops.linear(z, self.target.lm_head_weight)
         if cfg.output_multiplier is not None:
             logits = logits * xp.float32(cfg.output_multiplier)
         cap = (cfg.final_logit_softcapping if cfg.final_logit_softcapping is not None

@@ -101,15 +101,17 @@ class VNormAttention(Attention):
         super().__init__(cfg, be, idx, w, rope)
         self.v_norm = RMSNorm(be, be.xp.ones(self.d, dtype=be.xp.float32), cfg.rms_norm_eps, 0.0)
 
-    def values(self, u, k):
+    def values(self, kv, k):
         """v [T, nkv, d]: ``v_norm(u @ Wv^T)``."""
-        return self.v_norm(super().values(u, k))
+        return self.v_norm(super().values(kv, k))
 
 
 class KEqVAttention(VNormAttention):
     """A full layer with ``attention_k_eq_v``: no v_proj, v is the raw k projection (normed)."""
 
-    def values(self, u, k):
+    PROJECTIONS = ("q_proj", "k_proj")
+
+    def values(self, kv, k):
         """v [T, nkv, d]: ``v_norm(k)``, k the raw k projection."""
         return self.v_norm(k)
 
@@ -119,13 +121,15 @@ class SharedKVAttention(Attention):
 
     ``batch.tap`` sees "q" and "q_rope" only (the layer computes no k or v)."""
 
+    PROJECTIONS = ("q_proj",)
+
     def __init__(self, cfg, be, idx: int, w: dict, rope):
         super().__init__(cfg, be, idx, w, rope)
         self.kv_source = cfg.kv_source_for(idx)
 
-    def attend(self, q, u, batch):
-        """q [T, nh, d] (projected, before its norm) -> attention output [T, nh*d] over what the
-        source layer stored for this batch."""
+    def attend(self, q, kv, batch):
+        """q [T, nh, d] (projected, before its norm; ``kv`` empty) -> attention output [T, nh*d]
+        over what the source layer stored for this batch."""
         q = self.q_norm(q)
         batch.tap(self.idx, "q", q)
         q = self.rope(q, batch.arrays)

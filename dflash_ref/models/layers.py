@@ -34,6 +34,8 @@ intermediates. A layer only computes.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class RMSNorm:
     """``rms_norm(x, w, eps, offset)`` over the last axis (``offset=1.0``: the (1 + w) form)."""
@@ -72,10 +74,46 @@ class Rope:
                                 r.rotary_dim, r.factor)
 
 
+class Projections:
+    """Projections of one input as one product: ``u @ [W_1; ...; W_n]^T``, split by rows.
+
+    ``Projections.stacked(be, w, ["q", "k", "v"])(u)`` -> ``(u @ w["q"]^T, u @ w["k"]^T,
+    u @ w["v"]^T)``, each [T, n_i] (column slices of one [T, sum n_i] product): u is read once
+    and one ``linear`` runs where n separate products would run n (vLLM's ``QKVParallelLinear`` /
+    ``MergedColumnParallelLinear`` stack the same weights).
+    """
+
+    def __init__(self, be, weight, sizes):
+        """``weight`` [sum(sizes), H]: the stacked rows, ``sizes`` [n_1, ..., n_n] of them."""
+        self.be, self.weight, self.sizes = be, weight, list(sizes)
+        edges = np.cumsum([0, *self.sizes])
+        self.slices = [slice(int(a), int(b)) for a, b in zip(edges, edges[1:])]
+
+    @classmethod
+    def stacked(cls, be, w: dict, names):
+        """Stack ``w[name]`` for ``names`` once, on the backend, when the layer is made; ``w``'s
+        entries become views of the stacked rows (the same memory, not a second copy)."""
+        p = cls(be, be.xp.concatenate([w[n] for n in names]), [w[n].shape[0] for n in names])
+        for n, rows in zip(names, p.slices):
+            w[n] = p.weight[rows]
+        return p
+
+    def rows(self, first: int, stop: int):
+        """The projections ``first .. stop-1`` alone, over the same stacked memory."""
+        lo, hi = self.slices[first].start, self.slices[stop - 1].stop
+        return Projections(self.be, self.weight[lo:hi], self.sizes[first:stop])
+
+    def __call__(self, u):
+        """u [T, H] -> one [T, n_i] array per weight."""
+        y = self.be.ops.linear(u, self.weight)  # [T, sum n_i]
+        return tuple(y[:, s] for s in self.slices)
+
+
 class Attention:
     """Self-attention of one layer: projections, q/k norms, RoPE, the KV store, o_proj::
 
-        q = rope(q_norm(u @ Wq^T)),  k = rope(k_norm(u @ Wk^T)),  v = u @ Wv^T
+        q, k, v = u @ Wq^T, u @ Wk^T, u @ Wv^T             # one product: Projections
+        q, k = rope(q_norm(q)), rope(k_norm(k))
         keys, values, mask = batch.kv[i].update(k, v)       # everything the batch may read
         o = attention(q, keys, values, mask, scale, softcap) @ Wo^T
 
@@ -87,9 +125,12 @@ class Attention:
 
     A family's attention is a subclass that overrides one of two methods: :meth:`attend` (the
     attention of projected queries: a KV-sharing layer reads another layer's K/V) or
-    :meth:`values` (a v norm, or k = v); :class:`~dflash_ref.models.qwen3_5.GatedAttention`
-    gates what :meth:`attend` returns.
+    :meth:`values` (a v norm, or k = v); its ``PROJECTIONS`` name the weights it projects u by
+    (a KV-sharing layer projects queries only, a k = v layer has no v_proj).
+    :class:`~dflash_ref.models.qwen3_5.GatedAttention` gates what :meth:`attend` returns.
     """
+
+    PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
     def __init__(self, cfg, be, idx: int, w: dict, rope):
         self.be, self.idx, self.w, self.rope = be, idx, w, rope
@@ -99,6 +140,8 @@ class Attention:
         qk = cfg.qk_norm  # per head over d, (1 + w) where the family's norms are
         self.q_norm = self.head_norm(w.get("self_attn.q_norm.weight") if qk else None, cfg)
         self.k_norm = self.head_norm(w.get("self_attn.k_norm.weight") if qk else None, cfg)
+        names = [f"self_attn.{p}.weight" for p in self.PROJECTIONS]
+        self.project = Projections.stacked(be, w, names)  # q (and k, v) in one product
 
     def head_norm(self, weight, cfg):
         """A per-head RMSNorm over d with ``weight`` [d], or :class:`Identity` for None."""
@@ -108,17 +151,19 @@ class Attention:
 
     def __call__(self, u, batch):
         """u [T, H] -> [T, H] over the layer's KV store in ``batch``."""
-        q = (u @ self.w["self_attn.q_proj.weight"].T).reshape(u.shape[0], self.n_heads, self.d)
-        return self.attend(q, u, batch) @ self.w["self_attn.o_proj.weight"].T
+        q, *kv = self.project(u)  # q [T, nh*d]; the k (and v) projections [T, nkv*d]
+        q = q.reshape(u.shape[0], self.n_heads, self.d)
+        return self.be.ops.linear(self.attend(q, kv, batch), self.w["self_attn.o_proj.weight"])
 
-    def attend(self, q, u, batch):
-        """q [T, nh, d] (projected, before its norm), u [T, H] -> attention output [T, nh*d].
+    def attend(self, q, kv, batch):
+        """q [T, nh, d] (projected, before its norm), kv the layer's k (and v) projections
+        [T, nkv*d] -> attention output [T, nh*d].
 
-        k and v are projected from u; q and k normed, then rotated; k and v go to the layer's
-        KV store, and the queries attend over everything it returns."""
+        q and k normed, then rotated; k and v go to the layer's KV store, and the queries attend
+        over everything it returns."""
         tap, arrays = batch.tap, batch.arrays
-        k = (u @ self.w["self_attn.k_proj.weight"].T).reshape(u.shape[0], self.n_kv, self.d)
-        q, k, v = self.q_norm(q), self.k_norm(k), self.values(u, k)
+        k = kv[0].reshape(q.shape[0], self.n_kv, self.d)
+        q, k, v = self.q_norm(q), self.k_norm(k), self.values(kv, k)
         tap(self.idx, "q", q)
         tap(self.idx, "k", k)
         q, k = self.rope(q, arrays), self.rope(k, arrays)
@@ -130,25 +175,25 @@ class Attention:
                                   softcap=self.softcap)  # [T, nh, d]
         return o.reshape(o.shape[0], -1)  # [T, nh*d]
 
-    def values(self, u, k):
-        """v [T, nkv, d]: ``u @ Wv^T`` (``k``, the raw k projection, unused here)."""
-        return (u @ self.w["self_attn.v_proj.weight"].T).reshape(k.shape)
+    def values(self, kv, k):
+        """v [T, nkv, d]: the v projection ``u @ Wv^T`` (``k``, the raw k [T, nkv, d], unused
+        here)."""
+        return kv[1].reshape(k.shape)
 
 
 class GatedMLP:
     """``down(act(gate(u), up(u)))``: ``act(g, up)`` [T, F] -> [T, F] is the ``swiglu`` op
     (``silu(g) * up``) or GeGLU (:class:`dflash_ref.models.gemma.GeGLU`); a feed-forward (module
-    docstring)."""
+    docstring). gate and up are one product (:class:`Projections`)."""
 
-    def __init__(self, w: dict, act):
-        self.w, self.act = w, act
+    def __init__(self, be, w: dict, act):
+        self.be, self.w, self.act = be, w, act
+        self.gate_up = Projections.stacked(be, w, ["mlp.gate_proj.weight", "mlp.up_proj.weight"])
 
     def __call__(self, x, u, batch):
         """u [T, H] -> [T, H] (x, the residual stream, and batch unused)."""
-        w = self.w
-        g = u @ w["mlp.gate_proj.weight"].T  # [T, F]
-        up = u @ w["mlp.up_proj.weight"].T  # [T, F]
-        return self.act(g, up) @ w["mlp.down_proj.weight"].T  # [T, H]
+        g, up = self.gate_up(u)  # u @ Wg^T, u @ Wu^T: [T, F] each
+        return self.be.ops.linear(self.act(g, up), self.w["mlp.down_proj.weight"])  # [T, H]
 
 
 class DecoderLayer:

@@ -38,11 +38,12 @@ class GatedAttention(Attention):
     def __call__(self, u, batch):
         """u [T, H] -> [T, H] over the layer's KV store in ``batch``."""
         T, nh, d = u.shape[0], self.n_heads, self.d
-        q = (u @ self.w["self_attn.q_proj.weight"].T).reshape(T, nh, 2 * d)  # [T, nh, 2d]
+        q, *kv = self.project(u)  # q [T, nh*2d], k and v [T, nkv*d]
+        q = q.reshape(T, nh, 2 * d)  # [T, nh, 2d]
         q, gate = q[..., :d], q[..., d:].reshape(T, nh * d)  # [T, nh, d], [T, nh*d]
-        o = self.attend(q, u, batch)  # [T, nh*d]
+        o = self.attend(q, kv, batch)  # [T, nh*d]
         o = o * (1.0 / (1.0 + self.be.xp.exp(-gate)))  # sigmoid output gate
-        return o @ self.w["self_attn.o_proj.weight"].T
+        return self.be.ops.linear(o, self.w["self_attn.o_proj.weight"])
 
 
 class GDNMixer:

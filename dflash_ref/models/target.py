@@ -190,7 +190,7 @@ class TargetModel:
 
     def lm_head(self, h):
         """Logits [T, vocab] from final-normed hidden h [T, H], with the final softcap if any."""
-        logits = h @ self.lm_head_weight.T
+        logits = self.be.ops.linear(h, self.lm_head_weight)  # h @ W^T [T, vocab]
         cap = self.config.final_logit_softcapping
         if cap:
             logits = self.be.xp.float32(cap) * self.be.xp.tanh(logits / self.be.xp.float32(cap))

@@ -18,4 +18,5 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "gdn": ("gdn_recurrent", "gdn_chunked", "causal_conv1d"),
     "gdn_tree": ("causal_conv1d_tree", "gdn_tree_recurrent"),
     "pager": ("gather_rows", "scatter_rows", "fill_slot_pos"),
+    "linear": ("linear",),
 }
