@@ -23,7 +23,9 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
               attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k;
               decode attention per layer (Qwen3-4B heads) at 512, 4k, 8k and 32k keys: ours
               (the v2 kernel), v1, torch SDPA with enable_gqa and FlashInfer when importable,
-              GPU time only (calls queued behind a spin kernel)
+              GPU time only (calls queued behind a spin kernel); every attention kernel on 16 ..
+              512 query rows after 4096 keys, where the decode / prefill selection threshold
+              (kernels_cupy/attention_prefill.py, choose_kernel) is to be placed
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
               weight-read floor, a 16-token verify against a 1-token decode, speculative generate
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
