@@ -31,7 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 from dflash_ref.backend import cupy_device_description, cupy_unavailable_reason  # noqa: E402
 from dflash_ref.ops.masks import causal_mask, committed_prefix_mask  # noqa: E402
 
-GDN_TOL = 2e-3  # fla may use TF32 / a different chunk order; ours tracks float32 to 1e-4
+# Ours vs fla, relative to max |fla|, as scripts/gpu_report.py's FLA_TOL: fla's Triton dots take
+# float32 inputs as TF32 (10-bit mantissa, unit roundoff 2^-11 = 4.9e-4) while ours tracks float32.
+# Measured on an H200 (fla 0.6.0): 1.5e-3 at 8k tokens, 2.1e-3 at 32k (2e-3 refused that row).
+# The check catches a different function (an O(1) error); it does not grade fla's precision.
+GDN_TOL = 5e-3
 ATT_TOL = 2e-4  # SDPA float32 (math / efficient backends) vs our online softmax
 
 

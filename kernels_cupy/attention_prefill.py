@@ -30,10 +30,13 @@ KERNELS = {  # (largest head dim, vec4) -> kernel name
     (256, False): "attention_prefill_d256_f32",
     (256, True): "attention_prefill_d256_vec4_f32",
 }
-# The selection rule: at least one full query tile of 64 rows, and a grid of at least one block
-# per SM (below that the decode kernel, which splits the keys of a small grid, keeps more SMs
-# busy).
+# The selection rule's two thresholds (plan parameters of :func:`choose_kernel`, read at call
+# time): at least MIN_QUERY_ROWS query rows (one full 64-row query tile), and a grid of at least
+# MIN_BLOCKS_PER_SM blocks per SM (below that the decode kernel, which splits the keys of a small
+# grid, keeps more SMs busy). Both are to be set from scripts/gpu_report.py's "attention kernel
+# threshold" rows, which time both kernels around them on the GPU.
 MIN_QUERY_ROWS = 64
+MIN_BLOCKS_PER_SM = 1.0
 
 
 def prefill_shared_bytes(BQ: int, d: int, ld: int, kv_bufs: int) -> int:
@@ -82,19 +85,23 @@ def plan_prefill(Tq: int, nh: int, nkv: int, d: int, Tk: int, shared_limit: int,
 
 
 def choose_kernel(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int, shared_limit: int,
-                  vec4: bool | None = None) -> str:
+                  vec4: bool | None = None, min_query_rows: int | None = None,
+                  min_blocks_per_sm: float | None = None) -> str:
     """"prefill" or "decode": which kernel ``kernels_cupy.attention.attention`` runs.
 
-    The prefill kernel when Tq >= MIN_QUERY_ROWS, its plan fits ``shared_limit`` and its grid
-    has at least ``sm_count`` blocks (one per SM); the decode kernel otherwise (decode, drafter
-    blocks, 16-token verify, short prompts, few heads: it splits the keys of a small grid
-    over the SMs, which the prefill kernel never does).
+    The prefill kernel when Tq >= ``min_query_rows``, its plan fits ``shared_limit`` and its
+    grid has at least ``min_blocks_per_sm * sm_count`` blocks; the decode kernel otherwise
+    (decode, drafter blocks, 16-token verify, short prompts, few heads: it splits the keys of a
+    small grid over the SMs, which the prefill kernel never does). The thresholds default to
+    :data:`MIN_QUERY_ROWS` and :data:`MIN_BLOCKS_PER_SM`, read at call time.
     """
-    if Tq < MIN_QUERY_ROWS or Tk == 0:
+    min_rows = MIN_QUERY_ROWS if min_query_rows is None else min_query_rows
+    per_sm = MIN_BLOCKS_PER_SM if min_blocks_per_sm is None else min_blocks_per_sm
+    if Tq < min_rows or Tk == 0:
         return "decode"
     try:
         plan = plan_prefill(Tq, nh, nkv, d, Tk, shared_limit, vec4)
     except ValueError:
         return "decode"
     gx, gy, _ = plan["grid"]
-    return "prefill" if gx * gy >= sm_count else "decode"
+    return "prefill" if gx * gy >= per_sm * sm_count else "decode"

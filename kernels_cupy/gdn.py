@@ -6,7 +6,8 @@
 - :func:`gdn_chunked`: prefill, in blocks of whole chunks (memory O(block), not O(T)). Per
   block: cuBLAS batched GEMMs for the dense in-chunk products (Q K^T, K K^T and the outputs),
   and kernels for the masked decay scores, the triangular solve and the sequential inter-chunk
-  state pass.
+  state pass (one block per (value head, 16 value columns), the state in registers, the next
+  chunk's operands loaded by cp.async while the current one computes: :func:`plan_state_pass`).
 - :func:`causal_conv1d`: two grid-stride kernels (outputs, rolled state).
 """
 
@@ -28,7 +29,9 @@ REC_COLS, REC_WARPS = 32, 8  # GDN_REC_COLS, GDN_REC_WARPS: block of gdn_recurre
 MAX_K_RECURRENT = 256  # GDN_REC_WARPS x GDN_REC_MAX_ROWS (gdn.cu)
 MAX_C = 64  # GDN_MAX_C
 MAX_K_CHUNK = 256  # GDN_MAX_K
-STATE_COLS, STATE_ROWS = 32, 8  # GDN_STATE_COLS, GDN_STATE_ROWS
+ST_VS, ST_TY = 16, 16  # GDN_ST_VS, GDN_ST_TY: block of gdn_chunk_state_f32
+ST_MAX_RPT, ST_MAX_IPT = 16, 4  # GDN_ST_MAX_RPT, GDN_ST_MAX_IPT: K <= 256, C <= 64
+SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 SOLVE_THREADS = 256
 # Device bytes one block of gdn_chunked may use for its temporaries (chunks_per_block_for). At
 # HV = 32, K = V = 128, C = 64 a chunk costs about 16 MB over all heads, so 512 MiB gives 32
@@ -66,22 +69,57 @@ def gdn_recurrent(q, k, v, g, beta, state=None, scale=None, return_trace: bool =
     return (o, out_state, trace) if return_trace else (o, out_state)
 
 
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
 def chunk_bytes_per_chunk(HV: int, K: int, V: int, C: int, kda: bool) -> int:
     """Device bytes of :func:`gdn_chunked`'s temporaries per chunk of C tokens (all heads).
 
-    Counted from the block body below (float32): the chunked inputs Qc, Kc, Vc, beta, G; the
-    score matrices (Q K^T, K K^T, P, A); W, U, Kdec, dC; the saved chunk-start states S0s and
-    Delta; Q e^G and the two output products. An upper bound, so a block never exceeds it.
+    Counted from the block body below (float32): the chunked inputs Qc, Kc, Vc, beta, G; KdT
+    [K, Cp]; the score matrices (Q K^T, K K^T, P, A); W and its padded copy [C, Kp], U, dC, fold;
+    the saved chunk-start states S0s and Delta; Q e^G and the two output products. An upper
+    bound, so a block never exceeds it.
     """
     gk = K if kda else 1
+    Kp, Cp = _round4(K), _round4(C)
     per_head = (
-        3 * C * K + C * V + C + 2 * C * gk  # Qc, Kc, Kdec; Vc; beta; G and its cumsum
+        2 * C * K + K * Cp + C * V + C + 2 * C * gk  # Qc, Kc; KdT; Vc; beta; G and its cumsum
         + 4 * C * C  # Q K^T, K K^T, P, A
-        + C * K + C * V + K  # W, U, dC
+        + C * K + C * Kp + C * V + K + C  # W, padded W, U, dC, fold
         + K * V + C * V  # S0s, Delta
         + C * K + 3 * C * V  # Q e^G; (Q e^G) S0, P Delta, their sum
     )
     return 4 * HV * per_head
+
+
+def plan_state_pass(HV: int, K: int, V: int, C: int, shared_limit: int) -> dict:
+    """Launch of gdn_chunk_state_f32: grid, block, padded widths Kp / Cp, stages and shared bytes.
+
+    Shared memory (floats), as the kernel lays it out: per stage W [C, Kp + 4], KdT [K, Cp + 4],
+    U [C, ST_VS], fold [Cp], dC [round4(K)]; once, the transposed state tile [ST_VS, Kp + 4] and
+    fold * Delta [ST_VS, Cp + 4]. Two stages (loads of chunk n + 1 overlap chunk n) when they fit
+    in ``shared_limit`` bytes, else one. Pure: tested on CPU.
+    """
+    if K > ST_TY * ST_MAX_RPT or C > ST_TY * ST_MAX_IPT:
+        raise ValueError(f"gdn_chunked (cupy): K={K} > {ST_TY * ST_MAX_RPT} or chunk_size C={C} "
+                         f"> {ST_TY * ST_MAX_IPT} is beyond the state kernel")
+    Kp, Cp = _round4(K), _round4(C)
+    stage = C * (Kp + 4) + K * (Cp + 4) + C * ST_VS + Cp + _round4(K)
+    fixed = ST_VS * ((Kp + 4) + (Cp + 4))
+    nbuf = 2 if 4 * (2 * stage + fixed) <= shared_limit else 1
+    shared = 4 * (nbuf * stage + fixed)
+    if shared > shared_limit:
+        raise ValueError(f"gdn_chunked (cupy): the state pass needs {shared} bytes of shared "
+                         f"memory at K={K}, C={C}; this device allows {shared_limit}: use a "
+                         f"smaller chunk_size")
+    return {"grid": (HV, -(-V // ST_VS)), "block": (ST_VS, ST_TY), "Kp": Kp, "Cp": Cp,
+            "nbuf": nbuf, "shared_mem": shared}
+
+
+def _shared_limit() -> int:
+    """The device's opt-in maximum of dynamic shared memory per block (bytes)."""
+    return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
 
 
 def plan_chunk_blocks(T: int, C: int, chunks_per_block: int) -> list[tuple[int, int]]:
@@ -183,17 +221,35 @@ def _chunked_block(q, k, v, g, beta, state, scale: float, C: int, kda: bool):
         (B,), (SOLVE_THREADS,), (A, Kc, Vc, G, bc, W, U, i32(C), i32(K), i32(V), i32(gk)))
     del A
 
-    # Decays for the state pass: Kd = K e^(G_C - G) (non-positive exponents), dC = e^(G_C).
+    # The state pass's operands (fla chunk_delta_h): scalar gate, K^T and the decay folded into
+    # the delta rows, fold_i = e^(G_C - G_i); KDA, K^T decayed per channel and fold = 1. Both
+    # non-positive exponents. dC = e^(G_C) per state row. W and KdT padded with zeros to Kp, Cp.
+    plan = plan_state_pass(HV, K, V, C, _shared_limit())
+    Kp, Cp = plan["Kp"], plan["Cp"]
+    if Kp != K:
+        Wp = cp.zeros((HV, N, C, Kp), cp.float32)
+        Wp[..., :K] = W
+        W = Wp
     GC = G[:, :, -1:, :]  # [HV, N, 1, gk]
-    Kdec = cp.ascontiguousarray(Kc * cp.exp(GC - G))  # [HV, N, C, K]
+    KdT = cp.zeros((HV, N, K, Cp), cp.float32)
+    if kda:
+        KdT[..., :C] = (Kc * cp.exp(GC - G)).swapaxes(-1, -2)
+        fold = cp.ones((HV, N, C), cp.float32)
+    else:
+        KdT[..., :C] = Kc.swapaxes(-1, -2)
+        fold = cp.ascontiguousarray(cp.exp(GC - G)[..., 0])  # [HV, N, C]
     dC = cp.ascontiguousarray(cp.broadcast_to(cp.exp(GC[:, :, 0, :]), (HV, N, K)))
 
     S0s = cp.empty((HV, N, K, V), cp.float32)
     Delta = cp.empty((HV, N, C, V), cp.float32)
     out_state = cp.empty((HV, K, V), cp.float32)
-    get_kernel("gdn", "gdn_chunk_state_f32")(
-        (HV, -(-V // STATE_COLS)), (STATE_COLS, STATE_ROWS),
-        (W, U, Kdec, dC, state, out_state, S0s, Delta, i32(N), i32(C), i32(K), i32(V)))
+    kernel = get_kernel("gdn", "gdn_chunk_state_f32")
+    if plan["shared_mem"] > SHARED_DEFAULT and kernel.max_dynamic_shared_size_bytes < plan[
+            "shared_mem"]:
+        kernel.max_dynamic_shared_size_bytes = plan["shared_mem"]  # opt in, once per size
+    kernel(plan["grid"], plan["block"],
+           (W, KdT, U, fold, dC, state, out_state, S0s, Delta, i32(N), i32(C), i32(K), i32(V),
+            i32(Kp), i32(Cp), i32(plan["nbuf"])), shared_mem=plan["shared_mem"])
 
     # Outputs: scale (Q e^G) S0 + P Delta (cuBLAS batched).
     Qg = Qc * (np.float32(scale) * cp.exp(G))  # [HV, N, C, K]

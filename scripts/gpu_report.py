@@ -23,7 +23,9 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
               attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k;
               decode attention per layer (Qwen3-4B heads) at 512, 4k, 8k and 32k keys: ours
               (the v2 kernel), v1, torch SDPA with enable_gqa and FlashInfer when importable,
-              GPU time only (calls queued behind a spin kernel)
+              GPU time only (calls queued behind a spin kernel); every attention kernel on 16 ..
+              512 query rows after 4096 keys, where the decode / prefill selection threshold
+              (kernels_cupy/attention_prefill.py, choose_kernel) is to be placed
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
               weight-read floor, a 16-token verify against a 1-token decode, speculative generate
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
@@ -112,6 +114,10 @@ class Sizes:
     e2e_size: str
     profile_gdn_T: int
     att_decode_ctxs: tuple = (512, 4096, 8192, 32768)  # decode attention rows (Qwen3-4B heads)
+    # query rows around the decode / prefill selection threshold (MIN_QUERY_ROWS = 64), with
+    # att_threshold_ctx keys before them (a verify or chunked-prefill shape)
+    att_threshold_Tq: tuple = (16, 32, 64, 128, 256, 512)
+    att_threshold_ctx: int = 4096
 
 
 GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
@@ -121,7 +127,7 @@ GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
 DRY_SIZES = Sizes(iters=2, launches=50, copy_mib=1, proj=(("tiny", 48, 32),), proj_rows=(1, 16),
                   gdn_T=(64, 128), gdn_long_T=256, gdn_heads=2, gdn_dim=16, att_ctxs=(32, 64),
                   att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64,
-                  att_decode_ctxs=(16, 48))
+                  att_decode_ctxs=(16, 48), att_threshold_Tq=(4, 8), att_threshold_ctx=32)
 
 # Seconds per phase on an H200 (the whole run about 8 minutes; --budget-scale to stretch).
 BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 240, "e2e": 120,
@@ -556,6 +562,9 @@ def phase_anchors(ph: Phase) -> None:
     for ctx in sz.att_decode_ctxs:
         ph.measure(f"decode attention/layer Tk={ctx}",
                    lambda ctx=ctx: _decode_attention_vs_anchors(ph, ctx, nh, nkv, d))
+    for Tq in sz.att_threshold_Tq:
+        ph.measure(f"attention kernel threshold Tq={Tq}",
+                   lambda Tq=Tq: _attention_threshold(ph, Tq, sz.att_threshold_ctx, nh, nkv, d))
 
 
 def _gdn_vs_fla(ph: Phase, T: int, H: int, D: int) -> tuple[str, dict]:
@@ -677,6 +686,47 @@ def _gpu_time(dev: Device, fn, iters: int) -> float:
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / DECODE_CALLS)
     return float(np.median(times))
+
+
+def _attention_threshold(ph: Phase, Tq: int, ctx: int, nh: int, nkv: int,
+                         d: int) -> tuple[str, dict]:
+    """``Tq`` query rows after ``ctx`` committed keys (the verify mask) through every attention
+    kernel (kernels_cupy.attention.attention_using: the v2 and v1 decode kernels, the prefill
+    kernel), each checked against ops.attention, then timed: where the prefill kernel starts to
+    win is the measured selection threshold (kernels_cupy/attention_prefill.py, MIN_QUERY_ROWS
+    and MIN_BLOCKS_PER_SM); the row names the kernel choose_kernel picks today."""
+    from dflash_ref.ops.masks import committed_prefix_mask
+    from kernels_cupy.attention_prefill import choose_kernel
+
+    dev, xp = ph.dev, ph.dev.xp
+    Tk = ctx + Tq
+    spec = committed_prefix_mask(ctx + np.arange(Tq), np.arange(Tk), ctx)
+    if dev.dry:  # kernels_cupy.attention imports CuPy: only the (pure) selection rule here
+        pick = choose_kernel(Tq, nh, nkv, d, Tk, 132, 96 * 1024)
+        raise Skip(f"dry run: the kernels need a GPU (choose_kernel picks {pick} on 132 SMs)")
+    from kernels_cupy import attention as katt
+
+    rng = np.random.default_rng(Tq + 3 * Tk)
+    q = xp.asarray(rng.standard_normal((Tq, nh, d)).astype(np.float32))
+    k, v = (xp.asarray(rng.standard_normal((Tk, nkv, d)).astype(np.float32)) for _ in range(2))
+    ref = dev.be.ops.attention(q, k, v, spec)  # the "auto" choice: the comparison baseline
+    attrs = xp.cuda.Device().attributes  # as kernels_cupy.attention reads them
+    pick = choose_kernel(Tq, nh, nkv, d, Tk, int(attrs["MultiProcessorCount"]),
+                         min(katt.SHARED_LIMIT, int(attrs["MaxSharedMemoryPerBlockOptin"])))
+    times, text = {}, f"Tk={Tk}:"
+    for name in ("decode_v2", "decode", "prefill"):
+        try:
+            out = katt.attention_using(name, q, k, v, spec)
+        except ValueError as exc:  # decode_v2's plan may not fit this device
+            text += f"  {name} n/a ({exc});"
+            continue
+        _check_rel(f"attention_using({name!r}) Tq={Tq}", _rel(dev, out, ref), gpu_anchors.ATT_TOL)
+        times[name] = dev.time(lambda name=name: katt.attention_using(name, q, k, v, spec),
+                               ph.sizes.iters)
+        text += f"  {name} {times[name] * 1e3:8.3f} ms;"
+    best = min(times, key=times.get)
+    return (f"{text} fastest {best}, choose_kernel picks {pick} (checked against ops.attention)",
+            {**{f"{n}_ms": t * 1e3 for n, t in times.items()}, "fastest": best, "picked": pick})
 
 
 def _decode_attention_vs_anchors(ph: Phase, ctx: int, nh: int, nkv: int,

@@ -7,7 +7,8 @@ Hypothesis profiles (choose with HYPOTHESIS_PROFILE; ``ci`` is the default):
 
 ``gpu`` tests skip with the reason from :func:`tests.gpu.gpu_skip_reason` when CuPy or
 a CUDA device is missing; with DFLASH_REQUIRE_GPU=1 they fail instead, so a GPU machine with a
-broken CuPy install cannot pass by skipping.
+broken CuPy install cannot pass by skipping. A skipped ``gpu`` test that calls ``check_twin`` first
+runs as a CPU dry run (:func:`tests.gpu.twin_dry_run`): a failure there is a failure.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.gpu import gpu_required, gpu_skip_reason
+from dflash_ref.errors import BackendUnavailable
+from tests.gpu import calls_check_twin, gpu_required, gpu_skip_reason, twin_dry_run
+
+DRY_RUN = pytest.StashKey[str]()  # the skip reason of a gpu test that runs as a CPU dry run
 
 settings.register_profile(
     "ci", max_examples=30, derandomize=True, deadline=None, print_blob=True,
@@ -49,7 +53,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     if gpu_required():
         pytest.fail(f"DFLASH_REQUIRE_GPU is set but the GPU backend is unusable: {reason}")
+    if isinstance(item, pytest.Function) and calls_check_twin(item.function):
+        item.stash[DRY_RUN] = reason  # runs in pytest_runtest_call, NumPy side only
+        return
     pytest.skip(f"needs a CUDA GPU: {reason}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    reason = item.stash.get(DRY_RUN, None)
+    if reason is None:
+        return (yield)
+    stopped = ""
+    with twin_dry_run() as ran:
+        try:
+            yield  # an exception here (inputs that cannot be built, the NumPy side failing) fails
+        except Exception as e:
+            if not _needs_the_device(e):
+                raise
+            stopped = f"; it stopped at its own use of the device ({type(e).__name__})"
+    pytest.skip(f"needs a CUDA GPU: {reason} (CPU dry run passed: inputs built, NumPy side of "
+                f"{len(ran)} check_twin call(s) ran{stopped})")
+
+
+def _needs_the_device(e: Exception) -> bool:
+    """The dry run went as far as a CPU goes: the test asked for the CuPy backend or CUDA."""
+    return (isinstance(e, BackendUnavailable)
+            or type(e).__name__ in ("CUDARuntimeError", "CUDADriverError"))
 
 
 @pytest.fixture

@@ -17,10 +17,20 @@ import numpy as np
 
 
 def gelu_tanh(xp, g):
-    """GELU with the tanh approximation (HF ``gelu_pytorch_tanh``):
-    ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``."""
-    c = xp.float32(np.sqrt(2.0 / np.pi))
-    return 0.5 * g * (1.0 + xp.tanh(c * (g + xp.float32(0.044715) * g * g * g)))
+    """GELU with the tanh approximation (HF ``gelu_pytorch_tanh``, i.e. PyTorch's
+    ``gelu(g, approximate="tanh")``): ``0.5 g (1 + tanh(z))`` with
+    ``z = sqrt(2/pi) (g + 0.044715 g^3)``.
+
+    Evaluated as ``g * sigmoid(2 z) = g / (1 + exp(-2 z))``, the same function in real arithmetic
+    (``1 + tanh(z) = 2 / (1 + exp(-2 z))``) without the cancellation of ``1 + tanh(z)`` in float32:
+    at ``g = -9.9`` (``tanh(z) ~ -1 + 1e-37``) the sum keeps no correct digit, the quotient keeps
+    them all. ``exp`` overflows to ``inf`` below ``g ~ -10.3``, where the quotient is ``-0`` (the
+    true value is under 1e-37).
+    """
+    c = xp.float32(2.0 * np.sqrt(2.0 / np.pi))
+    two_z = c * (g + xp.float32(0.044715) * g * g * g)  # 2 z, shape of g
+    with np.errstate(over="ignore"):  # exp(-2 z) = inf for g < -10.3: g / inf = -0, as it should
+        return g / (1.0 + xp.exp(-two_z))
 
 
 class GeGLU:

@@ -19,6 +19,7 @@ import re
 import numpy as np
 import pytest
 
+import kernels_cupy.attention_prefill as kpf
 from kernels_cupy import _build
 from kernels_cupy.attention import SHARED_LIMIT, plan_launch
 from kernels_cupy.attention_prefill import (
@@ -49,6 +50,22 @@ from kernels_cupy.attention_prefill import (
 ])
 def test_which_kernel_runs(shape, sm_count, limit, expected):
     assert choose_kernel(*shape, sm_count=sm_count, shared_limit=limit) == expected
+
+
+def test_the_thresholds_are_plan_parameters(monkeypatch):
+    # 16 query rows, 32 heads: one 64-row tile x 32 heads = 32 blocks.
+    shape = (16, 32, 8, 128, 4096)
+    assert choose_kernel(*shape, sm_count=32, shared_limit=SHARED_LIMIT) == "decode"  # < 64 rows
+    assert choose_kernel(*shape, sm_count=32, shared_limit=SHARED_LIMIT,
+                         min_query_rows=16) == "prefill"
+    assert choose_kernel(*shape, sm_count=32, shared_limit=SHARED_LIMIT, min_query_rows=16,
+                         min_blocks_per_sm=1.5) == "decode"  # 32 < 1.5 x 32 blocks
+    assert choose_kernel(*shape, sm_count=64, shared_limit=SHARED_LIMIT, min_query_rows=16,
+                         min_blocks_per_sm=0.5) == "prefill"  # 32 >= 0.5 x 64
+    monkeypatch.setattr(kpf, "MIN_QUERY_ROWS", 16)  # the module defaults, read at call time
+    assert choose_kernel(*shape, sm_count=32, shared_limit=SHARED_LIMIT) == "prefill"
+    monkeypatch.setattr(kpf, "MIN_BLOCKS_PER_SM", 2.0)
+    assert choose_kernel(*shape, sm_count=32, shared_limit=SHARED_LIMIT) == "decode"
 
 
 # ---------------------------------------------------------------- the launch plan

@@ -32,8 +32,12 @@ def test_constants_match_the_cuda_source():
     assert (kgdn.REC_COLS, kgdn.REC_WARPS) == (_define("GDN_REC_COLS"), _define("GDN_REC_WARPS"))
     assert kgdn.MAX_K_RECURRENT == _define("GDN_REC_WARPS") * _define("GDN_REC_MAX_ROWS")
     assert kgdn.MAX_C == _define("GDN_MAX_C") and kgdn.MAX_K_CHUNK == _define("GDN_MAX_K")
-    assert (kgdn.STATE_COLS, kgdn.STATE_ROWS) == (_define("GDN_STATE_COLS"),
-                                                  _define("GDN_STATE_ROWS"))
+    assert (kgdn.ST_VS, kgdn.ST_TY) == (_define("GDN_ST_VS"), _define("GDN_ST_TY"))
+    assert kgdn.ST_VS * kgdn.ST_TY == _define("GDN_ST_THREADS")
+    assert (kgdn.ST_MAX_RPT, kgdn.ST_MAX_IPT) == (_define("GDN_ST_MAX_RPT"),
+                                                  _define("GDN_ST_MAX_IPT"))
+    assert kgdn.ST_TY * kgdn.ST_MAX_RPT >= kgdn.MAX_K_CHUNK
+    assert kgdn.ST_TY * kgdn.ST_MAX_IPT >= kgdn.MAX_C
 
 
 # ---------------------------------------------------------------- gdn_chunked: the block plan
@@ -57,12 +61,13 @@ def test_block_plan_of_an_empty_sequence_is_empty():
 
 
 def test_per_chunk_bytes_hand_count():
-    # HV = 1, K = V = C = 2, scalar gate, counted by hand from the block body:
-    # Qc Kc Kdec 3*4, Vc 4, beta 2, G + cumsum 2*2 | scores 4*4 | W 4, U 4, dC 2 |
-    # S0s 4, Delta 4 | Q e^G 4, three [C, V] products 12  -> 12+4+2+4+16+4+4+2+4+4+4+12 = 72
-    assert kgdn.chunk_bytes_per_chunk(1, 2, 2, 2, kda=False) == 4 * 72
+    # HV = 1, K = V = C = 2 (padded Kp = Cp = 4), scalar gate, counted by hand from the block
+    # body: Qc Kc 2*4, KdT [K, Cp] 8, Vc 4, beta 2, G + cumsum 2*2 | scores 4*4 | W 4, padded
+    # W 8, U 4, dC 2, fold 2 | S0s 4, Delta 4 | Q e^G 4, three [C, V] products 12
+    # -> 8+8+4+2+4 + 16 + 4+8+4+2+2 + 4+4 + 4+12 = 86
+    assert kgdn.chunk_bytes_per_chunk(1, 2, 2, 2, kda=False) == 4 * 86
     # KDA: G is [C, K], 2 more floats per G array
-    assert kgdn.chunk_bytes_per_chunk(1, 2, 2, 2, kda=True) == 4 * 76
+    assert kgdn.chunk_bytes_per_chunk(1, 2, 2, 2, kda=True) == 4 * 90
 
 
 @pytest.mark.parametrize(("HV", "K", "V", "kda"), [(32, 128, 128, False), (16, 128, 128, False),
@@ -184,3 +189,136 @@ def test_recurrent_state_accesses_are_coalesced():
     lanes = np.arange(kgdn.REC_COLS)
     addr = (hv * K + kk) * V + tile * kgdn.REC_COLS + lanes
     assert np.all(np.diff(addr) == 1) and addr[0] % 32 == 0
+
+
+# ---------------------------------------------------------------- gdn_chunk_state_f32: plan
+
+
+SM80_OPTIN, SM86_OPTIN, SM90_OPTIN = 166912, 101376, 232448  # bytes, CUDA programming guide
+
+
+def test_state_plan_hand_count():
+    # K = C = 2 -> Kp = Cp = 4. Stage: W 2*8 + KdT 2*8 + U 2*16 + fold 4 + dC 4 = 72 floats;
+    # once: state tile 16*8 + fold*Delta 16*8 = 256 floats. Two stages: 4 * (144 + 256) bytes.
+    plan = kgdn.plan_state_pass(3, 2, 40, 2, SM90_OPTIN)
+    assert plan == {"grid": (3, 3), "block": (16, 16), "Kp": 4, "Cp": 4, "nbuf": 2,
+                    "shared_mem": 1600}
+
+
+def test_state_plan_fills_the_gpu_and_fits_each_architecture():
+    # Qwen3.5's GDN (16 value heads, K = V = 128, C = 64): 128 blocks (the old pass had 64),
+    # double-buffered on sm_80 and sm_90, single-buffered within sm_86's 99 KiB.
+    for limit in (SM80_OPTIN, SM90_OPTIN):
+        plan = kgdn.plan_state_pass(16, 128, 128, 64, limit)
+        assert plan["grid"] == (16, 8) and plan["nbuf"] == 2 and plan["shared_mem"] <= limit
+    plan = kgdn.plan_state_pass(16, 128, 128, 64, SM86_OPTIN)
+    assert plan["nbuf"] == 1 and plan["shared_mem"] <= SM86_OPTIN
+    big = kgdn.plan_state_pass(4, 256, 64, 64, SM80_OPTIN)  # K = 256: one stage
+    assert big["nbuf"] == 1 and big["shared_mem"] <= SM80_OPTIN
+    with pytest.raises(ValueError, match="smaller chunk_size"):
+        kgdn.plan_state_pass(4, 256, 64, 64, SM86_OPTIN)
+    with pytest.raises(ValueError, match="beyond the state kernel"):
+        kgdn.plan_state_pass(4, 260, 64, 64, SM90_OPTIN)
+
+
+# ---------------------------------------------------------------- gdn_chunk_state_f32: mapping
+
+
+def emulate_state_kernel(W, KdT, U, fold, dC, state):
+    """gdn_chunk_state_f32 in NumPy float32, block by block (value head, slice of ST_VS
+    columns), the block's threads vectorised: Delta rows summed over r = 0 .. Kp-1 in order,
+    state rows over i = 0 .. Cp-1 in order (one float32 rounding per product and per sum; the
+    kernel fuses them with fmaf). Shapes as the kernel's; outputs start as NaN and every write
+    is counted, so an element written twice or never fails.
+    Returns (S0s, Delta, state_out, writes) with writes[name] the per-element write counts."""
+    HV, N, C, Kp = W.shape
+    K, Cp, V = KdT.shape[2], KdT.shape[3], U.shape[-1]
+    f, VS = np.float32, kgdn.ST_VS
+    S0s, Delta = np.full((HV, N, K, V), np.nan, f), np.full((HV, N, C, V), np.nan, f)
+    out = np.full((HV, K, V), np.nan, f)
+    writes = {n: np.zeros(a.shape, int) for n, a in (("S0s", S0s), ("Delta", Delta),
+                                                     ("state", out))}
+    for hv in range(HV):
+        for by in range(-(-V // VS)):
+            cols = by * VS + np.arange(VS)
+            live = cols < V
+            c = np.where(live, cols, 0)
+            s = np.zeros((Kp, VS), f)  # the state tile; rows past K stay 0 (the zero fill)
+            s[:K] = np.where(live, state[hv][:, c], f(0))
+            for n in range(N):
+                S0s[hv, n][:, cols[live]] = s[:K, live]
+                writes["S0s"][hv, n][:, cols[live]] += 1
+                acc = np.zeros((C, VS), f)
+                for r in range(Kp):  # W is zero past K
+                    acc = acc + W[hv, n, :, r, None] * s[r]
+                d = np.where(live, np.where(live, U[hv, n][:, c], f(0)) - acc, f(0))
+                Delta[hv, n][:, cols[live]] = d[:, live]
+                writes["Delta"][hv, n][:, cols[live]] += 1
+                dT = np.zeros((Cp, VS), f)
+                dT[:C] = fold[hv, n, :, None] * d  # fold * Delta, zero past C
+                acc2 = np.zeros((K, VS), f)
+                for i in range(Cp):
+                    acc2 = acc2 + KdT[hv, n, :, i, None] * dT[i]
+                s[:K] = dC[hv, n, :, None] * s[:K] + acc2
+            out[hv][:, cols[live]] = s[:K, live]
+            writes["state"][hv][:, cols[live]] += 1
+    return S0s, Delta, out, writes
+
+
+def emulate_chunked_block(q, k, v, g, beta, state, scale, C):
+    """The twin's gdn_chunked on one block in NumPy float32: the reference's intra-chunk algebra
+    (ops/_gdn_chunk.py) for W, U, P, Q e^G; the operands the wrapper builds for the state kernel
+    (K^T and fold = e^(G_C - G) for a scalar gate, decayed K^T and fold = 1 for KDA; W and KdT
+    zero-padded to Kp, Cp); :func:`emulate_state_kernel`; O = (Q e^G) S0 + P Delta."""
+    from dflash_ref.ops._gdn_chunk import chunk_view, intra_chunk_kda, intra_chunk_scalar
+
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
+    kda = g.ndim == 3
+    N, r = -(-T // C), HV // H
+    f = np.float32
+    Qc, Kc = (chunk_view(np.repeat(x, r, axis=1), N, C) for x in (q, k))  # [N, HV, C, K]
+    Vc, bc = chunk_view(v, N, C), chunk_view(beta[:, :, None], N, C)
+    G = np.cumsum(chunk_view(g if kda else g[:, :, None], N, C), axis=2, dtype=f)
+    if kda:
+        parts = [intra_chunk_kda(Qc[n], Kc[n], Vc[n], bc[n], G[n], f(scale)) for n in range(N)]
+        WQ, U, P, KdTc, dCk = (np.stack(p) for p in zip(*parts))
+        fold = np.ones((N, HV, C), f)
+        dC = dCk[..., 0]  # [N, HV, K]
+    else:
+        WQ, U, P, _, _ = intra_chunk_scalar(Qc, Kc, Vc, bc, G[..., 0], f(scale))
+        KdTc = Kc.swapaxes(-1, -2)  # [N, HV, K, C]
+        fold = np.exp(G[..., -1:, 0] - G[..., 0])  # [N, HV, C]
+        dC = np.broadcast_to(np.exp(G[..., -1:, 0]), (N, HV, K))
+    Kp, Cp = -(-K // 4) * 4, -(-C // 4) * 4
+    W = np.zeros((HV, N, C, Kp), f)
+    W[..., :K] = WQ[:, :, :C].transpose(1, 0, 2, 3)
+    KdT = np.zeros((HV, N, K, Cp), f)
+    KdT[..., :C] = KdTc.transpose(1, 0, 2, 3)
+
+    def hvn(a):  # [N, HV, ..] -> [HV, N, ..]
+        return np.ascontiguousarray(np.swapaxes(a, 0, 1))
+
+    S0s, Delta, S, writes = emulate_state_kernel(W, KdT, hvn(U), hvn(fold), hvn(dC), state)
+    O = hvn(WQ[:, :, C:]) @ S0s + hvn(P) @ Delta  # [HV, N, C, V]
+    o = O.reshape(HV, N * C, V)[:, :T].transpose(1, 0, 2)  # [T, HV, V]
+    return o, S, writes
+
+
+@pytest.mark.parametrize("shape", [(100, 1, 2, 16, 40, 16, False), (70, 2, 4, 33, 7, 10, False),
+                                   (40, 1, 2, 20, 17, 8, True), (64, 1, 1, 12, 16, 64, False)],
+                         ids=str)
+def test_state_kernel_mapping_matches_the_float64_recurrence(rng, shape):
+    # Awkward sizes: V not a multiple of the 16-column slice (dead columns), K and C not
+    # multiples of 4 (the zero padding), a padded last chunk, GQA, KDA. Oracle: the recurrent
+    # form in float64 (itself checked against a closed form, tests/ops/test_gdn.py).
+    T, H, HV, K, V, C, kda = shape
+    args = make_inputs(rng, T, H, HV, K, V, kda=kda, gmin=-3.0)
+    o_r, S_r = gdn_recurrent(*args)
+    args32 = tuple(a.astype(np.float32) for a in args)
+    o, S, writes = emulate_chunked_block(*args32, K ** -0.5, C)
+    assert_close(o, o_r, "float32_gdn", op="gdn_chunk_state_f32 (emulated)", case=str(shape))
+    assert_close(S, S_r, "float32_gdn", op="gdn_chunk_state_f32 (emulated)", tensor="state",
+                 case=str(shape))
+    for name, count in writes.items():  # every output element written exactly once
+        assert np.all(count == 1), name

@@ -72,7 +72,12 @@ def test_reduction_twins(rng, shape):
 
 @pytest.mark.gpu
 def test_argmax_twin_ties_and_neg_inf():
-    x = np.array([[1.0, 3.0, 3.0], [-np.inf, -np.inf, -np.inf], [2.0] * 1000], np.float32)
+    # Row 0: ties at 1, 2 and 700 (the lowest wins across the block's strided slices); row 1 all
+    # -inf (index 0); row 2 a thousand equal values (index 0).
+    x = np.zeros((3, 1000), np.float32)
+    x[0, [1, 2, 700]] = 3.0
+    x[1] = -np.inf
+    x[2] = 2.0
     check_twin("argmax_rows", (x,), tol="exact", case="ties")
     check_twin("entropy_rows", (np.array([[0.0, -np.inf, 1.0]], np.float32),), tol="float32_rowsum",
                case="-inf logit")
