@@ -13,6 +13,8 @@ Subcommands:
             config, and warnings where metadata and weights disagree.
     compare-weights A B   per-tensor relative RMS / max-abs table; exit 1 on any flagged row.
     oracle export OUT | compare REF OTHER   golden vectors (docs/golden_vectors.md).
+    explain   why acceptance is what it is: statistics, ablations, config checks, figures
+            (dflash_ref/explain/cli.py; docs/acceptance.md).
 """
 
 from __future__ import annotations
@@ -381,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_oracle_arguments(sub.add_parser("oracle", help="golden vectors: export a case, compare "
                                         "another stack's dump (docs/golden_vectors.md)"))
+    from dflash_ref.explain.cli import add_parser as add_explain
+
+    add_explain(sub)
     return parser
 
 

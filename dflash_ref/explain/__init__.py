@@ -100,7 +100,7 @@ def _run(target, drafter, prompts, max_new_tokens, block_size, bucket):
 def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *,
             block_size: int | None = None, ablations: Sequence[str] | None = None,
             tokenizer=None, templated: bool | None = None, thinking: bool | None = None,
-            bucket: int = 64) -> ExplainReport:
+            bucket: int = 32) -> ExplainReport:
     """The acceptance report of ``drafter`` on ``target`` over ``prompts`` (ids), greedy.
 
     Args:
