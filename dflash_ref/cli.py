@@ -13,8 +13,6 @@ Subcommands:
             config, and warnings where metadata and weights disagree.
     compare-weights A B   per-tensor relative RMS / max-abs table; exit 1 on any flagged row.
     oracle export OUT | compare REF OTHER   golden vectors (docs/golden_vectors.md).
-    explain   why acceptance is what it is: statistics, ablations, config checks, figures
-            (dflash_ref/explain/cli.py; docs/acceptance.md).
 """
 
 from __future__ import annotations
@@ -345,8 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="version, available backends, CUDA device")
     p_info.set_defaults(func=cmd_info)
     from dflash_ref.cli_generate import add_parser as add_generate
+    from dflash_ref.explain.cli import add_explain_parser
+    from dflash_ref.oracle.cli import add_oracle_arguments
 
     add_generate(sub)
+    add_explain_parser(sub)
 
     from dflash_ref.io.convert_common import QTYPES
 
@@ -379,13 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--threshold-factor", type=cli_args.positive_float, default=1.0,
                        help="flag rows with rel. RMS above factor x the type's budget")
     p_cmp.set_defaults(func=cmd_compare_weights)
-    from dflash_ref.oracle.cli import add_oracle_arguments
-
     add_oracle_arguments(sub.add_parser("oracle", help="golden vectors: export a case, compare "
                                         "another stack's dump (docs/golden_vectors.md)"))
-    from dflash_ref.explain.cli import add_parser as add_explain
-
-    add_explain(sub)
     return parser
 
 

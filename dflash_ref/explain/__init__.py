@@ -26,7 +26,7 @@ import numpy as np
 
 from dflash_ref.explain.ablations import ABLATIONS
 from dflash_ref.explain.checks import config_checks
-from dflash_ref.explain.steps import AcceptanceStats, StepLog, acceptance_stats
+from dflash_ref.explain.steps import AcceptanceNumbers, StepLog, acceptance_stats
 from dflash_ref.oracle.compare import compare_cases
 from dflash_ref.spec_decode.loop import generate
 
@@ -38,7 +38,7 @@ RISE = (0.10, 0.2)
 class ExplainReport:
     """What :func:`explain` found (module docstring)."""
 
-    stats: AcceptanceStats
+    stats: AcceptanceNumbers
     block_size: int
     ablations: dict[str, float | None] = field(default_factory=dict)
     checks: list[tuple[str, str, str]] = field(default_factory=list)
@@ -77,7 +77,7 @@ class ExplainReport:
                  "a + 1 histogram:  " + " ".join(str(n) for n in s.histogram),
                  "tau by context:   " + ", ".join(f"{lo}+: {t:.2f} ({n})"
                                                   for lo, t, n in s.tau_by_context),
-                 "rejections:       " + ", ".join(f"{k} {v}" for k, v in s.rejections.items()),
+                 "misses:           " + ", ".join(f"{k} {v}" for k, v in s.misses.items()),
                  "parting position: " + " ".join(str(n) for n in s.parting)]
         for name, tau in self.ablations.items():
             lines.append(f"ablation {name:22s} " + ("n/a" if tau is None else

@@ -33,7 +33,7 @@ def ablation_names(text: str) -> list[str]:
     return names
 
 
-def add_parser(sub) -> None:
+def add_explain_parser(sub) -> None:
     p = sub.add_parser("explain", help="why acceptance is what it is: statistics, ablations, "
                        "config checks (docs/acceptance.md)")
     p.add_argument("--target", help="target directory (HF layout); default: the shipped pair")

@@ -36,7 +36,7 @@ class Step:
     position: int
     drafted: int
     a: int
-    rejected_rank: int | None
+    miss_rank: int | None
 
 
 class StepLog(Observer):
@@ -65,7 +65,7 @@ class StepLog(Observer):
 
 
 @dataclass(frozen=True)
-class AcceptanceStats:
+class AcceptanceNumbers:
     """The numbers of one run (module docstring). Arrays are indexed from j = 1 (index 0 is
     block position 1)."""
 
@@ -75,12 +75,12 @@ class AcceptanceStats:
     p_conditional: tuple[float, ...]
     histogram: tuple[int, ...]
     tau_by_context: tuple[tuple[int, float, int], ...]
-    rejections: dict
+    misses: dict
     parting: tuple[int, ...]
     n_steps: int
 
 
-def acceptance_stats(steps: list[Step], block_size: int, bucket: int = 64) -> AcceptanceStats:
+def acceptance_stats(steps: list[Step], block_size: int, bucket: int = 64) -> AcceptanceNumbers:
     """The statistics of ``steps`` for a block of ``block_size`` (module docstring).
 
     ``tau_by_context`` lists (bucket start, tau, steps) per non-empty bucket of anchor positions.
@@ -98,12 +98,12 @@ def acceptance_stats(steps: list[Step], block_size: int, bucket: int = 64) -> Ac
     pos = np.array([s.position for s in steps]) // bucket
     by_ctx = tuple((int(b * bucket), float(np.mean(a[pos == b] + 1)), int(np.sum(pos == b)))
                    for b in np.unique(pos))
-    ranks = [s.rejected_rank for s in steps if s.rejected_rank is not None]
-    rejections = {"second choice": sum(r == 1 for r in ranks),
+    ranks = [s.miss_rank for s in steps if s.miss_rank is not None]
+    misses = {"second choice": sum(r == 1 for r in ranks),
                   f"in top {TOP_K}": sum(2 <= r < TOP_K for r in ranks),
                   "absent": sum(r >= TOP_K for r in ranks)}
     parting = tuple(int(np.sum((a + 1 == j) & (a < drafted))) for j in range(1, B))
-    return AcceptanceStats(
+    return AcceptanceNumbers(
         tau=float(np.mean(a + 1)), acceptance_rate=float(a.sum() / max(drafted.sum(), 1)),
         p_at_least=tuple(at_least), p_conditional=tuple(cond), histogram=hist,
-        tau_by_context=by_ctx, rejections=rejections, parting=parting, n_steps=len(steps))
+        tau_by_context=by_ctx, misses=misses, parting=parting, n_steps=len(steps))

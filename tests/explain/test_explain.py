@@ -31,6 +31,9 @@ DEMO = Path(dflash_ref.__file__).parent / "data" / "demo"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 PROMPTS = HELD_OUT[:4]
 NEW = 64
+# tau of each planted fault and of the ablation that names it, as docs/acceptance.md quotes them
+DOC = {"baseline": 4.13, "zeroed": 1.25, "shifted": 3.19, "rope": 2.38, "mask": 1.52,
+       "shuffled": 1.35, "layers -1": 2.90, "layers +1": 3.19}
 
 
 def test_acceptance_stats_hand_case():
@@ -43,7 +46,7 @@ def test_acceptance_stats_hand_case():
     assert s.p_conditional == pytest.approx((3 / 4, 2 / 3, 1 / 2))
     assert s.histogram == (1, 1, 1, 1)  # a + 1 = 1, 2, 3, 4
     assert s.tau_by_context == ((0, 2.5, 2), (64, 2.5, 2))  # (1 + 4) / 2, (2 + 3) / 2
-    assert s.rejections == {"second choice": 1, "in top 8": 1, "absent": 1}
+    assert s.misses == {"second choice": 1, "in top 8": 1, "absent": 1}
     assert s.parting == (1, 1, 1)  # rejected at block positions 1, 2, 3
     with pytest.raises(ValueError, match="no speculative step"):
         acceptance_stats([], 4)
@@ -81,8 +84,14 @@ def _with_config(drafter, **changes):
 def test_the_shipped_pair_shows_no_fault(pair, tokenizer):
     report = explain(*pair, PROMPTS, NEW, tokenizer=tokenizer, bucket=16)
     assert report.signatures() == []
-    assert report.stats.tau > 3.5
-    assert report.ablations["features zeroed"] < report.stats.tau - 2
+    assert report.stats.tau == pytest.approx(DOC["baseline"], abs=0.006)
+    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["features shuffled"] == pytest.approx(DOC["shuffled"], abs=0.006)
+    assert report.ablations["layers -1"] == pytest.approx(DOC["layers -1"], abs=0.006)
+    assert report.ablations["layers +1"] == pytest.approx(DOC["layers +1"], abs=0.006)
+    assert [lo for lo, _, _ in report.stats.tau_by_context] == [64, 80, 96, 112]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "acceptance.md").read_text()
+    assert report.summary() in doc  # the page shows this very report
     assert report.ablations["RoPE base = target's"] is None  # equal bases: nothing to try
     text = report.summary()
     assert "signatures: none" in text and "P(a >= j)" in text
@@ -95,6 +104,8 @@ def test_planted_zeroed_features(pair, tokenizer):
     report = explain(target, broken, PROMPTS, NEW, tokenizer=tokenizer,
                      ablations=["features zeroed"])
     assert report.signatures() == ["features unused"]
+    assert report.stats.tau == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
 
 
 def test_planted_one_layer_shift(pair, tokenizer):
@@ -106,6 +117,9 @@ def test_planted_one_layer_shift(pair, tokenizer):
     finally:
         target.set_target_layer_ids([1, 2])
     assert report.signatures() == ["layers off by one (-1)"]
+    assert report.stats.tau == pytest.approx(DOC["shifted"], abs=0.006)
+    assert report.ablations["layers -1"] == pytest.approx(DOC["baseline"], abs=0.006)
+    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
     assert report.ablations["layers +1"] is None  # layer 4 does not exist
     assert list(target.target_layer_ids) == [1, 2]
 
@@ -117,6 +131,8 @@ def test_planted_wrong_rope_base(pair, tokenizer):
     report = explain(target, broken, PROMPTS, NEW, tokenizer=tokenizer,
                      ablations=["features zeroed", "RoPE base = target's"])
     assert report.signatures() == ["RoPE base"]
+    assert report.stats.tau == pytest.approx(DOC["rope"], abs=0.006)
+    assert report.ablations["RoPE base = target's"] == pytest.approx(DOC["baseline"], abs=0.006)
 
 
 def test_planted_wrong_mask_id(pair, tokenizer):
@@ -124,6 +140,7 @@ def test_planted_wrong_mask_id(pair, tokenizer):
     report = explain(target, _with_config(drafter, mask_token_id=32), PROMPTS, NEW,
                      tokenizer=tokenizer, ablations=["features zeroed"])
     assert report.signatures() == ["mask token"]
+    assert report.stats.tau == pytest.approx(DOC["mask"], abs=0.006)
     assert any("ordinary token (' ')" in m for _, _, m in report.checks)
 
 
@@ -146,3 +163,11 @@ def test_first_divergence_names_the_tensor_and_step(tmp_path):
             t[key] = t[key] + 0.5
             save_file(t, str(f))
     assert first_divergence(case, other) == f"first divergence: {key} (step 3, layer 2, features)"
+
+
+def test_the_doc_quotes_these_numbers():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "acceptance.md").read_text()
+    for key in ("baseline", "zeroed", "shifted", "rope", "mask"):
+        assert f"| {DOC[key]:.2f} |" in text, key
+    assert "ablation layers -1 tau 4.13 (+0.94)" in text
+    assert "ablation RoPE base = target's tau 4.13 (+1.75)" in text
