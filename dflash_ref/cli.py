@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="version, available backends, CUDA device")
     p_info.set_defaults(func=cmd_info)
     from dflash_ref.cli_generate import add_parser as add_generate
-    from dflash_ref.explain.cli import add_explain_parser
+    from dflash_ref.diagnose.cli import add_explain_parser
     from dflash_ref.oracle.cli import add_oracle_arguments
 
     add_generate(sub)

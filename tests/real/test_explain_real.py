@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from dflash_ref.explain import explain
+from dflash_ref.diagnose import explain
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.tiny import write_tiny_drafter

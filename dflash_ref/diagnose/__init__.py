@@ -1,9 +1,9 @@
 """``dflash-ref explain`` / :func:`explain`: why acceptance is what it is (docs/acceptance.md).
 
 For a target, a drafter and prompts, greedy chain decoding is run and watched
-(:class:`~dflash_ref.explain.steps.StepLog`), then run again under each ablation
-(:mod:`~dflash_ref.explain.ablations`); the configuration is checked
-(:mod:`~dflash_ref.explain.checks`). :class:`ExplainReport` holds the numbers; its
+(:class:`~dflash_ref.diagnose.steps.StepLog`), then run again under each ablation
+(:mod:`~dflash_ref.diagnose.ablations`); the configuration is checked
+(:mod:`~dflash_ref.diagnose.checks`). :class:`ExplainReport` holds the numbers; its
 :meth:`~ExplainReport.summary` is the terminal text and :meth:`~ExplainReport.signatures` names
 the faults the numbers point at:
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dflash_ref.explain.ablations import ABLATIONS
-from dflash_ref.explain.checks import config_checks
-from dflash_ref.explain.steps import AcceptanceNumbers, StepLog, acceptance_stats
+from dflash_ref.diagnose.ablations import ABLATIONS
+from dflash_ref.diagnose.checks import config_checks
+from dflash_ref.diagnose.steps import AcceptanceNumbers, StepLog, acceptance_stats
 from dflash_ref.oracle.compare import compare_cases
 from dflash_ref.spec_decode.loop import generate
 
@@ -106,7 +106,7 @@ def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: i
     Args:
         prompts: token-id sequences (text: encode it first, through the chat template if the
             checkpoint has one, and say so with ``templated``).
-        ablations: names of :data:`~dflash_ref.explain.ablations.ABLATIONS` to run (default:
+        ablations: names of :data:`~dflash_ref.diagnose.ablations.ABLATIONS` to run (default:
             all; ``()`` for none).
         tokenizer, templated, thinking: for the configuration checks.
         bucket: context positions per bucket of the tau-by-context table.

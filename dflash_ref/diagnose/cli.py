@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from dflash_ref import cli_args
-from dflash_ref.explain.ablations import ABLATIONS
+from dflash_ref.diagnose.ablations import ABLATIONS
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo"
 DEMO_PROMPTS = 16
@@ -82,7 +82,7 @@ def _prompts(args, tokenizer):
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from dflash_ref.explain import explain, first_divergence
+    from dflash_ref.diagnose import explain, first_divergence
 
     if args.compare:
         ours, theirs = (cli_args.existing_path(x, "--compare") for x in args.compare)
@@ -112,7 +112,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                      thinking=args.thinking if args.chat else None, bucket=args.bucket)
     print(report.summary())
     if args.plot:
-        from dflash_ref.explain.plots import write_figures
+        from dflash_ref.diagnose.plots import write_figures
 
         for path in write_figures(report, args.plot):
             print(f"wrote {path}")

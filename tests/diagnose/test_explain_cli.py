@@ -37,3 +37,10 @@ def test_explain_compare(capsys):
     case = str(GOLDEN / "qwen3_chain")
     assert main(["explain", "--compare", case, case]) == 0
     assert capsys.readouterr().out.startswith("EQUAL")
+
+
+def test_dflash_ref_explain_is_the_function():
+    import dflash_ref
+    from dflash_ref.diagnose import explain
+
+    assert dflash_ref.explain is explain

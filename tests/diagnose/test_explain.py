@@ -1,4 +1,4 @@
-"""dflash_ref.explain: hand-checked statistics, the rank of a rejection, and the four planted
+"""dflash_ref.diagnose: hand-checked statistics, the rank of a rejection, and the four planted
 faults of docs/acceptance.md, each recognised by its signature on the shipped demo pair.
 
 Hand values: the statistics of a made-up list of steps, computed in the comments. The planted
@@ -20,8 +20,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import dflash_ref
-from dflash_ref.explain import ExplainReport, explain, first_divergence
-from dflash_ref.explain.steps import Step, StepLog, acceptance_stats
+from dflash_ref.diagnose import ExplainReport, explain, first_divergence
+from dflash_ref.diagnose.steps import Step, StepLog, acceptance_stats
 from dflash_ref.io.tokenizer import load_tokenizer
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
