@@ -189,3 +189,25 @@ def test_generate_tree_at_temperature_runs_and_is_reproducible(tmp_path):
                      sampling=SamplingParams(1.0, seed=4)) for _ in range(2)]
     assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 12
     assert all(1 <= a <= 4 for a in runs[0].acceptance_lengths)
+
+
+@pytest.mark.gpu
+def test_sampled_tree_numpy_vs_cupy_on_the_shipped_pair():
+    # The draws are host float64 on each side (ops/sampling.py), so with the same seed the
+    # tokens agree unless float32 logits land across an inverse-CDF boundary (not on this prompt).
+    from pathlib import Path
+
+    import dflash_ref
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.target import TargetModel
+
+    demo = Path(dflash_ref.__file__).parent / "data" / "demo"
+    runs = []
+    for backend in ("numpy", "cupy"):
+        target = TargetModel.from_pretrained(demo / "target", backend=backend)
+        drafter = DFlashDrafter.from_pretrained(demo / "drafter", target)
+        runs.append(generate(target, drafter, np.frombuffer(b"\tdef put(self, item):\n",
+                                                            np.uint8).astype(np.int64), 32,
+                             verify="tree", sampling=SamplingParams(0.7, seed=0)))
+    assert runs[0].tokens == runs[1].tokens
+    assert runs[0].acceptance_lengths == runs[1].acceptance_lengths
