@@ -6,7 +6,7 @@
     python benchmarks/gdn.py --v-heads 8     # GQA (r = 2)
 
 For every T the inputs are checked first: chunked vs recurrent on NumPy, and on a GPU each CuPy
-form vs NumPy, with the ``float32_gdn`` tolerance (dflash_ref/testing.py). A mismatch aborts with
+form vs NumPy, with the ``float32_gdn`` tolerance (dflash_ref.testing). A mismatch aborts with
 the case and the error before any timing is printed. NumPy times are the best of ``--repeats``
 runs, recurrent and chunked interleaved so that both see the same machine state; CuPy times are
 CUDA-event medians after a warm-up. A GPU section that cannot run says why and is skipped.

@@ -13,6 +13,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0.0.0+unknown"
 
 from dflash_ref.backend import Backend, get_backend  # noqa: E402
+from dflash_ref.diagnose import explain  # noqa: E402
 from dflash_ref.errors import (  # noqa: E402
     BackendUnavailable,
     ConfigError,
@@ -38,6 +39,7 @@ __all__ = [
     "TargetModel",
     "Tokenizer",
     "__version__",
+    "explain",
     "generate",
     "generate_batch",
     "get_backend",

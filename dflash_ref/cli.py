@@ -344,8 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="version, available backends, CUDA device")
     p_info.set_defaults(func=cmd_info)
     from dflash_ref.cli_generate import add_parser as add_generate
+    from dflash_ref.diagnose.cli import add_explain_parser
+    from dflash_ref.oracle.cli import add_oracle_arguments
 
     add_generate(sub)
+    add_explain_parser(sub)
 
     from dflash_ref.io.convert_common import QTYPES
 
@@ -378,8 +381,6 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--threshold-factor", type=cli_args.positive_float, default=1.0,
                        help="flag rows with rel. RMS above factor x the type's budget")
     p_cmp.set_defaults(func=cmd_compare_weights)
-    from dflash_ref.oracle.cli import add_oracle_arguments
-
     add_oracle_arguments(sub.add_parser("oracle", help="golden vectors: export a case, compare "
                                         "another stack's dump (docs/golden_vectors.md)"))
     return parser

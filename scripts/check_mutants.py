@@ -271,6 +271,27 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'return tok.encode(text)  # the template writes its own BOS',
         'tests/test_cli_generate_chat.py',
     ),
+    (
+        '21a sampled tree: the residual between children not renormalised',
+        'dflash_ref/spec_decode/tree_sampling.py',
+        '    return res / total if total > 0 else r',
+        '    return res if total > 0 else r',
+        'tests/spec_decode/test_tree_sampling.py',
+    ),
+    (
+        '21b sampled tree: q not renormalised after a rejected child is removed',
+        'dflash_ref/spec_decode/tree_sampling.py',
+        '                law = law / law.sum() if law.sum() > 0 else law',
+        '                law = law',
+        'tests/spec_decode/test_tree_sampling.py',
+    ),
+    (
+        '21c rejection sampling: the bonus after a rejection drawn from p, not the residual',
+        'dflash_ref/spec_decode/verify.py',
+        '    residual = np.maximum(p[a] - q_full[a], 0.0)',
+        '    residual = p[a].copy()',
+        'tests/testing/test_lossless.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""

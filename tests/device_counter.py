@@ -24,7 +24,7 @@ NumPy function computing on one (``concatenate``, ``where``), an assignment into
 Each entry names the dflash_ref line that made it. Results are the NumPy backend's, bit for bit
 (the ops are the reference ops, run on the same memory). The code base tells device arrays from
 host ones by their type's module (``type(x).__module__.startswith("cupy")``:
-dflash_ref/ops/masks.py, dflash_ref/testing.py, dflash_ref/spec_decode/verify.py), so
+dflash_ref/ops/masks.py, dflash_ref/testing/__init__.py, dflash_ref/spec_decode/verify.py), so
 DeviceArray declares a CuPy-like module. Host reads that bypass these hooks (``np.asarray`` of a
 DeviceArray) are not seen.
 """

@@ -6,7 +6,7 @@ tests/test_layout.py asserts them; scripts/architecture_numbers.py counts them.
 a module imports only parts of a lower rank, or its own part::
 
     errors, testing -> config -> ops -> backend -> io -> models -> kvflash | spec_decode
-      -> tiny -> cli_args -> oracle -> demo_text -> cli_generate -> cli
+      -> tiny -> cli_args -> oracle -> demo_text -> diagnose -> cli_generate -> cli
 
 ``kvflash`` and ``spec_decode`` share a rank and never import each other, nor ``models`` (the
 loop and the pager receive the objects they work on). ``dflash_ref/__init__.py`` is the
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "testing"), ("config",), ("ops",), ("backend",), ("io",), ("models",),
     ("kvflash", "spec_decode"), ("tiny",), ("cli_args",), ("oracle",), ("demo_text",),
-    ("cli_generate",), ("cli",),
+    ("diagnose",), ("cli_generate",), ("cli",),
 )
 RANK = {part: r for r, parts in enumerate(LAYERS) for part in parts}
 NEVER = {("kvflash", "models"), ("spec_decode", "models")}  # besides the order

@@ -90,7 +90,8 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
             above the drafter's trained block size needs a chain verifier with
             ``draft_rows="verify"``: the drafter then drafts block positions it was never
             trained on (still lossless; the end-to-end notebook shows what that does to tau).
-        verify: "chain", "tree" (DDTree, greedy only), or a
+        verify: "chain", "tree" (DDTree when greedy; sampled: drawn children and recursive
+            rejection sampling, lossless), or a
             :class:`~dflash_ref.spec_decode.verifiers.Verifier` (e.g.
             ``TreeVerifier(DDTreeOptions.lucebox())``, ``ChainVerifier(draft_rows="verify")``,
             ``GreedyDraftChainVerifier()``); without a drafter no verifier runs (an unknown mode

@@ -12,11 +12,15 @@ the proposal in one forward, and a *verifier* decides what is accepted. One clas
 - :class:`GreedyDraftChainVerifier`: greedy drafts, the chain, one sample per target row and a
   draft accepted on equality (the older form), rows 0..a;
 - :class:`TreeVerifier`: the draft rows' top-k make a DDTree, the target runs the tree,
-  :func:`~dflash_ref.spec_decode.ddtree.verify_tree` decides, the accepted path is kept.
+  :func:`~dflash_ref.spec_decode.ddtree.verify_tree` decides, the accepted path is kept;
+- :class:`SampledTreeVerifier`: children drawn from the draft law, the target runs the tree,
+  recursive rejection sampling (:mod:`~dflash_ref.spec_decode.tree_sampling`) decides, the
+  accepted path is kept: lossless at temperature > 0.
 
 ``generate(verify="chain")`` is :class:`ChainVerifier` when greedy and
 :class:`RejectionChainVerifier` when sampled, ``verify="tree"`` is :class:`TreeVerifier` with the
-authors' options (:func:`make_verifier`, the one place a verify-mode string is read). Any
+authors' options when greedy and :class:`SampledTreeVerifier` when sampled
+(:func:`make_verifier`, the one place a verify-mode string is read). Any
 :class:`Verifier` instance can be passed instead, so a new rule is one new class plus its tests:
 the loop and :mod:`dflash_ref.oracle` only call the interface below.
 
@@ -45,6 +49,7 @@ import numpy as np
 from dflash_ref.errors import ConfigError
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sampling_probs
 from dflash_ref.spec_decode.ddtree import DDTree, DDTreeOptions, build_ddtree, verify_tree
+from dflash_ref.spec_decode.tree_sampling import draw_sampled_tree, verify_tree_sampled
 from dflash_ref.spec_decode.verify import (
     ChainVerifyResult,
     chain_sampled_core,
@@ -242,8 +247,9 @@ class TreeVerifier(Verifier):
 
     def check(self, sampling, block_size, trained_block_size) -> None:
         if not sampling.greedy:
-            raise ConfigError("tree verify is greedy only; use verify='chain' with "
-                              "temperature > 0")
+            raise ConfigError("TreeVerifier (DDTree's top-k tree) verifies greedy decoding; at "
+                              "temperature > 0 use verify='tree' (SampledTreeVerifier: drawn "
+                              "children, recursive rejection sampling) or verify='chain'")
         if block_size > trained_block_size:
             raise _block_too_wide(block_size, trained_block_size)
 
@@ -260,18 +266,71 @@ class TreeVerifier(Verifier):
         state.commit_path(result.path)
 
 
+@dataclass(frozen=True, eq=False)
+class SampledTreeBlock(TreeBlock):
+    """A drawn tree and the draft law ``q`` [L, V] its children were drawn from."""
+
+    q: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class SampledTreeVerifier(Verifier):
+    """Lossless tree verify at T > 0 (:mod:`~dflash_ref.spec_decode.tree_sampling`): children
+    drawn from the drafter's sampling law, verified by recursive rejection sampling.
+
+    Attributes:
+        widths: children drawn per node at depths 1, 2, ..; deeper depths get 1 (a chain under
+            each node). (2, 2) over a block of 8 is a 26-node tree.
+        replacement: draw children i.i.d. (SpecInfer) instead of without replacement (the
+            default: no repeated child wastes a row).
+    """
+
+    widths: tuple[int, ...] = (2, 2)
+    replacement: bool = False
+
+    def __post_init__(self):
+        if not self.widths or any(int(w) < 1 for w in self.widths):
+            raise ConfigError(f"SampledTreeVerifier widths must be integers >= 1 (children per "
+                              f"node at depths 1, 2, ..), got {self.widths!r}; e.g. (2, 2)")
+
+    def check(self, sampling, block_size, trained_block_size) -> None:
+        if sampling.greedy:
+            raise ConfigError("SampledTreeVerifier verifies sampled decoding (temperature > 0); "
+                              "when greedy use verify='tree' (DDTree)")
+        if block_size > trained_block_size:
+            raise _block_too_wide(block_size, trained_block_size)
+
+    def draft(self, run) -> SampledTreeBlock:
+        """2b. The drafter's rows 1..B-1 as laws q, children drawn from them."""
+        law = run.sampling
+        q = sampling_probs(run.be, run.draft_logits()[1:run.B], law.temperature, law.top_p,
+                           law.top_k, role="draft")  # [L, V]
+        tree = draw_sampled_tree(run.anchor, q, self.widths, run.rng, self.replacement)
+        return SampledTreeBlock(tree, q)
+
+    def verify(self, block: SampledTreeBlock, logits, run):
+        law = run.sampling
+        p = sampling_probs(run.be, logits, law.temperature, law.top_p, law.top_k)  # [N, V]
+        return verify_tree_sampled(block.tree, p, block.q, run.rng, self.replacement)
+
+    def keep(self, state, start: int, result) -> None:
+        """The path's KV rows, features and GDN state, as :class:`TreeVerifier`."""
+        state.commit_path(result.path)
+
+
 def make_verifier(verify, sampling: SamplingParams) -> Verifier:
     """``generate``'s ``verify`` as a :class:`Verifier`: "chain", "tree" or a verifier itself.
 
     The one place a verify-mode string is read: "chain" is :class:`ChainVerifier` when
-    ``sampling`` is greedy, else :class:`RejectionChainVerifier`; "tree" is :class:`TreeVerifier`.
+    ``sampling`` is greedy, else :class:`RejectionChainVerifier`; "tree" is :class:`TreeVerifier`
+    when greedy, else :class:`SampledTreeVerifier`.
     """
     if isinstance(verify, Verifier):
         return verify
     if verify == "chain":
         return ChainVerifier() if sampling.greedy else RejectionChainVerifier()
     if verify == "tree":
-        return TreeVerifier()
+        return TreeVerifier() if sampling.greedy else SampledTreeVerifier()
     raise unknown_verify_mode(verify)
 
 

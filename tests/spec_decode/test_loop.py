@@ -15,8 +15,8 @@ from dflash_ref.spec_decode.cost import CostModel, probe_steps_bound
 from dflash_ref.spec_decode.gate import CommitEmaGate
 from dflash_ref.spec_decode.loop import GateOptions, generate
 from dflash_ref.spec_decode.verifiers import ChainVerifier
+from dflash_ref.testing.chisquare import chi_square_gof
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
-from tests.spec_decode.chisquare import chi_square_gof
 from tests.spec_decode.drafters import FAMILIES, ScriptedDrafter, tiny_pairs
 
 PROMPTS = [np.array([3, 17, 42, 99, 5]), np.array([200, 7]), np.array([11, 250, 64, 9, 1, 30])]

@@ -27,7 +27,7 @@ import pytest
 from dflash_ref.backend import get_backend
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_from_probs, target_probs
 from dflash_ref.spec_decode.verify import chain_sampled_core, verify_chain_sampled
-from tests.spec_decode.chisquare import chi2_sf, chi_square_gof, gamma_q
+from dflash_ref.testing.chisquare import chi2_sf, chi_square_gof, gamma_q
 from tests.spec_decode.oracle_sampling import (
     chain_rejection_core,
     hf_verify_chain_sampled,

@@ -25,8 +25,8 @@ from dflash_ref.spec_decode.verifiers import (
     RejectionChainVerifier,
 )
 from dflash_ref.spec_decode.verify import rejection_core
+from dflash_ref.testing.chisquare import chi_square_gof
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
-from tests.spec_decode.chisquare import chi_square_gof
 
 P_MIN = 1e-4
 

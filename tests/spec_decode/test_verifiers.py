@@ -24,6 +24,7 @@ from dflash_ref.spec_decode.verifiers import (
     ChainVerifier,
     GreedyDraftChainVerifier,
     RejectionChainVerifier,
+    SampledTreeVerifier,
     TreeVerifier,
     Verifier,
     make_verifier,
@@ -55,6 +56,7 @@ def test_make_verifier_reads_the_mode_once():
     assert type(make_verifier("chain", greedy)) is ChainVerifier
     assert type(make_verifier("chain", sampled)) is RejectionChainVerifier
     assert type(make_verifier("tree", greedy)) is TreeVerifier
+    assert type(make_verifier("tree", sampled)) is SampledTreeVerifier
     mine = TreeVerifier(DDTreeOptions(budget=3))
     assert make_verifier(mine, greedy) is mine
     with pytest.raises(ConfigError, match="verify"):
@@ -67,12 +69,18 @@ def test_rules_refuse_what_they_cannot_run():
     sampled = SamplingParams(1.0, seed=0)
     with pytest.raises(ConfigError, match="greedy"):
         ChainVerifier().check(sampled, 4, 8)
-    with pytest.raises(ConfigError, match="greedy only"):
+    with pytest.raises(ConfigError, match="TreeVerifier .* verifies greedy decoding"):
         TreeVerifier().check(sampled, 4, 8)
+    with pytest.raises(ConfigError, match="verifies sampled decoding"):
+        SampledTreeVerifier().check(SamplingParams(), 4, 8)
+    with pytest.raises(ConfigError, match="widths"):
+        SampledTreeVerifier(widths=(2, 0))
     for v in (ChainVerifier(), RejectionChainVerifier(), GreedyDraftChainVerifier(),
               TreeVerifier()):
         with pytest.raises(ConfigError, match="draft_rows='verify'"):
             v.check(SamplingParams(), 9, 8)
+    with pytest.raises(ConfigError, match="draft_rows='verify'"):
+        SampledTreeVerifier().check(sampled, 9, 8)
     RejectionChainVerifier(draft_rows="verify").check(sampled, 9, 8)  # on request: allowed
     GreedyDraftChainVerifier().check(sampled, 8, 8)
 

@@ -5,6 +5,10 @@
   "max abs OR max rel over the tensor". Tolerances come from :data:`TOLERANCES`, each with its
   reason, and the error message names the op, the tensor and the case.
 
+- :mod:`dflash_ref.testing.lossless`: the harness that proves a speculative sampler lossless
+  (chi-square on the emitted sequences against the target's exact law; docs/lossless.md), over
+  :mod:`dflash_ref.testing.chisquare`.
+
 The project's own GPU-test plumbing (the twin check, the skip rule) is in tests/gpu.py.
 """
 

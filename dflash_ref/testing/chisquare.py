@@ -1,9 +1,9 @@
-"""Chi-square goodness of fit for the tests that check the sampled verifiers are lossless.
+"""Chi-square goodness of fit: the statistic behind :mod:`dflash_ref.testing.lossless`.
 
 Pearson's statistic with its own survival function (SciPy is not a dependency): the regularized
 upper incomplete gamma by series / Lentz continued fraction (Numerical Recipes 6.2). Checked in
-test_sampling.py against closed forms of the chi-square survival function for 1..4 degrees of
-freedom.
+tests/spec_decode/test_sampling.py against closed forms of the chi-square survival function for
+1..4 degrees of freedom.
 """
 
 from __future__ import annotations

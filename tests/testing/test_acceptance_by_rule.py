@@ -1,0 +1,45 @@
+"""The acceptance table of docs/lossless.md ("What each rule costs on the shipped pair"),
+re-measured by scripts/acceptance_by_rule.py (seeded: the same tokens on the same platform)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def doc_table() -> dict:
+    """{(rule, T): (tau, rows)} as docs/lossless.md quotes it."""
+    text = (ROOT / "docs" / "lossless.md").read_text()
+    head = re.search(r"\| rule \| verify rows \|(.*)\|\n", text)
+    temps = [float(t) for t in re.findall(r"T = ([0-9.]+)", head.group(1))]
+    out = {}
+    for line in text[head.end():].splitlines()[1:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for T, tau in zip(temps, cells[2:]):
+            out[(cells[0], T)] = (float(tau), float(cells[1]))
+    return out
+
+
+def test_the_doc_table_names_every_rule_and_temperature():
+    spec = importlib.util.spec_from_file_location("abr", ROOT / "scripts" / "acceptance_by_rule.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(doc_table()) == {(r, T) for r in module.RULES for T in module.TEMPERATURES}
+
+
+@pytest.mark.slow
+def test_the_doc_table_is_what_the_script_measures():
+    spec = importlib.util.spec_from_file_location("abr", ROOT / "scripts" / "acceptance_by_rule.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    measured = module.measure()
+    for key, (tau, rows) in doc_table().items():
+        assert measured[key][0] == pytest.approx(tau, abs=0.006), key
+        assert measured[key][1] == pytest.approx(rows, abs=0.06), key
