@@ -349,7 +349,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_generate(sub)
     add_explain_parser(sub)
-
     from dflash_ref.io.convert_common import QTYPES
 
     p_conv = sub.add_parser("convert", help="drafter or target directory -> GGUF")
