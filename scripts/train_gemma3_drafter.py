@@ -84,7 +84,7 @@ def make_data(k: dict, cache: Path) -> None:
     P, G, b = k["prompt_len"], k["rollout_new"], k["gen_batch"]
     layers = DRAFTER["target_layer_ids"]
     deadline = time.time() + 60 * k["minutes"]
-    chunk = 0
+    chunk = first = len(list(cache.glob("chunk*.npz")))  # a later run adds new prompts
     while time.time() < deadline:
         t1 = time.time()
         prompts = torch.tensor(prompts_from(files, tok, b, P, k["seed"] * 1000 + chunk))
@@ -99,8 +99,9 @@ def make_data(k: dict, cache: Path) -> None:
         chunk += 1
         print(f"chunk {chunk}: {b} rollouts x {G} tokens in {time.time() - t1:.0f} s "
               f"({time.time() - t0:.0f} s in all)", flush=True)
-    (cache / "data_log.json").write_text(json.dumps(
-        {"knobs": k, "chunks": chunk, "rollouts": chunk * b, "data_s": round(time.time() - t0, 1),
+    (cache / f"data_log{first:04d}.json").write_text(json.dumps(
+        {"knobs": k, "chunks": chunk, "rollouts": chunk * b, "this_run_chunks": chunk - first,
+         "data_s": round(time.time() - t0, 1),
          "transformers": __import__("transformers").__version__}, indent=1) + "\n")
 
 
@@ -248,11 +249,10 @@ def train(k: dict, cache: Path, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(drafter_config(), indent=2) + "\n")
     diff = check_against_dflash_ref(tm, out, drafter, feats[R - 1], ids[R - 1], P, emb_in, head,
                                     cand)
-    data_log = cache / "data_log.json"
     log = {"knobs": k, "drafter": DRAFTER, "torch": torch.__version__, "rollouts": R,
            "new_tokens_per_rollout": G, "candidate_vocab": cand.numel(), "curve": curve,
            "train_s": round(time.time() - t1, 1), "torch_vs_dflash_ref_max_rel_diff": diff,
-           "data": json.loads(data_log.read_text()) if data_log.exists() else None}
+           "data": [json.loads(f.read_text()) for f in sorted(cache.glob("data_log*.json"))]}
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wrote {out}; training {time.time() - t1:.0f} s", flush=True)
 
