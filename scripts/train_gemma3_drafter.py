@@ -121,6 +121,32 @@ def load_target():
     return TargetModel.from_gguf(gguf_path())
 
 
+def patch_bos_features(tm, ids, feats):
+    """Features as float32 with position 0 (``<bos>``) from dflash_ref's target.
+
+    Gemma's ``<bos>`` row reaches beyond float16's range in layers 8 and 15 (inf in the cache);
+    it is the same row in every rollout (position 0, one token), so it is computed once here.
+    Also returns the max relative |diff| of HF's and dflash_ref's features over one rollout's
+    other positions: the capture convention (HF ``hidden_states[i + 1]`` = raw output of layer
+    i) checked on the data itself.
+    """
+    tm.set_target_layer_ids(DRAFTER["target_layer_ids"])
+    state = tm.new_state()
+    row = ids[-1, : feats.shape[1]].tolist()
+    tm.forward(row, state)
+    ours = np.asarray(state.features.rows(0, len(row)), np.float32)
+    feats = feats.float()
+    feats[:, 0] = torch.from_numpy(ours[0])
+    bad = (~torch.isfinite(feats)).sum().item()
+    if bad:
+        raise SystemExit(f"{bad} non-finite feature values beyond position 0: the float16 "
+                         f"cache overflowed; store the features as float32")
+    got = feats[-1, 1:].numpy()
+    diff = float(np.abs(got - ours[1:]).max() / np.abs(ours[1:]).max())
+    print(f"HF vs dflash_ref target features (one rollout): max relative |diff| {diff:.2e}")
+    return feats, diff
+
+
 def check_against_dflash_ref(tm, out: Path, drafter, feats, ids, P: int, emb_in, head, cand):
     """The saved drafter in dflash_ref and the torch drafter give the same logits (3 blocks of
     one rollout, candidate columns); returns the max relative |diff|."""
@@ -188,6 +214,7 @@ def train(k: dict, cache: Path, out: Path) -> None:
     P, B = k["prompt_len"], DRAFTER["block_size"]
     G = T - P
     tm = load_target()
+    feats, feature_diff = patch_bos_features(tm, ids, feats)
     embed = torch.from_numpy(np.asarray(tm.embed_tokens, np.float32))
     scale = tm.config.embedding_scale
     cand = torch.unique(torch.cat([ids.reshape(-1), torch.tensor([MASK])]))  # candidate vocab
@@ -252,6 +279,7 @@ def train(k: dict, cache: Path, out: Path) -> None:
     log = {"knobs": k, "drafter": DRAFTER, "torch": torch.__version__, "rollouts": R,
            "new_tokens_per_rollout": G, "candidate_vocab": cand.numel(), "curve": curve,
            "train_s": round(time.time() - t1, 1), "torch_vs_dflash_ref_max_rel_diff": diff,
+           "hf_vs_dflash_ref_feature_max_rel_diff": feature_diff,
            "data": [json.loads(f.read_text()) for f in sorted(cache.glob("data_log*.json"))]}
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wrote {out}; training {time.time() - t1:.0f} s", flush=True)
