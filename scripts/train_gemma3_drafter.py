@@ -64,9 +64,10 @@ H, N_TARGET_LAYERS, VOCAB = 640, 18, 262144
 DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                intermediate_size=2048, rope_theta=1000000.0, rms_norm_eps=1e-6, block_size=8,
                target_layer_ids=[1, 8, 15])
-KNOBS = dict(seed=31, threads=1, prompt_len=48, rollout_new=64, gen_batch=32, minutes=15.0,
-             steps=1500, batch=8, anchors=12, lr=1e-3, gamma=4.0, eval_prompts=16,
+KNOBS = dict(seed=31, threads=1, prompt_len=48, rollout_new=64, gen_batch=32, minutes=14.0,
+             steps=1000, batch=6, anchors=8, lr=1e-3, gamma=4.0, eval_prompts=16,
              eval_ood=8, eval_new_tokens=64)
+
 # ---------------------------------------------------------------------------------- 1. data
 
 @torch.no_grad()
