@@ -331,7 +331,8 @@ def evaluate(k: dict, out: Path) -> dict:
             taus.append(spec.tau)
             taus_zero.append(generate(tm, zeroed, p, k["eval_new_tokens"]).tau)
             print(f"{name}: tau {spec.tau:.2f} zeroed {taus_zero[-1]:.2f} "
-                  f"same {spec.tokens == plain.tokens}", flush=True)
+                  f"same {spec.tokens == plain.tokens}  plain {t1 - t0:.1f} s  speculative "
+                  f"{t2 - t1:.1f} s", flush=True)
         result[name] = {"prompts": len(prompts), "new_tokens": k["eval_new_tokens"],
                         "lossless": bool(same), "tau": round(float(np.mean(taus)), 3),
                         "tau_min": round(float(np.min(taus)), 3),

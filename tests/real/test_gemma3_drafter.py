@@ -27,8 +27,11 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFTER = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
-EVAL = json.loads((DRAFTER / "eval_log.json").read_text())
-N_PROMPTS, NEW_TOKENS = 6, 48
+# The first 4 of the 16 held-out prompts of docs/training.md's table, 32 new tokens, block 8, as
+# measured when the drafter was shipped (scripts/train_gemma3_drafter.py eval): tau 1.15, 1.72,
+# 1.19, 1.29 (mean 1.34); with fc zeroed 1.00, 1.07, 1.07, 1.11 (mean 1.06).
+N_PROMPTS, NEW_TOKENS = 4, 32
+MEASURED_TAU, MEASURED_TAU_ZEROED = 1.34, 1.06
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +71,7 @@ def test_speculative_equals_plain_and_tau_holds(pair, prompts):
         assert spec.tokens == plain.tokens
         taus.append(spec.tau)
         taus_zero.append(generate(target, zeroed, p, NEW_TOKENS).tau)
-    measured = EVAL["in_domain"]
-    # a subset of the shipped measurement's prompts, shorter: a generous margin
-    assert np.mean(taus) >= measured["tau"] - 0.5, (taus, measured)
-    assert np.mean(taus) > np.mean(taus_zero), (taus, taus_zero)
+    # greedy and deterministic; the margin covers float32 sums in another order (another BLAS)
+    assert np.mean(taus) >= MEASURED_TAU - 0.1, taus
+    assert np.mean(taus_zero) <= MEASURED_TAU_ZEROED + 0.1, taus_zero
+    assert np.mean(taus) - np.mean(taus_zero) >= 0.15, (taus, taus_zero)  # measured: 0.28
