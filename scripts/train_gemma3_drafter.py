@@ -338,7 +338,9 @@ def evaluate(k: dict, out: Path) -> dict:
                         "tau_min": round(float(np.min(taus)), 3),
                         "tau_features_zeroed": round(float(np.mean(taus_zero)), 3),
                         "plain_s": round(t_plain, 1), "spec_s": round(t_spec, 1),
-                        "speedup": round(t_plain / t_spec, 3)}
+                        "speedup": round(t_plain / t_spec, 3),
+                        "per_prompt": {"tau": [round(t, 3) for t in taus],
+                                       "tau_features_zeroed": [round(t, 3) for t in taus_zero]}}
         print(name, result[name], flush=True)
     (out / "eval_log.json").write_text(json.dumps({"knobs": k, **result}, indent=1) + "\n")
     return result
