@@ -66,7 +66,7 @@ DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
                target_layer_ids=[1, 8, 15])
 KNOBS = dict(seed=31, threads=1, prompt_len=48, rollout_new=64, gen_batch=32, minutes=14.0,
              steps=1000, batch=6, anchors=8, lr=1e-3, gamma=4.0, eval_prompts=16,
-             eval_ood=8, eval_new_tokens=64)
+             eval_ood=8, eval_new_tokens=32)
 
 # ---------------------------------------------------------------------------------- 1. data
 
