@@ -64,7 +64,8 @@ H, N_TARGET_LAYERS, VOCAB = 640, 18, 262144
 DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                intermediate_size=2048, rope_theta=1000000.0, rms_norm_eps=1e-6, block_size=8,
                target_layer_ids=[1, 8, 15])
-KNOBS = dict(seed=31, threads=1, prompt_len=48, rollout_new=64, gen_batch=32, minutes=14.0,
+KNOBS = dict(seed=31, threads=1, prompt_len=48, rollout_new=64, gen_batch=32, chunks=11,
+             minutes=120.0,
              steps=1000, batch=6, anchors=8, lr=1e-3, gamma=4.0, eval_prompts=16,
              eval_ood=8, eval_new_tokens=32)
 
@@ -86,7 +87,7 @@ def make_data(k: dict, cache: Path) -> None:
     layers = DRAFTER["target_layer_ids"]
     deadline = time.time() + 60 * k["minutes"]
     chunk = first = len(list(cache.glob("chunk*.npz")))  # a later run adds new prompts
-    while time.time() < deadline:
+    while chunk < k["chunks"] and time.time() < deadline:  # chunk i: the same prompts anywhere
         t1 = time.time()
         prompts = torch.tensor(prompts_from(files, tok, b, P, k["seed"] * 1000 + chunk))
         out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
