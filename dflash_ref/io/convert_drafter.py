@@ -71,6 +71,7 @@ from dflash_ref.io.convert_common import (
 )
 from dflash_ref.io.names import canonical_hf_name, flavour_of_arch, hf_to_gguf
 from dflash_ref.io.safetensors_io import open_checkpoint
+from dflash_ref.io.vocab_gguf import tokenizer_metadata
 
 # User-facing naming -> the flavour of dflash_ref.io.names.
 NAMINGS = {"llama.cpp": "dflash", "dflash": "dflash", "lucebox": "lucebox"}
@@ -322,6 +323,8 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
         loaders[g_name] = lambda n=stored[hf_name]: ckpt.load(n)
         types[g_name] = tensor_type(g_name, shapes[hf_name], ggml_type, fallback)
     metadata = drafter_metadata(cfg, naming, arch, ggml_type, target_cfg)
+    if isinstance(target, (str, Path)):  # the target's vocabulary, as llama.cpp's converter
+        metadata.update(tokenizer_metadata(target, metadata.get(f"{arch}.vocab_size")))
     n_weights = sum(int(np.prod(s)) for s in shapes.values())
     return write_converted(out_path, arch, loaders, types, metadata, n_weights, progress)
 
