@@ -323,8 +323,9 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
         loaders[g_name] = lambda n=stored[hf_name]: ckpt.load(n)
         types[g_name] = tensor_type(g_name, shapes[hf_name], ggml_type, fallback)
     metadata = drafter_metadata(cfg, naming, arch, ggml_type, target_cfg)
-    if isinstance(target, (str, Path)):  # the target's vocabulary, as llama.cpp's converter
-        metadata.update(tokenizer_metadata(target, metadata.get(f"{arch}.vocab_size")))
+    if isinstance(target, (str, Path)):  # the target's vocabulary, as llama.cpp's converter;
+        # the drafter's own keys (its mask token) win, as there
+        metadata = {**tokenizer_metadata(target, metadata.get(f"{arch}.vocab_size")), **metadata}
     n_weights = sum(int(np.prod(s)) for s in shapes.values())
     return write_converted(out_path, arch, loaders, types, metadata, n_weights, progress)
 

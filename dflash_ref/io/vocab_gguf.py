@@ -26,7 +26,8 @@ Written for a byte-level BPE ``tokenizer.json`` (GPT-2 / Qwen / the demo's 256 b
                                         without merges gets the one inert merge
                                         :data:`INERT_MERGE` (llama.cpp needs the key, and
                                         ``gguf``'s writer refuses an empty array)
-``tokenizer.ggml.{bos,eos,padding,unknown}_token_id``  from tokenizer_config.json's names
+``tokenizer.ggml.*_token_id``           bos, eos, unknown, seperator, padding, cls, mask:
+                                        from tokenizer_config.json's names
 ``tokenizer.ggml.add_bos_token``        the directory's BOS rule (:mod:`dflash_ref.io.tokenizer`)
 ``tokenizer.chat_template``             when the directory has one
 ======================================  ====================================================
@@ -50,6 +51,13 @@ from dflash_ref.io.tokenizer import (
     TOKEN_USER_DEFINED,
     load_tokenizer,
 )
+
+# tokenizer_config.json name -> tokenizer.ggml key (gguf-py's SpecialVocab writes the same seven;
+# "seperator" is gguf's spelling)
+SPECIAL_KEYS = (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                ("unk_token", "unknown_token_id"), ("sep_token", "seperator_token_id"),
+                ("pad_token", "padding_token_id"), ("cls_token", "cls_token_id"),
+                ("mask_token", "mask_token_id"))
 
 # Bytes 0x00 and 0x01 in GPT-2's byte alphabet. Their join "Āā" is no token, so the merge can
 # never produce an id: llama.cpp spells an unknown merged symbol byte by byte (src/llama-vocab.cpp,
@@ -121,8 +129,7 @@ def tokenizer_metadata(src_dir, vocab_size: int | None = None) -> dict[str, Any]
         "tokenizer.ggml.token_type": ([k for _, k in tokens], "INT32"),
         "tokenizer.ggml.merges": merges or [INERT_MERGE],
     }
-    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("pad_token", "padding_token_id"), ("unk_token", "unknown_token_id")):
+    for name, key in SPECIAL_KEYS:
         text = tok.special_tokens.get(name)
         token_id = tok.token_to_id(text) if text is not None else None
         if token_id is not None:

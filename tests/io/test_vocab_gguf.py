@@ -41,8 +41,8 @@ def test_demo_vocabulary_round_trips_and_has_what_llamacpp_requires(tmp_path):
     assert md["tokenizer.ggml.tokens"][256:] == ["<|endoftext|>", "<|mask|>", "<|pad|>"]
     assert md["tokenizer.ggml.token_type"][0] == [1] * 256 + [3, 3, 3]
     assert (md["tokenizer.ggml.bos_token_id"], md["tokenizer.ggml.eos_token_id"],
-            md["tokenizer.ggml.padding_token_id"], md["tokenizer.ggml.add_bos_token"]) == (
-        256, 256, 258, False)
+            md["tokenizer.ggml.padding_token_id"], md["tokenizer.ggml.mask_token_id"],
+            md["tokenizer.ggml.add_bos_token"]) == (256, 256, 258, 257, False)
     gguf_tok = load_tokenizer(_gguf_with(md, tmp_path / "t.gguf"))
     hf = Tokenizer.from_file(str(DEMO_DIR / "target" / "tokenizer.json"))
     for text in TEXTS:

@@ -24,6 +24,22 @@ def build_dir() -> Path:
     return Path(os.environ.get("DFLASH_LLAMACPP_DIR", default))
 
 
+def source_dir() -> Path:
+    """The llama.cpp source tree: $DFLASH_LLAMACPP_SRC, else the build's ``src/``."""
+    return Path(os.environ.get("DFLASH_LLAMACPP_SRC", build_dir() / "src"))
+
+
+def convert_with_llamacpp(src: Path, *args) -> subprocess.CompletedProcess:
+    """llama.cpp's convert_hf_to_gguf.py from ``src`` (run_llamacpp_converter.py says what it
+    patches: the vocabulary naming only)."""
+    p = subprocess.run([sys.executable, str(Path(__file__).with_name(
+        "run_llamacpp_converter.py")), str(src), *map(str, args)], capture_output=True,
+        text=True, timeout=TIMEOUT_S)
+    if p.returncode != 0:
+        raise AssertionError(f"llama.cpp's converter failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
 def missing_reason() -> str | None:
     """None when the build is usable, else why not (the skip reason)."""
     d = build_dir()
@@ -61,13 +77,6 @@ class LlamaCpp:
             raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n"
                                  f"{p.stderr_text[-3000:]}")
         return p
-
-    def convert(self, *args) -> subprocess.CompletedProcess:
-        """llama.cpp's convert_hf_to_gguf.py with its bundled gguf-py first on the path."""
-        env = dict(os.environ, PYTHONPATH=str(self.src / "gguf-py"), NO_LOCAL_GGUF="")
-        return subprocess.run([sys.executable, str(self.src / "convert_hf_to_gguf.py"),
-                               *map(str, args)], capture_output=True, text=True, env=env,
-                              timeout=TIMEOUT_S)
 
 
 def spec_counts(stderr: str) -> tuple[int, int]:
