@@ -92,3 +92,17 @@ def spec_steps(stderr: str) -> list[tuple[int, int]]:
     """[(accepted, drafted)] per verify step from the -v debug lines."""
     return [(int(a), int(b)) for a, b in
             re.findall(r"accepted (\d+)/(\d+) draft tokens", stderr)]
+
+
+def draft_candidates(stderr: str) -> list[list[int]]:
+    """The drafted tokens of every step from the -v lines ``draft candidate   0, pos   i: id``
+    (common/speculative.cpp): a step starts where pos falls back."""
+    steps: list[list[int]] = []
+    last = None
+    for pos, tok in re.findall(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+)", stderr):
+        pos = int(pos)
+        if last is None or pos <= last:
+            steps.append([])
+        steps[-1].append(int(tok))
+        last = pos
+    return steps

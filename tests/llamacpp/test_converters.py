@@ -31,7 +31,7 @@ DFLASH2 = {"architectures": ["DFlash2DraftModel"],
 
 # key -> (llama.cpp's value or None when it has no such key, ours or None, the reason)
 KNOWN_DRAFTER = {
-    "general.name": ("Drafter", "DFlash-Draft-*", "a label; llama.cpp takes the directory name"),
+    "general.name": ("*", "DFlash-Draft-*", "a label; llama.cpp takes the directory name"),
     "general.size_label": ("*", None, "a label llama.cpp computes from the parameter count"),
     "general.type": ("model", None, "llama.cpp's file kind label; the loader does not read it"),
     "general.quantization_version": (2, None, "written by llama.cpp whatever the types; ours "
@@ -132,3 +132,24 @@ def test_dflash2_drafter(llamacpp_src, dflash2_pair):
     problems = compare_files(theirs, ours, KNOWN_DRAFTER)
     assert not problems, "\n".join(problems)
     convert_target(target, root / "target.gguf", "f32", progress=False)  # for test_dflash2
+
+
+def test_dspark_drafter(llamacpp_src, tmp_path):
+    """The DSpark heads: the same names, shapes, types and keys (sample_from_anchor,
+    has_confidence_head) from both converters, and our reader loads llama.cpp's file."""
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.dspark import DSparkDrafter
+    from dflash_ref.models.target import TargetModel
+    from tests.models.test_dspark import write_dspark
+
+    src = write_dspark(tmp_path / "dspark")
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    convert_with_llamacpp(llamacpp_src, src, "--target-model-dir", DEMO / "target",
+                          "--outfile", theirs, "--outtype", "bf16")
+    convert_drafter(src, ours, "bf16", "llama.cpp", target=DEMO / "target", progress=False)
+    problems = compare_files(theirs, ours, KNOWN_DRAFTER)
+    assert not problems, "\n".join(problems)
+    md, _ = _fields(theirs)
+    assert (md["dflash.sample_from_anchor"], md["dflash.has_confidence_head"]) == (True, True)
+    target = TargetModel.from_pretrained(DEMO / "target")
+    assert type(DFlashDrafter.from_gguf(theirs, target)) is DSparkDrafter

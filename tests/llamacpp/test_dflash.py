@@ -22,7 +22,8 @@ from dflash_ref.demo_text import decode_bytes, demo_held_out_prompts
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
-from tests.llamacpp.harness import spec_counts, spec_steps
+from dflash_ref.spec_decode.observe import Observer
+from tests.llamacpp.harness import draft_candidates, spec_counts, spec_steps
 
 pytestmark = pytest.mark.llamacpp
 
@@ -64,3 +65,70 @@ def test_tokens_and_accepted_drafts_agree(llamacpp, pair, k):
     ours = [length - 1 for length in spec.acceptance_lengths]
     assert full == ours[:len(full)], (steps, ours)
     assert (n_drafted, n_accept) == (sum(d for _, d in steps), sum(a for a, _ in steps))
+
+
+class _Drafts(Observer):
+    """Every proposal's tokens, step by step."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_draft(self, anchor, positions, logits, proposal) -> None:
+        self.steps.append([int(t) for t in proposal.tokens])
+
+
+@pytest.mark.parametrize("kind", ["dflash2", "dspark"])
+def test_other_drafters_draft_the_same_tokens(llamacpp, tmp_path, kind):
+    """DFlash 2 (our converter's file) and DSpark (llama.cpp's converter's file) in llama.cpp's
+    draft loop and in ours: the output, the accepted drafts per step, and for DSpark the tokens
+    drafted at every step (``-v`` prints each row's top candidate; the DFlash 2 selector path
+    prints none)."""
+    from dflash_ref.io.convert_drafter import convert_drafter
+    from dflash_ref.io.convert_target import convert_target
+    from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
+    from tests.llamacpp.harness import convert_with_llamacpp
+    from tests.llamacpp.test_converters import DFLASH2
+    from tests.models.test_dspark import write_dspark
+
+    demo = GGUF.parent
+    if kind == "dspark":
+        target_dir, target_gguf = demo / "target", GGUF / "target.gguf"
+        drafter_gguf = tmp_path / "dspark.gguf"
+        convert_with_llamacpp(llamacpp.src, write_dspark(tmp_path / "dspark", scale=1.0),
+                              "--target-model-dir", target_dir, "--outfile", drafter_gguf,
+                              "--outtype", "bf16")
+        spec_type = "draft-dspark"
+    else:  # a tiny random target with the demo vocabulary, and a DFlash 2 drafter for it
+        import shutil
+
+        target_dir = write_tiny_target(tmp_path / "t", "qwen3", seed=21, vocab_size=259)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(demo / "target" / name, target_dir / name)
+        src = write_tiny_drafter(tmp_path / "d", target_dir, seed=22, **DFLASH2)
+        target_gguf = convert_target(target_dir, tmp_path / "t.gguf", "f32", progress=False)
+        drafter_gguf = convert_drafter(src, tmp_path / "d.gguf", "f32", "llama.cpp",
+                                       target=target_dir, progress=False)
+        spec_type = "draft-dflash"
+    target = TargetModel.from_gguf(target_gguf)
+    drafter = DFlashDrafter.from_gguf(drafter_gguf, target)
+    assert drafter.kind == kind
+    ids = PROMPTS[0]
+    p = llamacpp.run("llama-speculative-simple", "-m", target_gguf, "-md", drafter_gguf,
+                     "--spec-type", spec_type, "--spec-draft-n-max", N_DRAFT, "-n", N_NEW,
+                     "-p", decode_bytes(ids), "--temp", "0", "-t", "1", "-c", "512", "-v")
+    watch = _Drafts()
+    ours = generate(target, drafter, ids, N_NEW + N_DRAFT + 1, observer=watch)
+    plain = generate(target, None, ids, N_NEW + N_DRAFT + 1).tokens
+    assert ours.tokens == plain
+    text = p.stdout.lstrip(b"\n")
+    assert text.startswith(bytes(ids))
+    theirs = list(text[len(ids):].rstrip(b"\n"))
+    assert len(theirs) >= N_NEW and theirs == plain[:len(theirs)]
+    steps = spec_steps(p.stderr_text)
+    accepted = [a for a, d in steps if d == N_DRAFT]
+    assert accepted and len(accepted) >= len(steps) - 2, steps
+    assert accepted == [n - 1 for n in ours.acceptance_lengths][:len(accepted)]
+    if kind == "dspark":  # the DSpark path logs each row's top candidate: the drafts themselves
+        drafted = [s for s in draft_candidates(p.stderr_text) if len(s) == N_DRAFT]
+        assert len(drafted) == len(accepted)
+        assert drafted == watch.steps[:len(drafted)]
