@@ -151,7 +151,81 @@ def check_against(t: DumpTensor, ref: np.ndarray, atol: float, rtol: float) -> l
     return problems
 
 
+def dump_prompt_ids(text: str) -> list[int] | None:
+    """The prompt ids eval-callback prints (``number of input tokens = N`` then N lines), or
+    None when the dump lacks them."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.search(r"number of input tokens = (\d+)", line)
+        if m:
+            n = int(m.group(1))
+            ids = [re.sub(r"^.*?\s(-?\d+)\s*$", r"\1", s) for s in lines[i + 1:i + 1 + n]]
+            return [int(v) for v in ids] if all(v.lstrip("-").isdigit() for v in ids) else None
+    return None
+
+
+def dump_name_of(key: str) -> str | None:
+    """The eval-callback tensor a case key of the prefill (step 0) is compared with: the capture
+    layer's features or a layer's output ``h`` -> ``l_out-N``; the logits -> ``result_output``."""
+    from dflash_ref.oracle.layout import parse_key
+
+    p = parse_key(key)
+    if p.step != 0 or p.component != "target":
+        return None
+    if p.name in ("features", "h") and p.layer is not None:
+        return f"l_out-{p.layer}"
+    return "result_output" if p.name == "logits" else None
+
+
+def compare_eval_callback(ref_dir, dump_path, tolerance_scale: float = 1.0, out=None) -> int:
+    """``dflash-ref oracle compare CASE DUMP.txt``: a case's prefill against llama.cpp's
+    ``llama-eval-callback`` run on the same prompt (docs/interop.md). Prints the tensors in
+    execution order, the first divergence first; 0 agree, 1 diverge, 2 nothing compared."""
+    import sys
+
+    from dflash_ref.oracle.compare import _tolerances
+    from dflash_ref.oracle.layout import kind_of, read_case
+
+    out = out or sys.stdout
+    manifest, ref = read_case(ref_dir)
+    if manifest is None:
+        raise FormatError(f"{ref_dir} has no manifest.json; the reference must be a case written "
+                          "by 'dflash-ref oracle export'")
+    text = Path(dump_path).read_text(encoding="utf-8", errors="replace")
+    dump = by_name(parse_eval_callback(text, str(dump_path)))
+    ids, want = dump_prompt_ids(text), [int(v) for v in ref["input.prompt_ids"]]
+    if ids is not None and ids != want:
+        print(f"the dump ran another prompt: {len(ids)} ids {ids[:8]}..., the case "
+              f"{len(want)} ids {want[:8]}...; run llama-eval-callback on the case's prompt",
+              file=out)
+        return 1
+    table = _tolerances(manifest, tolerance_scale)
+    compared, first = 0, None
+    for t in manifest["tensors"]:
+        name = dump_name_of(t["key"])
+        if name is None or name not in dump:
+            continue
+        tol = table[t.get("kind") or kind_of(t["key"])]
+        problems = check_against(dump[name], ref[t["key"]], tol.atol, tol.rtol)
+        compared += 1
+        verdict = "ok" if not problems else problems[0]
+        print(f"  {t['key']} vs {name}: {verdict}", file=out)
+        if problems and first is None:
+            first = (t["key"], name, problems)
+    if first is not None:
+        print(f"first divergence: {first[0]} (llama.cpp {first[1]}), {len(first[2])} problem(s)",
+              file=out)
+        return 1
+    print(f"{compared} tensors agree (printed corners and sums)" if compared else
+          "nothing compared: the dump has no l_out-N / result_output of the case's tensors",
+          file=out)
+    return 0 if compared else 2
+
+
 __all__ = [
+    "compare_eval_callback",
+    "dump_name_of",
+    "dump_prompt_ids",
     "DumpTensor",
     "by_name",
     "check_against",

@@ -82,3 +82,57 @@ def test_a_changed_value_or_sum_is_reported(rng):
 def test_not_a_dump_is_a_clear_error():
     with pytest.raises(FormatError, match="llama-eval-callback"):
         parse_eval_callback("hello\n")
+
+
+# ------------------------------------------------------- dflash-ref oracle compare CASE DUMP
+
+
+@pytest.fixture(scope="module")
+def demo_case(tmp_path_factory):
+    from pathlib import Path
+
+    from dflash_ref.oracle.export import export_case
+
+    demo = Path(__file__).resolve().parents[2] / "dflash_ref" / "data" / "demo"
+    out = tmp_path_factory.mktemp("case") / "demo"
+    export_case(out, demo / "target", demo / "drafter", list(b"def f(x):\n    return"),
+                max_new_tokens=4, gguf=False)
+    return out
+
+
+def _dump_of(case, change=None):
+    """An eval-callback-style dump of the case's own prefill tensors (``change`` edits one)."""
+    from dflash_ref.oracle.layout import read_case
+
+    manifest, ref = read_case(case)
+    ids = [int(v) for v in ref["input.prompt_ids"]]
+    text = f"number of input tokens = {len(ids)}\n" + "".join(f"  {i}\n" for i in ids)
+    for t in manifest["tensors"]:
+        k = t["key"]
+        if k.startswith("step0000.target.layer") and k.endswith(".features"):
+            layer = int(k.split(".")[2][len("layer"):])
+            x = ref[k].copy()
+            if change == layer:
+                x[-1, -1] += 0.5
+            text += print_like_llamacpp(f"l_out-{layer}", x)
+        if k == "step0000.target.logits":
+            text += print_like_llamacpp("result_output", ref[k])
+    return text
+
+
+def test_oracle_compare_reads_an_eval_callback_dump(demo_case, tmp_path, capsys):
+    from dflash_ref.cli import main
+
+    good = tmp_path / "good.txt"
+    good.write_text(_dump_of(demo_case))
+    assert main(["oracle", "compare", str(demo_case), str(good)]) == 0
+    assert "3 tensors agree" in capsys.readouterr().out  # layers 1, 2 and the logits
+    bad = tmp_path / "bad.txt"
+    bad.write_text(_dump_of(demo_case, change=2))
+    assert main(["oracle", "compare", str(demo_case), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence: step0000.target.layer02.features (llama.cpp l_out-2)" in out
+    other = tmp_path / "other.txt"
+    other.write_text(_dump_of(demo_case).replace("\n  100\n", "\n  101\n", 1))  # "d" -> "e"
+    assert main(["oracle", "compare", str(demo_case), str(other)]) == 1
+    assert "the dump ran another prompt" in capsys.readouterr().out
