@@ -86,3 +86,19 @@ def test_greedy_continuations_are_identical(llamacpp, f32_target, kind):
         assert text.startswith(bytes(ids))
         theirs = list(text[len(ids):])
         assert theirs == ours[:len(theirs)] and len(theirs) == n_new, prompt
+
+
+def test_oracle_compare_finds_no_divergence_in_llamacpps_dump(llamacpp, f32_target, tmp_path):
+    """``dflash-ref oracle compare CASE DUMP``: a case exported from the demo pair against
+    llama.cpp's eval-callback dump of the F32 target on the case's prompt."""
+    from dflash_ref.oracle.export import export_case
+    from dflash_ref.oracle.llamacpp_dump import compare_eval_callback
+
+    ids = PROMPTS[0]
+    case = tmp_path / "case"
+    export_case(case, DEMO / "target", DEMO / "drafter", ids, max_new_tokens=4, gguf=False)
+    p = llamacpp.run("llama-eval-callback", "-m", f32_target, "-p", decode_bytes(ids), "-t", "1",
+                     "-c", "256", "--temp", "0")
+    dump = tmp_path / "dump.txt"
+    dump.write_bytes(p.stdout + p.stderr)
+    assert compare_eval_callback(case, dump) == 0
