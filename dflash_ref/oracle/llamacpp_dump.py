@@ -38,7 +38,8 @@ import numpy as np
 
 from dflash_ref.errors import FormatError
 
-_HEADER = re.compile(r"^common_debug_cb_eval:\s+(\S+) = \((\w+)\)\s.* = \{([\d, ]+)\}\s*$")
+# the name may hold spaces: ggml names views "Kcur-0 (reshaped)", "... (view)", "... (permuted)"
+_HEADER = re.compile(r"^common_debug_cb_eval:\s+(.+?) = \((\w+)\)\s.* = \{([\d, ]+)\}\s*$")
 _SUM = re.compile(r"^\s*sum = (\S+)\s*$")
 _ROW = re.compile(r"^\s*\[([^\[\]]*)\],?\s*$")
 SHOWN = 3  # common_debug_print_tensor's n: corners of 3 per side

@@ -36,7 +36,11 @@ pytestmark = pytest.mark.llamacpp
 
 DEMO = Path(__file__).resolve().parents[2] / "dflash_ref" / "data" / "demo"
 SHIPPED = DEMO / "gguf" / "target.gguf"
-PROMPTS = demo_held_out_prompts(3)
+# Held-out prompts whose greedy path (48 tokens) has no near-tie: the top-2 logit gap of the
+# target stays >= 0.1 (measured 0.34, 0.27, 0.89; prompt 0's is 0.008 at its first token, and
+# llama.cpp's BF16-rounded activations and F16 KV cache flip it). DESIGN.md: greedy equality is
+# tested on inputs without near-ties, not with a looser check.
+PROMPTS = [demo_held_out_prompts(24)[k] for k in (6, 9, 23)]
 N_LAYERS = 4
 TOL = {"f32": (1e-3, 1e-3), "bf16": (5e-2, 3e-2)}
 
