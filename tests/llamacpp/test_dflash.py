@@ -73,6 +73,17 @@ def llamacpp_loop(target, drafter, ids, n_new=N_NEW, n_draft=N_DRAFT):
     return seq[len(ids):], steps
 
 
+def _before_first_short(steps):
+    """Accepted drafts of the steps before the first one that drafted fewer than N_DRAFT (near
+    the end llama.cpp shortens its drafts; the positions of the steps after it shift)."""
+    out = []
+    for a, d in steps:
+        if d != N_DRAFT:
+            break
+        out.append(a)
+    return out
+
+
 @pytest.fixture(scope="module")
 def pair():
     target = TargetModel.from_gguf(GGUF / "target.gguf")
@@ -89,7 +100,7 @@ def test_tokens_and_accepted_drafts_agree(llamacpp, pair, k):
     spec = generate(target, drafter, ids, N_NEW + N_DRAFT + 1, block_size=N_DRAFT + 1)
     assert spec.tokens == plain
     assert len(theirs) >= N_NEW and theirs == plain[:len(theirs)]
-    full = [a for a, d in steps if d == N_DRAFT]
+    full = _before_first_short(steps)
     assert len(full) >= len(steps) - 2 and full, steps
     tokens, ours = llamacpp_loop(target, drafter, ids, N_NEW + N_DRAFT + 1)
     assert tokens[:N_NEW] == plain[:N_NEW]
@@ -154,7 +165,7 @@ def test_other_drafters_draft_the_same_tokens(llamacpp, tmp_path, kind):
     n = len(theirs)  # llama.cpp stops at the end-of-text token (id 256, not printed)
     assert theirs == plain[:n] and (n >= N_NEW or plain[n] == EOS), (theirs, plain)
     steps = spec_steps(p.stderr_text)
-    accepted = [a for a, d in steps if d == N_DRAFT]
+    accepted = _before_first_short(steps)
     assert len(accepted) >= len(steps) - 2, steps
     _, ours = llamacpp_loop(target, drafter, ids, N_NEW + N_DRAFT + 1)
     assert accepted == ours[:len(accepted)], (steps, ours)
