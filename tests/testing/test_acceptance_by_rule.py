@@ -1,11 +1,11 @@
 """The acceptance table of docs/lossless.md ("What each rule costs on the shipped pair"),
 re-measured by scripts/acceptance_by_rule.py.
 
-Seeded, but the draws follow float32 logits, and another NumPy / BLAS build rounds a product
-differently: a draw near a boundary of the inverse CDF can land on another token, and the run
-continues from there. Measured for the sampled tree (2,) at T = 0.7: 1.877 in the development
-environment, 1.888 in CI's fresh virtual environment (1.88 quoted). Hence TAU_TOL: two
-decimals, plus what one or two moved draws in about 350 steps can shift."""
+Seeded, but the draws follow float32 logits, and BLAS rounds a product differently with another
+thread count (or build): a draw near a boundary of the inverse CDF can land on another token,
+and the run continues from there. Measured for the sampled tree (2,) at T = 0.7 with NumPy
+2.4.6: 1.877 with one BLAS thread, 1.888 in CI's run with the default threads (1.88 quoted).
+Hence TAU_TOL: two decimals, plus what one or two moved draws in about 350 steps can shift."""
 
 from __future__ import annotations
 
