@@ -32,7 +32,7 @@ MAX_K_CHUNK = 256  # GDN_MAX_K
 ST_VS, ST_TY = 16, 16  # GDN_ST_VS, GDN_ST_TY: block of gdn_chunk_state_f32
 ST_MAX_RPT, ST_MAX_IPT = 16, 4  # GDN_ST_MAX_RPT, GDN_ST_MAX_IPT: K <= 256, C <= 64
 SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
-SOLVE_THREADS = 256
+SOLVE_THREADS = 128  # GDN_SOLVE_THREADS: its shared column slots are sized for it
 # Device bytes one block of gdn_chunked may use for its temporaries (chunks_per_block_for). At
 # HV = 32, K = V = 128, C = 64 a chunk costs about 16 MB over all heads, so 512 MiB gives 32
 # chunks (2048 tokens: 1024 (head, chunk) pairs per launch), HV = 16 gives 64; independent of

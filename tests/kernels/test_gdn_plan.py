@@ -38,6 +38,9 @@ def test_constants_match_the_cuda_source():
                                                   _define("GDN_ST_MAX_IPT"))
     assert kgdn.ST_TY * kgdn.ST_MAX_RPT >= kgdn.MAX_K_CHUNK
     assert kgdn.ST_TY * kgdn.ST_MAX_IPT >= kgdn.MAX_C
+    assert kgdn.SOLVE_THREADS == _define("GDN_SOLVE_THREADS")
+    # the solve's static shared memory: A [C, C] and the column slots [C, threads], <= 48 KiB
+    assert 4 * kgdn.MAX_C * (kgdn.MAX_C + kgdn.SOLVE_THREADS) <= 48 * 1024
 
 
 # ---------------------------------------------------------------- gdn_chunked: the block plan
