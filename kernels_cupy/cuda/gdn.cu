@@ -16,6 +16,9 @@
 //       (broadcast). The two dot products per token (S^T k, S^T q) sum a thread's rows, then
 //       the 8 warps' partials through shared memory in a fixed order: two __syncthreads per
 //       token. The trace is written only when write_trace != 0.
+//   gdn_chunk_gather_f32   [T, H, X] -> the chunked [HV, N, C, X] (grouped GQA, zero padding):
+//       one thread per output element (grid-stride); replaces a repeat, a memset and a strided
+//       copy per input.
 //   gdn_chunk_scores_f32   scalar gate: P = scale * QK^T * Gamma (i >= j), A = beta_i KK^T * Gamma
 //       (i > j) from cuBLAS products; the mask is applied before exp. One thread per element of
 //       the [B, C, C] score matrices (grid-stride).
@@ -99,6 +102,23 @@ extern "C" __global__ void gdn_recurrent_f32(
             const int kk = wy + GDN_REC_WARPS * i;
             if (kk < K) state_out[((long long)hv * K + kk) * V + col] = s[i];
         }
+    }
+}
+
+// x: [T, H, X] contiguous; out: [HV, NC, X] (NC = N * C: the chunked layout [HV, N, C, X]).
+// Value head hv reads head hv / (HV / H) (grouped GQA; H = HV for v, beta and g); rows t >= T
+// are the zero padding. One thread per output element (grid-stride), writes coalesced along X.
+extern "C" __global__ void gdn_chunk_gather_f32(const float* __restrict__ x,
+                                                float* __restrict__ out, const long long total,
+                                                const int T, const int H, const int HV,
+                                                const int NC, const int X) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(idx % X);
+        const long long row = idx / X;
+        const int t = (int)(row % NC);
+        const int hv = (int)(row / NC);
+        out[idx] = (t < T) ? x[((long long)t * H + hv / (HV / H)) * X + c] : 0.0f;
     }
 }
 
