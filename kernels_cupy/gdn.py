@@ -32,7 +32,7 @@ MAX_K_CHUNK = 256  # GDN_MAX_K
 ST_VS, ST_TY = 16, 16  # GDN_ST_VS, GDN_ST_TY: block of gdn_chunk_state_f32
 ST_MAX_RPT, ST_MAX_IPT = 16, 4  # GDN_ST_MAX_RPT, GDN_ST_MAX_IPT: K <= 256, C <= 64
 SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
-SOLVE_THREADS = 256
+SOLVE_THREADS = 128  # GDN_SOLVE_THREADS: its shared column slots are sized for it
 # Device bytes one block of gdn_chunked may use for its temporaries (chunks_per_block_for). At
 # HV = 32, K = V = 128, C = 64 a chunk costs about 16 MB over all heads, so 512 MiB gives 32
 # chunks (2048 tokens: 1024 (head, chunk) pairs per launch), HV = 16 gives 64; independent of
@@ -188,15 +188,14 @@ def _chunked_block(q, k, v, g, beta, state, scale: float, C: int, kda: bool):
     HV, V = v.shape[1:]
     N = -(-T // C)
     B = HV * N  # number of (head, chunk) pairs
-    r = HV // H
 
     # [T, HV, X] -> [HV, N, C, X], zero-padded (exact: g = beta = 0 on the padding).
-    Qc = _chunks(cp.repeat(q, r, axis=1) if r > 1 else q, N, C)
-    Kc = _chunks(cp.repeat(k, r, axis=1) if r > 1 else k, N, C)
-    Vc = _chunks(v, N, C)
-    bc = cp.ascontiguousarray(_chunks(beta[:, :, None], N, C)[..., 0])  # [HV, N, C]
+    Qc = _chunks(q, N, C, HV)  # [HV, N, C, K], value head hv reads q head hv // (HV // H)
+    Kc = _chunks(k, N, C, HV)
+    Vc = _chunks(v, N, C, HV)
+    bc = _chunks(beta[:, :, None], N, C, HV).reshape(HV, N, C)  # [HV, N, C]
     gk = K if kda else 1
-    G = cp.cumsum(_chunks(g if kda else g[:, :, None], N, C), axis=2)  # [HV, N, C, gk]
+    G = cp.cumsum(_chunks(g if kda else g[:, :, None], N, C, HV), axis=2)  # [HV, N, C, gk]
     G = cp.ascontiguousarray(G)
 
     # Masked decay scores P (scaled, i >= j) and A (beta-scaled rows, i > j): [HV, N, C, C].
@@ -258,11 +257,14 @@ def _chunked_block(q, k, v, g, beta, state, scale: float, C: int, kda: bool):
     return o, out_state
 
 
-def _chunks(x, N: int, C: int):
-    """[T, HV, X] -> contiguous [HV, N, C, X], zero-padding time to N * C."""
-    T, HV, X = x.shape
-    out = cp.zeros((HV, N * C, X), cp.float32)
-    out[:, :T] = x.transpose(1, 0, 2)
+def _chunks(x, N: int, C: int, HV: int):
+    """[T, H, X] -> contiguous [HV, N, C, X]: value head hv reads head hv // (HV // H) (grouped
+    GQA), time zero-padded to N * C (exact: g = beta = 0 there). One gather kernel."""
+    x = cp.ascontiguousarray(x)
+    T, H, X = x.shape
+    out = cp.empty((HV, N * C, X), cp.float32)
+    launch_elementwise("gdn", "gdn_chunk_gather_f32", out.size,
+                       (x, out, i64(out.size), i32(T), i32(H), i32(HV), i32(N * C), i32(X)))
     return out.reshape(HV, N, C, X)
 
 

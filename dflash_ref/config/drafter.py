@@ -77,9 +77,10 @@ class DrafterConfig:
     ``"noncausal_window"``, ``"bidirectional"`` (default for hf_assistant) or ``"ignore"``.
     ``causal_override`` (``is_causal`` / ``dflash_config.causal``) sets causality for every layer.
 
-    ``kind`` is "dflash" or "dflash2" (``DFlash2DraftModel``: ``dflash2`` holds conv_kernel_size,
-    conv_group_size, selector_rank, selector_top_k). ``output_multiplier`` and
-    ``final_logit_softcapping`` are the release's draft-head keys (docs/drafter.md, "Head").
+    ``kind`` is "dflash", "dspark" (models/dspark.py) or "dflash2" (``DFlash2DraftModel``:
+    ``dflash2`` holds conv_kernel_size, conv_group_size, selector_rank, selector_top_k).
+    ``output_multiplier`` and ``final_logit_softcapping`` are the release's draft-head keys
+    (docs/drafter.md, "Head").
     """
 
     layout: str
@@ -397,7 +398,8 @@ class DrafterConfig:
         else:
             thetas = ", ".join(f"{t} {r.theta:g}" for t, r in self.rope_by_type.items())
         lines = [
-            f"{'DFlash 2' if self.kind == 'dflash2' else 'DFlash'} drafter ({self.layout} layout): "
+            f"{ {'dflash2': 'DFlash 2', 'dspark': 'DSpark'}.get(self.kind, 'DFlash')} drafter "
+            f"({self.layout} layout): "
             f"{self.num_hidden_layers} layers ({mix}), "
             f"hidden {self.hidden_size}, ffn {self.intermediate_size}",
             f"  attention: {self.num_attention_heads} q / {self.num_key_value_heads} kv heads x "

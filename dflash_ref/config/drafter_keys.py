@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from dflash_ref.config.families import _ARCHITECTURES, _architectures
+from dflash_ref.config.families import _ARCHITECTURES, DSPARK_ARCHITECTURES, _architectures
 from dflash_ref.config.fields import (
     DRAFTER_LAYOUTS,
     FULL,
@@ -142,8 +142,12 @@ DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selecto
 
 
 def _drafter_kind(config: Mapping, where: str) -> str:
-    """"dflash2" for a ``DFlash2DraftModel`` architecture, else "dflash"."""
-    return "dflash2" if "DFlash2DraftModel" in _architectures(config, where) else "dflash"
+    """"dflash2" for a ``DFlash2DraftModel`` architecture, "dspark" for a DSpark one
+    (:data:`DSPARK_ARCHITECTURES`; models/dspark.py), else "dflash"."""
+    archs = _architectures(config, where)
+    if "DFlash2DraftModel" in archs:
+        return "dflash2"
+    return "dspark" if any(a in DSPARK_ARCHITECTURES for a in archs) else "dflash"
 
 
 def _dflash2_sizes(config: Mapping, where: str, hidden: int,

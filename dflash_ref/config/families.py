@@ -55,7 +55,9 @@ _ARCHITECTURES = {
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
 }
-_DRAFTER_ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
+# DSpark (DFlash + a Markov head; llama.cpp conversion/qwen.py DSparkModel registers these names)
+DSPARK_ARCHITECTURES = ("DSparkDraftModel", "Qwen3DSparkModel")
+_DRAFTER_ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel", *DSPARK_ARCHITECTURES)
 
 
 def _architectures(config: Mapping, where: str) -> list[str]:

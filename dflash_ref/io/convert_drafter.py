@@ -69,8 +69,16 @@ from dflash_ref.io.convert_common import (
     transformer_keys,
     write_converted,
 )
-from dflash_ref.io.names import canonical_hf_name, flavour_of_arch, hf_to_gguf
+from dflash_ref.io.names import (
+    CONF_W,
+    DSPARK_HEAD_PREFIXES,
+    canonical_hf_name,
+    dspark_head_shapes,
+    flavour_of_arch,
+    hf_to_gguf,
+)
 from dflash_ref.io.safetensors_io import open_checkpoint
+from dflash_ref.io.vocab_gguf import tokenizer_metadata
 
 # User-facing naming -> the flavour of dflash_ref.io.names.
 NAMINGS = {"llama.cpp": "dflash", "dflash": "dflash", "lucebox": "lucebox"}
@@ -153,6 +161,10 @@ def drafter_shape_problems(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> l
     shapes = {canonical_hf_name(n): s for n, s in shapes.items()}
     expected = drafter_expected_tensors(cfg)
     problems = []
+    if cfg.kind == "dspark":  # the Markov / confidence heads: checked among themselves
+        heads = {n: s for n, s in shapes.items() if n.startswith(DSPARK_HEAD_PREFIXES)}
+        problems += dspark_head_shapes(heads, cfg.hidden_size, cfg.vocab_size)
+        shapes = {n: s for n, s in shapes.items() if n not in heads}
     extra = sorted(set(shapes) - set(expected))
     if extra:
         problems.append(
@@ -297,6 +309,8 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
     shapes = {n: ckpt.info(s).shape for n, s in stored.items()}
     cfg = drafter_config_from_checkpoint(ckpt.config, shapes, target_cfg)
     _check_tensor_names(shapes, cfg)
+    if cfg.kind == "dspark" and flavour != "dflash":
+        raise ConfigError("the lucebox naming has no DSpark heads; use naming='llama.cpp'")
     if cfg.kind == "dflash2" and flavour != "dflash":
         raise ConfigError(
             "the lucebox naming has no DFlash 2 tensors: its converter (Luce-Org/lucebox "
@@ -322,6 +336,12 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
         loaders[g_name] = lambda n=stored[hf_name]: ckpt.load(n)
         types[g_name] = tensor_type(g_name, shapes[hf_name], ggml_type, fallback)
     metadata = drafter_metadata(cfg, naming, arch, ggml_type, target_cfg)
+    if cfg.kind == "dspark":  # llama.cpp's DSparkModel keys (conversion/qwen.py)
+        metadata[f"{arch}.sample_from_anchor"] = True
+        metadata[f"{arch}.has_confidence_head"] = CONF_W in shapes
+    if isinstance(target, (str, Path)):  # the target's vocabulary, as llama.cpp's converter;
+        # the drafter's own keys (its mask token) win, as there
+        metadata = {**tokenizer_metadata(target, metadata.get(f"{arch}.vocab_size")), **metadata}
     n_weights = sum(int(np.prod(s)) for s in shapes.values())
     return write_converted(out_path, arch, loaders, types, metadata, n_weights, progress)
 

@@ -60,6 +60,7 @@ from dflash_ref.io.convert_common import (
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
 from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY, gemma3_config, head_dims
 from dflash_ref.io.safetensors_io import open_checkpoint
+from dflash_ref.io.vocab_gguf import tokenizer_metadata
 
 # Our family -> llama.cpp arch (gguf.MODEL_ARCH_NAMES) and back.
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3_5": "qwen35", "gemma3": "gemma3"}
@@ -105,7 +106,6 @@ LAYER_NAMES: dict[str, dict[str, str]] = {
 }
 
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
-
 
 # ---------------------------------------------------------------------------------- transforms
 
@@ -303,8 +303,8 @@ def convert_target(src_dir, out_path, qtype: str = "f32", *, fallback: str | Non
         types[g_name] = tensor_type(g_name, shape, ggml_type, fallback)
         n_weights += int(np.prod(shape))
     arch = GGUF_ARCH[cfg.family]
-    return write_converted(out_path, arch, loaders, types, target_metadata(cfg, arch, ggml_type),
-                           n_weights, progress)
+    md = target_metadata(cfg, arch, ggml_type) | tokenizer_metadata(src_dir, cfg.vocab_size)
+    return write_converted(out_path, arch, loaders, types, md, n_weights, progress)
 
 
 # ---------------------------------------------------------------------------------- GGUF -> HF

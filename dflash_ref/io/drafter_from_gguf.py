@@ -43,7 +43,14 @@ from dflash_ref.config import (
 from dflash_ref.errors import FormatError
 from dflash_ref.io.convert_common import meta
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
-from dflash_ref.io.names import flavour_of_arch, gguf_to_hf, hf_to_gguf, is_dflash2_tensor
+from dflash_ref.io.names import (
+    DSPARK_HEAD_PREFIXES,
+    flavour_of_arch,
+    gguf_to_hf,
+    hf_to_gguf,
+    is_dflash2_tensor,
+    is_dspark_tensor,
+)
 
 
 def _capture_ids(g: GGUFFile, flavour: str, c_w: int, target: TargetConfig | None) -> list[int]:
@@ -182,6 +189,9 @@ def drafter_config_dict_from_gguf(g: GGUFFile, target: TargetConfig | None = Non
     if sizes is not None:
         config["architectures"] = ["DFlash2DraftModel"]
         config["dflash_config"].update(sizes)
+    if any(map(is_dspark_tensor, g.tensor_names)):  # llama.cpp: markov_w1.weight loads DSpark
+        config["architectures"] = ["DSparkDraftModel"]
+        config["sample_from_anchor"] = meta(g, "sample_from_anchor", "bool", True)
     _check_target_scale(g, target, scale)
     return config
 
@@ -209,6 +219,9 @@ def read_gguf_drafter(path, target: TargetConfig | None = None) -> tuple[dict, d
     names = {gguf_to_hf(n, flavour): n for n in g.tensor_names
              if n not in ("token_embd.weight", "output.weight")}  # the target's, if carried
     expected = drafter_expected_tensors(DrafterConfig.from_hf(config))
+    if "DSparkDraftModel" in config["architectures"]:  # the heads (shapes: models/dspark.py)
+        expected.update({h: g.tensor_info(names[h]).numpy_shape for h in names
+                         if h.startswith(DSPARK_HEAD_PREFIXES)})
     extra = sorted(names[h] for h in set(names) - set(expected))
     if extra:
         raise FormatError(f"{g.path.name}: tensors {extra[:6]} are not part of the DFlash drafter "

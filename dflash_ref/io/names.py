@@ -23,6 +23,11 @@ docs/formats.md ("DFlash drafter names"): HF safetensors (no ``model.`` prefix; 
     candidate_selector.successor_codebook.weight       selector_successor.weight
     candidate_selector.hidden_projection.weight        selector_hidden.weight
 
+    DSpark (Markov and confidence heads; models/dspark.py), llama.cpp only:
+    markov_head.markov_w1.weight   [V, R]        markov_w1.weight
+    markov_head.markov_w2.weight   [V, R]        markov_w2.weight
+    confidence_head.proj.{weight,bias} [1, H+R]  conf_proj.{weight,bias}
+
 The conv base kernels carry no ``.weight`` suffix on either side (llama.cpp's loader asks for
 ``tn(LLM_TENSOR_DFLASH_ATTN_CONV_BASE, i)`` without one). The published checkpoints' bare
 codebook names (``candidate_selector.predecessor_codebook``) map like their ``.weight`` form.
@@ -70,6 +75,14 @@ DFLASH2_GLOBAL_NAMES: dict[str, str] = {
     "selector_hidden.weight": "candidate_selector.hidden_projection.weight",
 }
 
+# DSpark's Markov and confidence heads (llama.cpp LLM_TENSOR_DSPARK_*; gguf-py tensor_mapping.py
+# maps model.markov_head.markov_w{1,2} and model.confidence_head.proj); models/dspark.py.
+DSPARK_GLOBAL_NAMES: dict[str, str] = {
+    "markov_w1.weight": "markov_head.markov_w1.weight",
+    "markov_w2.weight": "markov_head.markov_w2.weight",
+    "conf_proj.weight": "confidence_head.proj.weight",
+    "conf_proj.bias": "confidence_head.proj.bias",
+}
 # Whole-model GGUF name -> HF name, per flavour.
 GLOBAL_NAMES: dict[str, dict[str, str]] = {
     "dflash": {
@@ -77,6 +90,7 @@ GLOBAL_NAMES: dict[str, dict[str, str]] = {
         "enc.output_norm.weight": "hidden_norm.weight",
         "output_norm.weight": "norm.weight",
         **DFLASH2_GLOBAL_NAMES,
+        **DSPARK_GLOBAL_NAMES,
     },
     "lucebox": {
         "dflash.fc.weight": "fc.weight",
@@ -144,6 +158,40 @@ def is_dflash2_tensor(gguf_name: str) -> bool:
     """Whether a llama.cpp GGUF tensor name is one of DFlash 2's (conv or selector)."""
     m = _GGUF_BLK.match(gguf_name)
     return gguf_name in DFLASH2_GLOBAL_NAMES or bool(m and m.group(2) in DFLASH2_LAYER_NAMES)
+
+
+MARKOV_W1, MARKOV_W2 = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"
+CONF_W, CONF_B = "confidence_head.proj.weight", "confidence_head.proj.bias"
+DSPARK_HEAD_PREFIXES = ("markov_head.", "confidence_head.")
+
+
+def dspark_head_shapes(shapes: dict, hidden: int, vocab: int | None) -> list[str]:
+    """Problems (empty: fine) of the Markov / confidence head tensors' shapes ({name: shape})."""
+    if MARKOV_W1 not in shapes or MARKOV_W2 not in shapes:
+        return [f"a DSpark drafter needs {MARKOV_W1} and {MARKOV_W2}"]
+    w1, w2 = tuple(shapes[MARKOV_W1]), tuple(shapes[MARKOV_W2])
+    problems = []
+    if len(w1) != 2 or w2 != w1:
+        problems.append(f"{MARKOV_W1} {list(w1)} and {MARKOV_W2} {list(w2)} must both be "
+                        "[vocab, rank] (a reduced draft vocabulary, d2t, is not read)")
+    elif vocab is not None and w1[0] != vocab:
+        problems.append(f"{MARKOV_W1} has {w1[0]} rows, the vocabulary {vocab}")
+    rank = w1[-1]
+    if CONF_W in shapes and tuple(shapes[CONF_W]) != (1, hidden + rank):
+        problems.append(f"{CONF_W} is {list(shapes[CONF_W])}, expected [1, {hidden + rank}] "
+                        "(hidden + Markov rank)")
+    if CONF_B in shapes and tuple(shapes[CONF_B]) != (1,):
+        problems.append(f"{CONF_B} is {list(shapes[CONF_B])}, expected [1]")
+    extra = sorted(n for n in shapes if n.startswith(DSPARK_HEAD_PREFIXES)
+                   and n not in (MARKOV_W1, MARKOV_W2, CONF_W, CONF_B))
+    if extra:
+        problems.append(f"DSpark head tensors dflash-ref does not read: {extra}")
+    return problems
+
+
+def is_dspark_tensor(gguf_name: str) -> bool:
+    """Whether a llama.cpp GGUF tensor name is one of DSpark's heads."""
+    return gguf_name in DSPARK_GLOBAL_NAMES
 
 
 def canonical_hf_name(name: str) -> str:

@@ -371,7 +371,11 @@ def _gpt2_backend(meta: Mapping[str, Any], tokens: list[str], types: list[int], 
     # is spelled byte by byte, as transformers' byte_level_tokenizer does
     spelled = [t if set(t) <= letters else "".join(alphabet[b] for b in t.encode("utf-8"))
                for t in tokens]
-    backend = Backend(BPE(vocab={t: i for i, t in enumerate(spelled)}, merges=merges))
+    vocab = {t: i for i, t in enumerate(spelled)}
+    # a merge whose product is no token cannot make an id (llama.cpp spells such a symbol byte by
+    # byte); tokenizers refuses it, so it is dropped (io/vocab_gguf.py INERT_MERGE is one)
+    merges = [(a, b) for a, b in merges if a + b in vocab]
+    backend = Backend(BPE(vocab=vocab, merges=merges))
     split = GPT2_PRE_SPLITS[pre]
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -2,4 +2,5 @@
 
 # DFlash2Drafter subclasses DFlashDrafter: importing the package defines it, so that the drafter
 # loaders (DFlashDrafter.from_pretrained / from_gguf) find the class of a DFlash 2 config.
-from dflash_ref.models import dflash2  # noqa: F401, E402
+# DSparkDrafter (models/dspark.py) the same way.
+from dflash_ref.models import dflash2, dspark  # noqa: F401, E402

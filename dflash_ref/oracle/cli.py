@@ -40,7 +40,8 @@ def add_oracle_arguments(p: argparse.ArgumentParser) -> None:
     ex.set_defaults(func=cmd_oracle)
     cp = sub.add_parser("compare", help="first tensor where another stack's dump diverges")
     cp.add_argument("ref", help="the reference case (written by export)")
-    cp.add_argument("other", help="the other stack's dump directory (same layout, any subset)")
+    cp.add_argument("other", help="the other stack's dump directory (same layout, any subset), "
+                    "or the stdout of llama.cpp's llama-eval-callback on the case's prompt")
     cp.add_argument("--tolerance-scale", type=cli_args.positive_float, default=1.0,
                     help="multiply every float tolerance (e.g. 30 for a bf16 stack)")
     cp.set_defaults(func=cmd_oracle)
@@ -67,6 +68,10 @@ def cmd_oracle(args: argparse.Namespace) -> int:
 
         cli_args.existing_path(args.ref, "REF")
         cli_args.existing_path(args.other, "OTHER")
+        if Path(args.other).is_file():  # a llama-eval-callback dump (docs/interop.md)
+            from dflash_ref.oracle.llamacpp_dump import compare_eval_callback
+
+            return compare_eval_callback(args.ref, args.other, args.tolerance_scale)
         return compare_main(args.ref, args.other, args.tolerance_scale)
     from dflash_ref.oracle.export import check_replaceable, export_case, make_gate, make_pager
 

@@ -16,14 +16,18 @@
 //       (broadcast). The two dot products per token (S^T k, S^T q) sum a thread's rows, then
 //       the 8 warps' partials through shared memory in a fixed order: two __syncthreads per
 //       token. The trace is written only when write_trace != 0.
+//   gdn_chunk_gather_f32   [T, H, X] -> the chunked [HV, N, C, X] (grouped GQA, zero padding):
+//       one thread per output element (grid-stride); replaces a repeat, a memset and a strided
+//       copy per input.
 //   gdn_chunk_scores_f32   scalar gate: P = scale * QK^T * Gamma (i >= j), A = beta_i KK^T * Gamma
 //       (i > j) from cuBLAS products; the mask is applied before exp. One thread per element of
 //       the [B, C, C] score matrices (grid-stride).
 //   gdn_chunk_scores_kda_f32  KDA gate: the same P and A with per-channel decays
 //       sum_c x_ic k_jc exp(G_ic - G_jc), computed directly from Q, K, G. One thread per element.
 //   gdn_chunk_solve_f32    [W | U] = (I + A)^-1 [beta e^G K | beta V] by forward substitution.
-//       One block per (head, chunk); A staged in shared memory (C <= 64); each thread owns
-//       columns of the right-hand side and walks the C rows in order.
+//       One block per (head, chunk) of GDN_SOLVE_THREADS threads; A staged in shared memory
+//       (C <= 64); each thread owns columns of the right-hand side and walks the C rows in
+//       order, reading its earlier rows back from its own shared-memory slots.
 //   gdn_chunk_state_f32    the sequential inter-chunk pass, fla's chunk_delta_h order:
 //       Delta = U - W S0, S <- dC * S + KdT (fold * Delta), saving every chunk-start state S0
 //       and every Delta. Scalar gate: KdT = K^T and fold_i = exp(G_C - G_i) (the decay folded
@@ -50,6 +54,7 @@
 #define GDN_REC_MAX_ROWS 32      // rows per thread: K <= GDN_REC_WARPS * GDN_REC_MAX_ROWS = 256
 #define GDN_MAX_C 64             // chunk size limit of the chunk kernels
 #define GDN_MAX_K 256            // key dim limit of the chunk state kernel
+#define GDN_SOLVE_THREADS 128    // threads per block of gdn_chunk_solve_f32 (blockDim.x)
 #define GDN_ST_VS 16             // value columns per block of gdn_chunk_state_f32 (threadIdx.x)
 #define GDN_ST_TY 16             // threadIdx.y extent of gdn_chunk_state_f32
 #define GDN_ST_THREADS 256       // GDN_ST_VS * GDN_ST_TY
@@ -97,6 +102,23 @@ extern "C" __global__ void gdn_recurrent_f32(
             const int kk = wy + GDN_REC_WARPS * i;
             if (kk < K) state_out[((long long)hv * K + kk) * V + col] = s[i];
         }
+    }
+}
+
+// x: [T, H, X] contiguous; out: [HV, NC, X] (NC = N * C: the chunked layout [HV, N, C, X]).
+// Value head hv reads head hv / (HV / H) (grouped GQA; H = HV for v, beta and g); rows t >= T
+// are the zero padding. One thread per output element (grid-stride), writes coalesced along X.
+extern "C" __global__ void gdn_chunk_gather_f32(const float* __restrict__ x,
+                                                float* __restrict__ out, const long long total,
+                                                const int T, const int H, const int HV,
+                                                const int NC, const int X) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int c = (int)(idx % X);
+        const long long row = idx / X;
+        const int t = (int)(row % NC);
+        const int hv = (int)(row / NC);
+        out[idx] = (t < T) ? x[((long long)t * H + hv / (HV / H)) * X + c] : 0.0f;
     }
 }
 
@@ -152,10 +174,14 @@ extern "C" __global__ void gdn_chunk_solve_f32(
     const float* __restrict__ G, const float* __restrict__ beta, float* __restrict__ W,
     float* __restrict__ U, const int C, const int Kd, const int Vd, const int gk) {
     __shared__ float sA[GDN_MAX_C * GDN_MAX_C];
+    // The thread's column so far, one slot per thread: earlier rows are read back from here,
+    // not from global memory (16 + 32 KiB: the 48 KiB static limit at C = 64).
+    __shared__ float sX[GDN_MAX_C * GDN_SOLVE_THREADS];
     const long long b = blockIdx.x;
-    for (int e = threadIdx.x; e < C * C; e += blockDim.x) sA[e] = A[b * C * C + e];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < C * C; e += GDN_SOLVE_THREADS) sA[e] = A[b * C * C + e];
     __syncthreads();
-    for (int c = threadIdx.x; c < Kd + Vd; c += blockDim.x) {
+    for (int c = tid; c < Kd + Vd; c += GDN_SOLVE_THREADS) {
         const bool is_k = c < Kd;
         float* X = is_k ? W + b * C * Kd + c : U + b * C * Vd + (c - Kd);
         const int ld = is_k ? Kd : Vd;
@@ -165,8 +191,10 @@ extern "C" __global__ void gdn_chunk_solve_f32(
             float x = is_k ? bi * expf(G[(b * C + i) * gk + (gk == 1 ? 0 : c)]) *
                                  Kc[(b * C + i) * Kd + c]
                            : bi * Vc[(b * C + i) * Vd + (c - Kd)];
-            for (int j = 0; j < i; ++j) x -= sA[i * C + j] * X[(long long)j * ld];
-            X[(long long)i * ld] = x;  // this thread wrote rows j < i itself: no sync needed
+#pragma unroll 4
+            for (int j = 0; j < i; ++j) x -= sA[i * C + j] * sX[j * GDN_SOLVE_THREADS + tid];
+            sX[i * GDN_SOLVE_THREADS + tid] = x;  // only this thread reads its slots: no sync
+            X[(long long)i * ld] = x;
         }
     }
 }

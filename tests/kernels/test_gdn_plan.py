@@ -38,6 +38,9 @@ def test_constants_match_the_cuda_source():
                                                   _define("GDN_ST_MAX_IPT"))
     assert kgdn.ST_TY * kgdn.ST_MAX_RPT >= kgdn.MAX_K_CHUNK
     assert kgdn.ST_TY * kgdn.ST_MAX_IPT >= kgdn.MAX_C
+    assert kgdn.SOLVE_THREADS == _define("GDN_SOLVE_THREADS")
+    # the solve's static shared memory: A [C, C] and the column slots [C, threads], <= 48 KiB
+    assert 4 * kgdn.MAX_C * (kgdn.MAX_C + kgdn.SOLVE_THREADS) <= 48 * 1024
 
 
 # ---------------------------------------------------------------- gdn_chunked: the block plan
@@ -322,3 +325,32 @@ def test_state_kernel_mapping_matches_the_float64_recurrence(rng, shape):
                  case=str(shape))
     for name, count in writes.items():  # every output element written exactly once
         assert np.all(count == 1), name
+
+
+# ---------------------------------------------------------------- gdn_chunk_gather_f32: mapping
+
+
+def emulate_gather_kernel(x, N: int, C: int, HV: int) -> np.ndarray:
+    """gdn_chunk_gather_f32's index arithmetic in NumPy, all output elements at once: idx ->
+    (hv, t, c) -> x[t, hv // (HV // H), c], or 0 past T. Returns out [HV, N, C, X]."""
+    T, H, X = x.shape
+    idx = np.arange(HV * N * C * X)
+    c, row = idx % X, idx // X
+    t, hv = row % (N * C), row // (N * C)
+    src = (np.minimum(t, T - 1) * H + hv // (HV // H)) * X + c  # clamped: t >= T reads nothing
+    out = np.where(t < T, x.reshape(-1)[src], np.float32(0))
+    return out.reshape(HV, N, C, X)
+
+
+@pytest.mark.parametrize(("T", "H", "HV", "X", "C"), [(70, 2, 4, 3, 16), (64, 1, 1, 5, 64),
+                                                      (1, 3, 6, 1, 8), (100, 2, 2, 7, 64)])
+def test_gather_mapping_is_the_reference_chunk_view(rng, T, H, HV, X, C):
+    # The reference's chunked layout (ops/_gdn_chunk.chunk_view of the grouped-GQA expansion,
+    # [N, HV, C, X]) moved to the twin's [HV, N, C, X]: the kernel's index map must give it
+    # exactly, zero padding included.
+    from dflash_ref.ops._gdn_chunk import chunk_view
+
+    x = rng.standard_normal((T, H, X)).astype(np.float32)
+    N = -(-T // C)
+    expected = chunk_view(np.repeat(x, HV // H, axis=1), N, C).transpose(1, 0, 2, 3)
+    assert np.array_equal(emulate_gather_kernel(x, N, C, HV), expected)

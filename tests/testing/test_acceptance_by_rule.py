@@ -1,5 +1,11 @@
 """The acceptance table of docs/lossless.md ("What each rule costs on the shipped pair"),
-re-measured by scripts/acceptance_by_rule.py (seeded: the same tokens on the same platform)."""
+re-measured by scripts/acceptance_by_rule.py.
+
+Seeded, but the draws follow float32 logits, and BLAS rounds a product differently with another
+thread count (or build): a draw near a boundary of the inverse CDF can land on another token,
+and the run continues from there. Measured for the sampled tree (2,) at T = 0.7 with NumPy
+2.4.6: 1.877 with one BLAS thread, 1.888 in CI's run with the default threads (1.88 quoted).
+Hence TAU_TOL: two decimals, plus what one or two moved draws in about 350 steps can shift."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+TAU_TOL = 0.015  # the module docstring says why
 
 
 def doc_table() -> dict:
@@ -41,5 +48,5 @@ def test_the_doc_table_is_what_the_script_measures():
     spec.loader.exec_module(module)
     measured = module.measure()
     for key, (tau, rows) in doc_table().items():
-        assert measured[key][0] == pytest.approx(tau, abs=0.006), key
+        assert measured[key][0] == pytest.approx(tau, abs=TAU_TOL), key
         assert measured[key][1] == pytest.approx(rows, abs=0.06), key
