@@ -208,6 +208,11 @@ def _read_json(path: str | os.PathLike, what: str) -> dict:
                           f"or of the checkpoint directory that holds it.") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{what} config: {p} is not valid JSON ({exc}).") from None
+    except UnicodeDecodeError:
+        with open(p, "rb") as fh:
+            kind = "a GGUF file" if fh.read(4) == b"GGUF" else "a binary file"
+        raise ConfigError(f"{what} config: {p} is {kind}, not a config.json; pass the checkpoint "
+                          f"directory (config.json + safetensors) or its config.json.") from None
     if not isinstance(d, dict):
         raise ConfigError(f"{what} config: {p} holds a {type(d).__name__}, not a JSON object.")
     return d
