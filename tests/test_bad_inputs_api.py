@@ -240,6 +240,21 @@ def test_malformed_config_json_names_the_file(tmp_path, pair, which):
     _assert_typed(info, ConfigError, [str(d / "config.json"), "not valid JSON"])
 
 
+@pytest.mark.parametrize("head", [b"GGUF\x03\x00\x00\x00\xec\xff", b"PK\x03\x04\xec\xff"],
+                         ids=["gguf", "binary"])
+def test_convert_drafter_with_a_binary_target_file_names_it(tmp_path, head):
+    """Was a raw "'utf-8' codec can't decode byte 0xec" (issue 31, item 3)."""
+    from dflash_ref.io.convert_drafter import convert_drafter
+
+    bad = tmp_path / "target.gguf"
+    bad.write_bytes(head + bytes(range(256)))
+    with pytest.raises(ConfigError) as info:
+        convert_drafter(DEMO / "drafter", tmp_path / "out.gguf", target=bad)
+    kind = "a GGUF file" if head.startswith(b"GGUF") else "a binary file"
+    _assert_typed(info, ConfigError, [str(bad), kind, "not a config.json", "directory"])
+    assert not (tmp_path / "out.gguf").exists()
+
+
 def _poison(d, name):
     """Set the first value of tensor ``name`` to NaN (through torch: the weights are bf16)."""
     from safetensors.torch import load_file, save_file
