@@ -302,8 +302,11 @@ def drafter_config() -> dict:
             "num_target_layers": N_TARGET_LAYERS, "block_size": c["block_size"],
             "layer_types": ["full_attention"] * c["num_hidden_layers"],
             "sliding_window": None, "use_sliding_window": False,
+            # the scale the drafter was trained with (the GGUF target's float32 sqrt(640)):
+            # written out so that the authors' release, whose default is 1.0, scales as we do
             "dflash_config": {"mask_token_id": MASK,
-                              "target_layer_ids": c["target_layer_ids"]}}
+                              "target_layer_ids": c["target_layer_ids"],
+                              "input_embedding_scale": float(np.float32(np.sqrt(np.float32(H))))}}
 
 
 # ---------------------------------------------------------------------------------- 3. eval

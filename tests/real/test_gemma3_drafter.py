@@ -75,3 +75,45 @@ def test_speculative_equals_plain_and_tau_holds(pair, prompts):
     assert np.mean(taus) >= MEASURED_TAU - 0.1, taus
     assert np.mean(taus_zero) <= MEASURED_TAU_ZEROED + 0.1, taus_zero
     assert np.mean(taus) - np.mean(taus_zero) >= 0.15, (taus, taus_zero)  # measured: 0.28
+
+
+def test_the_drafter_loads_unchanged_in_the_release_and_drafts_as_we_do(pair, prompts):
+    """The authors' release (PyPI ``dflash`` 0.1.0, the ``compat`` extra) builds the shipped
+    directory as it is with ``DFlashDraftModel.from_pretrained``, and its block logits (its own
+    torch layers, fed our target's captured features and the embedding rows scaled by the
+    config's ``input_embedding_scale``, as its ``dflash_generate`` does) are ours within 1e-3 of
+    their spread. Without ``input_embedding_scale`` in config.json the release would scale by
+    1.0 (its default) while dflash_ref takes the Gemma target's sqrt(640): the check fails then."""
+    torch = pytest.importorskip("torch")
+    release = pytest.importorskip("dflash.model")
+    target, drafter = pair
+    rel = release.DFlashDraftModel.from_pretrained(DRAFTER, dtype=torch.float32).eval()
+    assert type(rel) is release.DFlashDraftModel
+    assert rel.target_layer_ids == [1, 8, 15] and rel.mask_token_id == 4
+    assert sum(p.numel() for p in rel.parameters()) == 6_146_816  # as docs/training.md says
+
+    class _Target(torch.nn.Module):  # the release reads only the target's input embedding
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding.from_pretrained(
+                torch.from_numpy(np.asarray(target.embed_tokens, dtype=np.float32)))
+
+        def get_input_embeddings(self):
+            return self.embed
+
+    scale = float(release._draft_value(rel.config, "input_embedding_scale", 1.0))
+    head = torch.from_numpy(np.asarray(target.lm_head_weight, dtype=np.float32))
+    prompt = np.asarray(prompts[0])
+    n, b = prompt.size, drafter.block_size
+    feats = target.forward(prompt, target.new_state()).features
+    anchor = int(prompt[-1])
+    with torch.no_grad():
+        block = torch.tensor([[anchor] + [rel.mask_token_id] * (b - 1)])
+        noise = release._raw_input_embeddings(_Target(), block, scale)
+        z = rel(target_hidden=torch.from_numpy(np.asarray(feats, dtype=np.float32))[None],
+                noise_embedding=noise, position_ids=torch.arange(n + b)[None])
+        theirs = rel.compute_logits(z, lambda h: h @ head.T)[0].numpy()
+    ours = drafter.forward_block(feats, np.arange(n), anchor, n)
+    spread = float(theirs.std())
+    np.testing.assert_allclose(ours, theirs, atol=1e-3 * spread, rtol=0)
+    assert (ours[1:].argmax(-1) == theirs[1:].argmax(-1)).all()
