@@ -30,7 +30,6 @@ import numpy as np
 import dflash_ref
 from dflash_ref import cli_args
 from dflash_ref.backend import cupy_device_description, cupy_unavailable_reason, limit_blas_threads
-from dflash_ref.errors import ConfigError
 
 
 def _nvrtc_line() -> str:
@@ -183,13 +182,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     cli_args.existing_path(args.src, "SRC")
     cli_args.output_file(args.out, "OUT")
-    target = None if args.target is None else cli_args.existing_path(args.target, "--target")
-    if target is not None and not (target.is_dir() or target.suffix == ".json"):
-        raise ConfigError(
-            f"--target takes the target's checkpoint directory (config.json, tokenizer.json), "
-            f"got the file {args.target}; pass the HF directory the target was converted from, "
-            f"or leave --target out (the GGUF then carries no vocabulary or Gemma embedding "
-            f"scale: docs/training.md, \"Other stacks and formats\", converts from a GGUF target)")
+    if args.target is not None:
+        cli_args.checkpoint_directory(args.target, "--target")
     config = open_checkpoint(args.src).config
     if _is_drafter_config(config):
         out = convert_drafter(args.src, args.out, args.qtype, args.naming, target=args.target,

@@ -129,6 +129,18 @@ def existing_path(text: str | Path, option: str) -> Path:
     return path
 
 
+def checkpoint_directory(text: str | Path, option: str) -> Path:
+    """An existing checkpoint directory (or its config.json); a GGUF or other file is refused."""
+    path = existing_path(text, option)
+    if not (path.is_dir() or path.suffix == ".json"):
+        raise ConfigError(f"{option} takes the target's checkpoint directory (config.json, "
+                          f"tokenizer.json), got the file {path}; pass the HF directory the "
+                          f"target was converted from, or leave {option} out (the GGUF then "
+                          f"has no vocabulary keys: docs/training.md, \"llama.cpp\", adds a "
+                          f"GGUF target's)")
+    return path
+
+
 def output_file(text: str | Path, option: str) -> Path:
     """A file to write: its folder must exist and the path must not be a directory."""
     path = Path(text)
