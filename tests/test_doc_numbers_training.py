@@ -33,6 +33,7 @@ TRAINING = _section(ROOT / "docs" / "training.md", "# A drafter for Gemma 3 270M
 README = _section(ROOT / "README.md", "A DFlash drafter for this model ships", "From Python")
 EVAL, TRAIN, CAND = (_log("eval_log.json"), _log("train_log.json"),
                      _log("eval_candidate_head_log.json"))
+LLAMA = _log("llamacpp_log.json")
 
 
 def f2(x: float) -> str:
@@ -113,6 +114,26 @@ def claims() -> list[tuple[str, str, str]]:
                             f"{f2(ood['tau_features_zeroed'])} | {f2(ood['speedup'])}x |"),
         ("readme_cand", "r", f"drafting over its {CAND['candidates']:,} training ids only, an "
                              f"experiment in the script, gives {f2(CAND['speedup'])}x"),
+    ]
+    ll, lp = LLAMA, LLAMA["per_prompt"]
+    taus = [r["tau"] for r in lp]
+    out += [
+        ("llamacpp_plain", "t", f"| llama.cpp plain | {ll['plain_tokens']} | "
+                                f"{ll['plain_s']:.1f} s | {ll['plain_tok_s']:.1f} |"),
+        ("llamacpp_dflash", "t", f"| llama.cpp DFlash | {ll['spec_tokens']} | "
+                                 f"{ll['spec_s']:.1f} s | {ll['spec_tok_s']:.1f} | "
+                                 f"{f2(ll['tau'])} ({f2(min(taus))}-{f2(max(taus))}) | "
+                                 f"{100 * ll['acceptance']:.1f}% |"),
+        ("llamacpp_speedup", "t", f"| speedup | | | **{f2(ll['speedup'])}x** |"),
+        ("llamacpp_vs_numpy", "t", f"llama.cpp's plain decoding is "
+                                   f"{ll['plain_tok_s'] / (512 / ind['plain_s']):.1f} times "
+                                   f"faster than ours ({ll['plain_tok_s']:.1f} against "
+                                   f"{512 / ind['plain_s']:.1f} tokens/s)"),
+        ("llamacpp_same_text", "t", f"agree on {sum(r['same_text'] for r in lp)} of the "
+                                    f"{ll['prompts']} prompts"),
+        ("readme_llamacpp", "r", f"tau {f2(ll['tau'])}, {ll['spec_tok_s']:.1f} tokens/s "
+                                 f"against {ll['plain_tok_s']:.1f} for llama.cpp's plain "
+                                 f"decoding, {f2(ll['speedup'])}x"),
     ]
     return out
 
