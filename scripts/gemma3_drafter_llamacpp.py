@@ -15,8 +15,10 @@
    ``--temp 0``; each prints "decoded N tokens in T s" for its decode loop (prompt excluded).
 
 llama.cpp build 11434 cannot run this pair as it ships: its Gemma 3 graph does not expose the
-layer inputs DFlash reads (docs/training.md, "llama.cpp"). ``run`` reports that abort as
-``{"error": ...}``; the measured numbers came from a build with the one-line hook added.
+layer inputs DFlash reads (docs/training.md, "llama.cpp"). ``speculative`` reports that abort
+as ``{"error": ...}`` and the script stops; the measured numbers
+(dflash_ref/data/gemma3_270m_drafter/llamacpp_log.json) came from a build with the one-line
+hook added, as docs/training.md shows.
 """
 
 from __future__ import annotations
