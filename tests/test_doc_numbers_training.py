@@ -1,6 +1,7 @@
-"""Every number docs/training.md ("A drafter for Gemma 3 270M") and the README's Gemma section
-quote from the shipped drafter's logs (dflash_ref/data/gemma3_270m_drafter/*.json) is the log's
-number, rounded as printed (issue 31, item 4).
+"""Every number docs/training.md ("A drafter for Gemma 3 270M"), the README's Gemma section and
+docs/interop.md's Gemma 3 DFlash row quote from the shipped drafter's logs
+(dflash_ref/data/gemma3_270m_drafter/*.json) is the log's number, rounded as printed (issue 31,
+item 4).
 
 The expected strings are built from the committed logs, never typed twice: a log rewritten by a
 new run without the docs, or a doc number edited by hand, fails here. CPU only, no model loads.
@@ -31,6 +32,7 @@ def _section(path: Path, start: str, end: str | None) -> str:
 
 TRAINING = _section(ROOT / "docs" / "training.md", "# A drafter for Gemma 3 270M", None)
 README = _section(ROOT / "README.md", "A DFlash drafter for this model ships", "From Python")
+INTEROP = _section(ROOT / "docs" / "interop.md", "## What agrees", "### DFlash on the shipped pair")
 EVAL, TRAIN, CAND = (_log("eval_log.json"), _log("train_log.json"),
                      _log("eval_candidate_head_log.json"))
 LLAMA = _log("llamacpp_log.json")
@@ -131,6 +133,7 @@ def claims() -> list[tuple[str, str, str]]:
                                    f"{512 / ind['plain_s']:.1f} tokens/s)"),
         ("llamacpp_same_text", "t", f"agree on {sum(r['same_text'] for r in lp)} of the "
                                     f"{ll['prompts']} prompts"),
+        ("interop_llamacpp", "i", f"with that one line added it runs, tau {f2(ll['tau'])}"),
         ("readme_llamacpp", "r", f"tau {f2(ll['tau'])}, {ll['spec_tok_s']:.1f} tokens/s "
                                  f"against {ll['plain_tok_s']:.1f} for llama.cpp's plain "
                                  f"decoding, {f2(ll['speedup'])}x"),
@@ -143,8 +146,9 @@ CLAIMS = claims()
 
 @pytest.mark.parametrize("where, text", [c[1:] for c in CLAIMS], ids=[c[0] for c in CLAIMS])
 def test_the_docs_quote_the_logs(where, text):
-    doc = TRAINING if where == "t" else README
-    assert text in doc, f"not in {'docs/training.md' if where == 't' else 'README.md'}: {text!r}"
+    doc, name = {"t": (TRAINING, "docs/training.md"), "r": (README, "README.md"),
+                 "i": (INTEROP, "docs/interop.md")}[where]
+    assert text in doc, f"not in {name}: {text!r}"
 
 
 def test_per_prompt_values_agree_with_the_summaries():
