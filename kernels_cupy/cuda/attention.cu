@@ -56,26 +56,7 @@
 #define ATT_NEG_INF __int_as_float(0xff800000)
 #define ATT_FULL 0xffffffffu
 
-// The MaskSpec predicate (dflash_ref/ops/masks.py, key_visible), for query position qp and
-// key slot position kp; anc_row points at row i of the ancestor matrix (used iff has_anc).
-__device__ __forceinline__ bool att_key_visible(const int qp, const int kp,
-                                                const unsigned char* __restrict__ anc_row,
-                                                const long long j, const int causal,
-                                                const int window, const int window_mode,
-                                                const int has_base, const int base_pos,
-                                                const int has_anc) {
-    if (kp < 0) return false;  // invalid slot (free, paged out, stale)
-    bool ok;
-    if (has_base && kp < base_pos) ok = true;  // committed prefix
-    else if (has_anc) ok = anc_row[j] != 0;    // tree verify: self or ancestor
-    else if (causal) ok = kp <= qp;
-    else ok = true;                            // fully visible
-    if (ok && window > 0) {
-        const int dist = qp - kp;
-        ok = (window_mode == 0) ? (dist < window) : (abs(dist) <= window);
-    }
-    return ok;
-}
+// att_key_visible (the MaskSpec predicate): attention_mask.cuh.
 
 __device__ __forceinline__ float att_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(ATT_FULL, v, o));
