@@ -227,3 +227,18 @@ def test_extreme_gates_stay_finite_in_the_emulation(rng):
         o, S = emulate_gdn_chunked_block(*(a.astype(f) for a in args), K ** -0.5, C)
     assert_close(o, o_r, "float32_gdn", op="gdn_chunk (emulated)", case="g to -50")
     assert_close(S, S_r, "float32_gdn", op="gdn_chunk (emulated)", tensor="state")
+
+
+def test_one_block_is_three_launches():
+    # The block body launches the prep, state and output kernels and nothing else: the
+    # temporaries are cp.empty (no fill), the output is written in place (no copy). Before the
+    # fusion a T = 8192 call was 133 launches (docs/performance.md); a new launch here must be a
+    # decision, not an accident. Read from the source: the wrapper cannot run without a GPU.
+    import inspect
+
+    body = inspect.getsource(kgdn._chunked_block)
+    assert re.findall(r'get_kernel\("gdn_chunk", "(\w+)"\)', body) == [
+        "gdn_chunk_prep_f32", "gdn_chunk_state_f32", "gdn_chunk_output_f32"]
+    calls = set(re.findall(r"\bcp\.(\w+)\(", body))
+    assert calls == {"empty"}, calls  # allocation only: no cp.zeros, matmul, exp, copy
+    assert "launch_elementwise" not in body and "[...," not in body and "] =" not in body
