@@ -252,3 +252,74 @@ def test_prefill_v2_kernel_matches_numpy_and_v1(rng, Tq, nh, nkv, d, Tk, kind):
     softcapped = attention_using("prefill_v2", *dev, mask, softcap=5.0)
     assert_close(softcapped, attention(q, k, v, mask, softcap=5.0), "float32_attention",
                  op="attention (prefill v2, softcap)", case=kind)
+
+
+# ---------------------------------------------------------------- float32: v2's order is v1's
+
+
+def _butterfly(x, offsets):
+    """xor-shuffle sums over the last axis (lanes): x_t <- x_t + x_(t ^ o) for each offset."""
+    lanes = np.arange(x.shape[-1])
+    for o in offsets:
+        x = x + x[..., lanes ^ o]
+    return x
+
+
+def _rows_f32(q, K, V, vis, scale, order):
+    """One query head's rows over the key steps of 32 slots, float32, one rounding per product
+    and per sum (both kernels contract the same expressions into fmaf). ``order``: "v1" (lane j
+    holds slot j, 32-lane butterfly 16 .. 1, V added over the visible slots only) or "v2" (thread
+    tx holds slots tx and tx + 16, adds them, 16-lane butterfly 8 .. 1, V added over all 32
+    slots, masked ones with p = 0)."""
+    f = np.float32
+    Tq, d = q.shape
+    m, l = np.full(Tq, -np.inf, f), np.zeros(Tq, f)
+    acc = np.zeros((Tq, d), f)
+    for t0 in range(0, K.shape[0], 32):
+        Ks, Vs, bits = K[t0:t0 + 32], V[t0:t0 + 32], vis[:, t0:t0 + 32]
+        s = np.zeros((Tq, 32), f)
+        for dd in range(d):  # the fmaf chain over dd
+            s = s + q[:, dd, None] * Ks[None, :, dd]
+        x = np.where(bits, s * f(scale), f(-np.inf))
+        for r in np.flatnonzero(bits.any(axis=1)):  # rows that see a slot of this step
+            m_new = max(m[r], x[r].max())
+            p = np.where(bits[r], np.exp(x[r] - m_new), f(0))
+            if order == "v1":
+                total = _butterfly(p, (16, 8, 4, 2, 1))[0]
+            else:
+                total = _butterfly(p[:16] + p[16:], (8, 4, 2, 1))[0]
+            corr = np.exp(m[r] - m_new)
+            l[r] = l[r] * corr + total
+            acc[r] = acc[r] * corr
+            for j in (np.flatnonzero(bits[r]) if order == "v1" else range(32)):
+                acc[r] = acc[r] + p[j] * Vs[j]
+            m[r] = m_new
+    inv = np.where(l > 0, f(1) / np.where(l > 0, l, f(1)), f(0))
+    return acc * inv[:, None]
+
+
+def test_v2_sums_in_v1s_order_bit_for_bit_in_float32(rng):
+    # The claim of the kernel's header: pairing slots tx and tx + 16 and then the 16-lane
+    # butterfly is the 32-lane butterfly's first step and the rest of it, and a masked slot's
+    # p = 0 leaves acc unchanged, so v2 rounds exactly as v1. Both against the reference too.
+    from dflash_ref.ops.attention import attention
+    from dflash_ref.ops.masks import MaskSpec, visible
+    from dflash_ref.testing import assert_close
+
+    Tq, Tk, d = 48, 100, 16
+    q = rng.standard_normal((Tq, 1, d)).astype(np.float32)
+    k, v = (rng.standard_normal((Tk, 1, d)).astype(np.float32) for _ in range(2))
+    k_pos = np.arange(Tk)
+    k_pos[rng.random(Tk) < 0.1] = -1
+    spec = MaskSpec(np.arange(Tk - Tq, Tk), k_pos, causal=True, window=30)
+    vis = np.zeros((Tq, 128), bool)
+    vis[:, :Tk] = np.asarray(visible(spec))
+    K, V = np.zeros((128, d), np.float32), np.zeros((128, d), np.float32)
+    K[:Tk], V[:Tk] = k[:, 0], v[:, 0]
+    K[:Tk][k_pos < 0] = V[:Tk][k_pos < 0] = 0  # invalid slots arrive as zero rows in v2
+    out1 = _rows_f32(q[:, 0], K, V, vis, 0.25, "v1")
+    out2 = _rows_f32(q[:, 0], K, V, vis, 0.25, "v2")
+    assert np.array_equal(out1, out2)
+    assert_close(out2[:, None], attention(q.astype(np.float64), k.astype(np.float64),
+                                          v.astype(np.float64), spec, scale=0.25),
+                 "float32_attention", op="attention_prefill_v2_f32 (emulated, float32)")
