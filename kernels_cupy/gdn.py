@@ -156,7 +156,7 @@ def chunks_per_block_for(HV: int, K: int, V: int, C: int, kda: bool,
     (:data:`BLOCK_BYTES` when None).
 
     At least :data:`dflash_ref.ops.gdn.CHUNKS_PER_BLOCK` (the reference's block, 1024 tokens at
-    C = 64) so the batched GEMMs and the solve keep enough (head, chunk) pairs to fill the GPU;
+    C = 64) so the prep and output kernels keep enough (head, chunk) blocks to fill the GPU;
     beyond that as many as the budget allows, rounded down to a power of two.
     """
     budget = BLOCK_BYTES if budget is None else budget  # read at call time (tests lower it)
