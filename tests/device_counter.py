@@ -63,7 +63,7 @@ LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to
 # Kernels the CuPy twin of each op starts for one call in a decode / verify / draft step (read from
 # kernels_cupy/<family>.py; an op absent here starts one). Attention: the key-split kernel and its
 # combine (a decode step's grid splits the keys to fill the GPU). The chunked GDN is a prefill op
-# (tens of kernels) and is not on a step's path.
+# (three kernels per block of chunks, kernels_cupy/gdn.py) and is not on a step's path.
 TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2}
 # NumPy functions that start no kernel on CuPy: views, shapes, dtype and host-side queries.
 _NO_KERNEL = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
