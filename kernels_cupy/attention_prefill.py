@@ -40,10 +40,14 @@ KERNELS = {  # (largest head dim, vec4) -> kernel name
 # The selection rule's two thresholds (plan parameters of :func:`choose_kernel`, read at call
 # time): at least MIN_QUERY_ROWS query rows (one full 64-row query tile), and a grid of at least
 # MIN_BLOCKS_PER_SM blocks per SM (below that the decode kernel, which splits the keys of a small
-# grid, keeps more SMs busy). Both are to be set from scripts/gpu_report.py's "attention kernel
-# threshold" rows, which time both kernels around them on the GPU.
+# grid, keeps more SMs busy). Set from scripts/gpu_report.py's "attention kernel threshold" rows
+# (docs/performance.md, NVIDIA H200, 32 query / 8 KV heads of 128 after 4096 keys): decode v2 is
+# fastest at 64 rows (1.04 ms against prefill v2's 1.73; a grid of 32 blocks = 0.24 per SM),
+# prefill v2 from 128 rows (1.76 ms against 1.98; 64 blocks = 0.48 per SM), so the cut lies
+# between 0.24 and 0.48 blocks per SM (it was 1.0 before v2, when the v1 prefill kernel lost at
+# 256 rows).
 MIN_QUERY_ROWS = 64
-MIN_BLOCKS_PER_SM = 1.0
+MIN_BLOCKS_PER_SM = 0.4
 
 
 def prefill_shared_bytes(BQ: int, d: int, ld: int, kv_bufs: int) -> int:
