@@ -26,13 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_ref.errors import StateError
+from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.models.batch_arrays import BatchArrays, TreePath
 from dflash_ref.models.cache import FeatureBuffer
 from dflash_ref.models.gdn_store import GDNStore
+from dflash_ref.models.graphs import GRAPH_MAX_ROWS, StepGraphs
 from dflash_ref.models.kv_store import KVStore
 from dflash_ref.models.snapshot import StateSnapshot, restore_stores, take_snapshot
-from dflash_ref.models.stores import CacheStore, PoolStore, Store
+from dflash_ref.models.stores import CacheStore, FixedCacheStore, PoolStore, Store
 from dflash_ref.ops.masks import tree_depths
 
 
@@ -72,19 +73,25 @@ class StorePlan:
                    tuple(i for i, t in enumerate(kinds) if t == "linear_attention"))
 
 
-def build_stores(plan: StorePlan, be, pager=None) -> tuple[list[Store], list[GDNStore]]:
+def build_stores(plan: StorePlan, be, pager=None,
+                 kv_capacity: int | None = None) -> tuple[list[Store], list[GDNStore]]:
     """The stores of a new state: ``(attention stores, GDN stores)``.
 
-    Every attention layer of ``plan.caches`` gets a :class:`CacheStore`; with a ``pager``, the
-    full-attention ones share one :class:`PoolStore` instead (sliding-window layers are bounded
-    anyway and GDN layers hold a fixed-size state). Each linear-attention layer gets a
-    :class:`GDNStore`.
+    Every attention layer of ``plan.caches`` gets a :class:`CacheStore` (with ``kv_capacity``:
+    a :class:`FixedCacheStore` of that many rows, the store a CUDA-graph step needs); with a
+    ``pager``, the full-attention ones share one :class:`PoolStore` instead (sliding-window
+    layers are bounded anyway and GDN layers hold a fixed-size state). Each linear-attention
+    layer gets a :class:`GDNStore`.
     """
     dims = {i: (n_kv, d) for i, n_kv, d, _ in plan.caches}
     pool = [PoolStore(pager, be, list(plan.full), dims)] if pager is not None else []
     in_pool = {i for store in pool for i in store.layers}
-    plain = [CacheStore(be, i, n_kv, d, window) for i, n_kv, d, window in plan.caches
-             if i not in in_pool]
+    if kv_capacity is None:
+        plain = [CacheStore(be, i, n_kv, d, window) for i, n_kv, d, window in plan.caches
+                 if i not in in_pool]
+    else:
+        plain = [FixedCacheStore(be, i, n_kv, d, window, kv_capacity)
+                 for i, n_kv, d, window in plan.caches if i not in in_pool]
     gdn = [GDNStore(be, i) for i in plan.gdn]
     return plain + pool, gdn
 
@@ -136,19 +143,32 @@ class TargetState:
         feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
         pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers then
             keep K/V in its bounded pool (attached and reset here, once per sequence).
+        kv_capacity: fixed K/V rows for positions 0..kv_capacity-1 (:class:`FixedCacheStore`),
+            or None for growing caches.
+        graphs: capture chain steps of up to GRAPH_MAX_ROWS rows as CUDA graphs
+            (models/graphs.py; needs ``kv_capacity``, no pager, no GDN layer).
 
     Attributes:
         kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
         stores: every store: the attention stores, then the GDN stores.
         features: the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, or None.
         length: the committed positions.
+        graphs: the state's :class:`~dflash_ref.models.graphs.StepGraphs` (None: not made for
+            graphs); ``buffers``: its per-step input arrays by shape (None: a new one per batch).
     """
 
     def __init__(self, plan: StorePlan, be, capture_width: int = 0,
                  feature_capacity: int | None = None, feature_window: int | None = None,
-                 pager=None):
+                 pager=None, kv_capacity: int | None = None, graphs: bool = False):
         self.be, self.pager = be, pager
-        self.kv_stores, self.gdn_stores = build_stores(plan, be, pager)
+        if graphs and (kv_capacity is None or pager is not None or plan.gdn):
+            raise ConfigError(
+                "graphs=True captures steps over fixed-shape stores: give kv_capacity (the "
+                "longest context the state will hold), and no pager; a target with Gated "
+                f"DeltaNet layers ({len(plan.gdn)} here) runs eagerly (graphs=False)")
+        self.kv_stores, self.gdn_stores = build_stores(plan, be, pager, kv_capacity)
+        self.graphs = StepGraphs(be) if graphs else None
+        self.buffers = {} if graphs else None
         self.stores: list[Store] = [*self.kv_stores, *self.gdn_stores]
         # the optional transitions (models/stores.py, Store), asked of the stores that have them
         self._reserving = [s for s in self.stores if s.reserve is not None]
@@ -201,10 +221,21 @@ class TargetState:
         uploads = {}
         for store in self._reserving:
             uploads.update(store.reserve(start, T, parents))
-        arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)
+        arrays = BatchArrays(self.be, ids, positions, start, parents=parents,
+                             buffers=self.buffers, **uploads)
         kv = {i: v for store in self.kv_stores for i, v in store.views(arrays, parents).items()}
         gdn = {i: v for store in self.gdn_stores for i, v in store.views(arrays, parents).items()}
         return Batch(start, positions, parents, ids, kv, gdn, tap or no_tap, arrays)
+
+    def graph_key(self, batch: Batch, rows) -> int | None:
+        """The shape key a step of ``batch`` is captured under (its row count), or None when
+        it runs eagerly: no graphs, a tree, a tap, chosen logits rows, or more rows than a
+        captured step may run (models/graphs.py)."""
+        T = batch.ids.size
+        if (self.graphs is None or batch.parents is not None or batch.tap is not no_tap
+                or rows is not None or T > GRAPH_MAX_ROWS):
+            return None
+        return T
 
     def end_batch(self, batch: Batch, features) -> None:
         """Close a batch: a chain is committed (features appended, length advanced); a tree is
