@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+from dflash_ref.errors import ConfigError
+
 GRAPH_MAX_ROWS = 16
 """The most rows a captured step may run: the ``linear`` kernel's (kernels_cupy/linear_plan.py,
 ``MAX_ROWS``); more rows go to cuBLAS, which CuPy cannot capture."""
@@ -53,12 +55,14 @@ class StepGraphs:
 
     Attributes:
         captured: the shape keys captured so far, in order (what a test or a benchmark reads).
+        buffers: the state's per-step input arrays by shape (``BatchArrays(..., buffers=)``).
     """
 
     def __init__(self, be, enabled: bool = True):
         self.be, self.enabled = be, bool(enabled)
         self._replays: dict[Hashable, Callable] = {}
         self.captured: list = []
+        self.buffers: dict = {}
 
     def run(self, key: Hashable, step: Callable):
         """``step()``'s result: eager, or the replay of ``key``'s recording (captured from this
@@ -70,3 +74,28 @@ class StepGraphs:
             replay = self._replays[key] = self.be.capture(step)
             self.captured.append(key)
         return replay()
+
+
+def step_graphs(be, kv_capacity, pager, gdn_layers) -> StepGraphs:
+    """The StepGraphs of a new state made with ``graphs=True`` (its ``buffers`` empty).
+
+    Raises:
+        ConfigError: graphs asked for over stores whose shapes move (no ``kv_capacity``), the
+            KVFlash pool or Gated DeltaNet layers (not graph-shaped yet: they run eagerly).
+    """
+    if kv_capacity is None or pager is not None or gdn_layers:
+        raise ConfigError(
+            "graphs=True captures steps over fixed-shape stores: give kv_capacity (the longest "
+            "context the state will hold) and no pager; a target with Gated DeltaNet layers "
+            f"({len(gdn_layers)} here) runs eagerly (graphs=False)")
+    return StepGraphs(be)
+
+
+def graph_key(batch, rows) -> int | None:
+    """The shape key a step of ``batch`` (a :class:`~dflash_ref.models.state.Batch`) is
+    captured under, its row count; None when it runs eagerly: a tree, chosen logits ``rows``,
+    or more than :data:`GRAPH_MAX_ROWS` rows."""
+    T = batch.ids.size
+    if batch.parents is not None or rows is not None or T > GRAPH_MAX_ROWS:
+        return None
+    return T

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dflash_ref.errors import ConfigError, StateError
+from dflash_ref.errors import StateError
 from dflash_ref.models.batch_arrays import BatchArrays, TreePath
 from dflash_ref.models.cache import FeatureBuffer
 from dflash_ref.models.gdn_store import GDNStore
-from dflash_ref.models.graphs import GRAPH_MAX_ROWS, StepGraphs
 from dflash_ref.models.kv_store import KVStore
 from dflash_ref.models.snapshot import StateSnapshot, restore_stores, take_snapshot
 from dflash_ref.models.stores import CacheStore, FixedCacheStore, PoolStore, Store
@@ -73,25 +72,19 @@ class StorePlan:
                    tuple(i for i, t in enumerate(kinds) if t == "linear_attention"))
 
 
-def build_stores(plan: StorePlan, be, pager=None,
-                 kv_capacity: int | None = None) -> tuple[list[Store], list[GDNStore]]:
+def build_stores(plan: StorePlan, be, pager=None, kv_capacity=None) -> tuple[list, list]:
     """The stores of a new state: ``(attention stores, GDN stores)``.
 
-    Every attention layer of ``plan.caches`` gets a :class:`CacheStore` (with ``kv_capacity``:
-    a :class:`FixedCacheStore` of that many rows, the store a CUDA-graph step needs); with a
-    ``pager``, the full-attention ones share one :class:`PoolStore` instead (sliding-window
-    layers are bounded anyway and GDN layers hold a fixed-size state). Each linear-attention
-    layer gets a :class:`GDNStore`.
+    Every attention layer of ``plan.caches`` gets a :class:`CacheStore` (a ``FixedCacheStore``
+    of ``kv_capacity`` rows if given); with a ``pager``, the full-attention ones share one
+    :class:`PoolStore` instead (sliding-window layers are bounded anyway and GDN layers hold a
+    fixed-size state). Each linear-attention layer gets a :class:`GDNStore`.
     """
     dims = {i: (n_kv, d) for i, n_kv, d, _ in plan.caches}
     pool = [PoolStore(pager, be, list(plan.full), dims)] if pager is not None else []
     in_pool = {i for store in pool for i in store.layers}
-    if kv_capacity is None:
-        plain = [CacheStore(be, i, n_kv, d, window) for i, n_kv, d, window in plan.caches
-                 if i not in in_pool]
-    else:
-        plain = [FixedCacheStore(be, i, n_kv, d, window, kv_capacity)
-                 for i, n_kv, d, window in plan.caches if i not in in_pool]
+    make = CacheStore if kv_capacity is None else FixedCacheStore.with_capacity(kv_capacity)
+    plain = [make(be, *c) for c in plan.caches if c[0] not in in_pool]  # c: (i, n_kv, d, window)
     gdn = [GDNStore(be, i) for i in plan.gdn]
     return plain + pool, gdn
 
@@ -106,12 +99,10 @@ class Batch:
         parents: [n] tree parents, or None for a chain.
         ids: [T] host token ids (node order for a tree).
         kv: attention layer id -> its :class:`~dflash_ref.models.kv_store.KVStore`.
-        gdn: GDN layer id -> its :class:`~dflash_ref.models.gdn_store.ChainGDN` /
-            :class:`~dflash_ref.models.gdn_store.TreeGDN`.
+        gdn: GDN layer id -> its ``ChainGDN`` / ``TreeGDN`` view (models/gdn_store.py).
         tap: ``tap(layer, name, x)`` observer of intermediate tensors.
-        arrays: the ids, positions (and pager slots) on the backend, one copy per batch, and
-            the RoPE tables and masks the layers derive from them
-            (:class:`~dflash_ref.models.batch_arrays.BatchArrays`).
+        arrays: the ids, positions (and pager slots) on the backend, one copy per batch, and the
+            masks derived there (:class:`~dflash_ref.models.batch_arrays.BatchArrays`).
     """
 
     start: int
@@ -143,32 +134,21 @@ class TargetState:
         feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
         pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers then
             keep K/V in its bounded pool (attached and reset here, once per sequence).
-        kv_capacity: fixed K/V rows for positions 0..kv_capacity-1 (:class:`FixedCacheStore`),
-            or None for growing caches.
-        graphs: capture chain steps of up to GRAPH_MAX_ROWS rows as CUDA graphs
-            (models/graphs.py; needs ``kv_capacity``, no pager, no GDN layer).
+        kv_capacity, graphs: fixed K/V rows, and the StepGraphs (``TargetModel.new_state``).
 
     Attributes:
         kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
         stores: every store: the attention stores, then the GDN stores.
         features: the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, or None.
         length: the committed positions.
-        graphs: the state's :class:`~dflash_ref.models.graphs.StepGraphs` (None: not made for
-            graphs); ``buffers``: its per-step input arrays by shape (None: a new one per batch).
     """
 
     def __init__(self, plan: StorePlan, be, capture_width: int = 0,
                  feature_capacity: int | None = None, feature_window: int | None = None,
-                 pager=None, kv_capacity: int | None = None, graphs: bool = False):
+                 pager=None, kv_capacity: int | None = None, graphs=None):
         self.be, self.pager = be, pager
-        if graphs and (kv_capacity is None or pager is not None or plan.gdn):
-            raise ConfigError(
-                "graphs=True captures steps over fixed-shape stores: give kv_capacity (the "
-                "longest context the state will hold), and no pager; a target with Gated "
-                f"DeltaNet layers ({len(plan.gdn)} here) runs eagerly (graphs=False)")
+        self.graphs = graphs  # a StepGraphs (models/graphs.py), or None: every step eager
         self.kv_stores, self.gdn_stores = build_stores(plan, be, pager, kv_capacity)
-        self.graphs = StepGraphs(be) if graphs else None
-        self.buffers = {} if graphs else None
         self.stores: list[Store] = [*self.kv_stores, *self.gdn_stores]
         # the optional transitions (models/stores.py, Store), asked of the stores that have them
         self._reserving = [s for s in self.stores if s.reserve is not None]
@@ -218,24 +198,13 @@ class TargetState:
         T, start = ids.size, self.length
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
-        uploads = {}
+        uploads = {"buffers": None if self.graphs is None else self.graphs.buffers}
         for store in self._reserving:
             uploads.update(store.reserve(start, T, parents))
-        arrays = BatchArrays(self.be, ids, positions, start, parents=parents,
-                             buffers=self.buffers, **uploads)
+        arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)
         kv = {i: v for store in self.kv_stores for i, v in store.views(arrays, parents).items()}
         gdn = {i: v for store in self.gdn_stores for i, v in store.views(arrays, parents).items()}
         return Batch(start, positions, parents, ids, kv, gdn, tap or no_tap, arrays)
-
-    def graph_key(self, batch: Batch, rows) -> int | None:
-        """The shape key a step of ``batch`` is captured under (its row count), or None when
-        it runs eagerly: no graphs, a tree, a tap, chosen logits rows, or more rows than a
-        captured step may run (models/graphs.py)."""
-        T = batch.ids.size
-        if (self.graphs is None or batch.parents is not None or batch.tap is not no_tap
-                or rows is not None or T > GRAPH_MAX_ROWS):
-            return None
-        return T
 
     def end_batch(self, batch: Batch, features) -> None:
         """Close a batch: a chain is committed (features appended, length advanced); a tree is

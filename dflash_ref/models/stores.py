@@ -155,6 +155,12 @@ class FixedCacheStore(Store):
         self.k_pos = xp.arange(self.capacity, dtype=xp.int32)  # [C] slot j holds position j
         self.shape = (n_kv_heads, head_dim)
 
+    @classmethod
+    def with_capacity(cls, capacity: int):
+        """A maker of stores like :class:`CacheStore`'s constructor, of ``capacity`` rows."""
+        return lambda be, layer, n_kv_heads, head_dim, window: cls(
+            be, layer, n_kv_heads, head_dim, window, capacity)
+
     def reserve(self, start: int, n: int, parents) -> dict:
         """Check that positions start..start+n-1 fit; nothing to upload."""
         if parents is not None:

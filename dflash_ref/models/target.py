@@ -45,6 +45,7 @@ from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.assemble import decoder_layers
 from dflash_ref.models.batch import forward_batch
 from dflash_ref.models.fused import run_fused
+from dflash_ref.models.graphs import graph_key, step_graphs
 from dflash_ref.models.layers import RMSNorm
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.output import TargetOutput
@@ -170,6 +171,7 @@ class TargetModel:
         one CUDA graph and replays it (models/graphs.py); ``graphs=False`` runs eagerly.
         """
         width = len(self.target_layer_ids) * self.config.hidden_size
+        graphs = step_graphs(self.be, kv_capacity, pager, self.store_plan.gdn) if graphs else None
         return TargetState(self.store_plan, self.be, width, feature_capacity, feature_window,
                            pager, kv_capacity, graphs)
 
@@ -229,7 +231,7 @@ class TargetModel:
             # run it one chunk-aligned piece at a time, as the public pooled prefill does.
             return self._forward_pieces(ids, state, tap, rows)
         batch = state.begin_batch(ids, tap=tap)
-        if state.graphs is not None:  # made for graphs: a graph-shaped step replays
+        if state.graphs is not None and tap is None:  # a graph-shaped step replays
             return self._run_step(batch, state, rows)
         return self._run(ids, batch, state, rows)
 
@@ -283,7 +285,7 @@ class TargetModel:
         """``_run`` through the state's step graphs: a graph-shaped batch's step (embed, the
         stack, the head over the batch's device buffers) is captured once per row count and
         replayed; its outputs are copied out of the recording's buffers (models/graphs.py)."""
-        key = state.graph_key(batch, rows)
+        key = graph_key(batch, rows)
         if key is None:
             return self._run(batch.ids, batch, state, rows)
 
