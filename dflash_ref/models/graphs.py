@@ -52,14 +52,16 @@ class StepGraphs:
     Args:
         be: the Backend (its ``capture``).
         enabled: capture and replay (True), or call the step each time (False).
+        capacity: the positions the state's fixed stores hold (a drafter's cache of a graphed
+            state holds as many), or None.
 
     Attributes:
         captured: the shape keys captured so far, in order (what a test or a benchmark reads).
         buffers: the state's per-step input arrays by shape (``BatchArrays(..., buffers=)``).
     """
 
-    def __init__(self, be, enabled: bool = True):
-        self.be, self.enabled = be, bool(enabled)
+    def __init__(self, be, enabled: bool = True, capacity: int | None = None):
+        self.be, self.enabled, self.capacity = be, bool(enabled), capacity
         self._replays: dict[Hashable, Callable] = {}
         self.captured: list = []
         self.buffers: dict = {}
@@ -88,7 +90,7 @@ def step_graphs(be, kv_capacity, pager, gdn_layers) -> StepGraphs:
             "graphs=True captures steps over fixed-shape stores: give kv_capacity (the longest "
             "context the state will hold) and no pager; a target with Gated DeltaNet layers "
             f"({len(gdn_layers)} here) runs eagerly (graphs=False)")
-    return StepGraphs(be)
+    return StepGraphs(be, capacity=kv_capacity)
 
 
 def graph_key(batch, rows) -> int | None:

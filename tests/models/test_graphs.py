@@ -25,8 +25,12 @@ import pytest
 
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError, StateError
+from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.graphs import GRAPH_MAX_ROWS, StepGraphs
 from dflash_ref.models.stores import FixedCacheStore
+from dflash_ref.models.target import TargetModel
+from dflash_ref.spec_decode.loop import generate
+from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 from kernels_cupy.linear_plan import MAX_ROWS
 from tests.device_counter import LEDGER, counting_backend
 from tests.models.test_batch_arrays import tiny_model
@@ -202,3 +206,71 @@ def test_a_fixed_store_snapshots_and_restores():
     other.restore(snap)
     assert np.array_equal(model.forward([9], other).logits, a)
     assert all(isinstance(s, FixedCacheStore) for s in other.kv_stores)
+
+
+# ---------------------------------------------------------------------------------- draft steps
+
+
+def tiny_pair(tmp_path, backend="numpy", layers: int = 2):
+    """A tiny Qwen3 target and a bound tiny DFlash drafter on ``backend``."""
+    t = write_tiny_target(tmp_path / "t", "qwen3", seed=3)
+    d = write_tiny_drafter(tmp_path / "d", t, seed=4, num_hidden_layers=layers)
+    target = TargetModel.from_pretrained(t, backend=backend)
+    return target, DFlashDrafter.from_pretrained(d, target)
+
+
+def draft_logits(drafter, cache, n_steps: int, seed: int = 0) -> list:
+    """Host logits of ``n_steps`` drafts on ``cache``: 20 context positions, then per step a
+    draft at s and one more committed position (crop to s, extend by one feature row)."""
+    be, rng = drafter.be, np.random.default_rng(seed)
+    feats = rng.standard_normal((20 + n_steps, drafter.fc.shape[1])).astype(np.float32)
+    cache.extend(be.to_backend(feats[:20]), np.arange(20))
+    out = []
+    for s in range(20, 20 + n_steps):
+        out.append(be.to_numpy(cache.forward_block(int(rng.integers(0, 100)), s)))
+        cache.crop(s)
+        cache.extend(be.to_backend(feats[s:s + 1]), [s])
+    return out
+
+
+def test_draft_replay_equals_eager_and_the_growing_cache(tmp_path):
+    _, drafter = tiny_pair(tmp_path)
+    graphed = draft_logits(drafter, drafter.new_cache(capacity=CAPACITY), 24)
+    eager = draft_logits(drafter, drafter.new_cache(capacity=CAPACITY, graphs=False), 24)
+    grown = draft_logits(drafter, drafter.new_cache(), 24)
+    for i, (x, y, z) in enumerate(zip(graphed, eager, grown)):
+        assert np.array_equal(x, y), f"draft {i}: replay differs from eager"
+        np.testing.assert_allclose(x, z, rtol=0, atol=1e-5, err_msg=f"draft {i}")
+
+
+def test_a_windowed_fixed_draft_cache_hides_the_old_context(tmp_path):
+    _, drafter = tiny_pair(tmp_path)
+    a = draft_logits(drafter, drafter.new_cache(window=8, capacity=CAPACITY), 10)
+    b = draft_logits(drafter, drafter.new_cache(window=8), 10)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
+
+
+def test_the_draft_step_is_graph_safe_on_the_recording_backend(tmp_path):
+    _, drafter = tiny_pair(tmp_path, backend=counting_backend())
+    cache = drafter.new_cache(capacity=64)
+    LEDGER.reset()
+    draft_logits(drafter, cache, 6)
+    assert len(LEDGER.steps) == 6
+    for rec in LEDGER.steps:
+        assert not rec.uploads and not rec.downloads, (rec.uploads, rec.downloads)
+        assert rec.tape == LEDGER.steps[0].tape, "a draft replay's arguments moved"
+        rows = [sig[0][0][1][0] for what, sig in rec.tape if what == "op linear"]
+        assert rows and max(rows) <= GRAPH_MAX_ROWS
+
+
+def test_generate_with_a_graphed_state_emits_the_eager_tokens(tmp_path):
+    target, drafter = tiny_pair(tmp_path)
+    prompt = np.arange(3, 20)
+    state = target.new_state(kv_capacity=CAPACITY, graphs=True)
+    spec = generate(target, drafter, prompt, 40, state=state)
+    assert spec.tokens == generate(target, drafter, prompt, 40).tokens
+    assert state.graphs.captured == [drafter.block_size]  # every step a verify of the block
+    plain = generate(target, None, prompt, 30,
+                     state=target.new_state(kv_capacity=CAPACITY, graphs=True))
+    assert plain.tokens == generate(target, None, prompt, 30).tokens

@@ -8,6 +8,8 @@ step is really captured (``kernels_cupy/graphs.py``) and replayed:
 - replay == eager (``graphs=False``, the same fixed stores) bit for bit over 64 steps: the
   kernels are deterministic (no atomics), so any difference is a replay that read a stale input,
   wrote to memory another array now owns, or missed a launch;
+- a draft step (``FixedDraftCache``) replayed == eager bit for bit over 64 drafts, and greedy
+  ``generate`` through a graphed state (verify and draft steps replayed) emits the eager tokens;
 - the graphed state against the NumPy reference with growing caches: the tokens, and the logits
   to the model tolerance of tests/models/test_device_path.py (another summation order).
 
@@ -21,9 +23,10 @@ import numpy as np
 import pytest
 
 from dflash_ref.backend import get_backend
+from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
 from tests.models.test_batch_arrays import tiny_model
-from tests.models.test_graphs import BLOCK, CAPACITY, step_logits
+from tests.models.test_graphs import BLOCK, CAPACITY, draft_logits, step_logits, tiny_pair
 
 pytestmark = pytest.mark.gpu
 
@@ -49,3 +52,23 @@ def test_graphed_steps_match_the_numpy_reference():
     for i, (x, y) in enumerate(zip(a, b)):
         assert_close(x, y, MODEL, op="a graphed qwen3 step", tensor="logits", case=f"step {i}")
         assert np.array_equal(x.argmax(-1), y.argmax(-1)), f"step {i}"
+
+
+def test_draft_replay_equals_eager_bit_for_bit_over_64_drafts(tmp_path):
+    _, drafter = tiny_pair(tmp_path, backend="cupy")
+    cache = drafter.new_cache(capacity=CAPACITY)
+    a = draft_logits(drafter, cache, 64)
+    b = draft_logits(drafter, drafter.new_cache(capacity=CAPACITY, graphs=False), 64)
+    assert cache.graphs.captured == [(drafter.block_size, False)]
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert np.array_equal(x, y), f"draft {i}: replay differs from eager"
+
+
+def test_generate_through_graphs_emits_the_eager_tokens(tmp_path):
+    target, drafter = tiny_pair(tmp_path, backend="cupy")
+    prompt = np.arange(3, 20)
+    for d in (None, drafter):
+        state = target.new_state(kv_capacity=CAPACITY, graphs=True)
+        graphed = generate(target, d, prompt, 48, state=state)
+        assert graphed.tokens == generate(target, d, prompt, 48).tokens
+        assert state.graphs.captured, "no step was captured"
