@@ -37,7 +37,9 @@ Rows:
               (``new_state(kv_capacity=..., graphs=True)``, dflash_ref/models/graphs.py), beside
               the eager forwards on the same fixed-capacity stores: a 1-token and a 16-token
               forward, plain and speculative ``generate`` (their tokens checked against the
-              eager runs' first); the shapes are captured before any timing.
+              eager runs' first). The target's step shapes are captured before any timing; the
+              draft step's at the speculative run's first draft (one warm-up draft and the
+              capture inside that run's time: a drafter's cache lives for one ``generate``).
 
 Times are wall clock with the device synchronised before and after (kernel launch overhead
 included, as a decode step pays it), medians over ``--iters``. Without a usable GPU the script

@@ -149,6 +149,9 @@ class FixedCacheStore(Store):
 
     def __init__(self, be, layer: int, n_kv_heads: int, head_dim: int, window: int | None,
                  capacity: int):
+        if int(capacity) != capacity or capacity < 1:
+            raise ConfigError(f"kv_capacity must be a positive int (the positions the state "
+                              f"will hold), got {capacity!r}")
         xp = be.xp
         self.be, self.layers, self.window, self.capacity = be, (layer,), window, int(capacity)
         self.kv = xp.zeros((2, self.capacity, n_kv_heads * head_dim), dtype=xp.float32)
@@ -188,6 +191,9 @@ class FixedCacheStore(Store):
         return {self.layers[0]: (k, v)}
 
     def restore(self, length: int, pieces: dict) -> None:
+        if length > self.capacity:
+            raise StateError(f"restore: the snapshot holds {length} positions, more than this "
+                             f"state's kv_capacity={self.capacity}; make it with a larger one")
         if length:
             k, v = pieces[self.layers[0]]
             self.kv[0, :length] = k.reshape(length, -1)

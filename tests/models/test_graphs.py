@@ -191,6 +191,12 @@ def test_bad_graph_states_are_refused_with_the_fix():
         model.forward(np.arange(3, 20), state)
     with pytest.raises(StateError, match="without kv_capacity"):
         model.forward_tree([3, 4, 5], [-1, 0, 0], model.new_state(kv_capacity=16))
+    with pytest.raises(ConfigError, match="positive int"):
+        model.new_state(kv_capacity=0)
+    big = model.new_state(kv_capacity=64)
+    model.forward(np.arange(3, 40), big)
+    with pytest.raises(StateError, match="kv_capacity=16"):
+        state.restore(big.snapshot())
     hybrid = tiny_model("qwen3_5", 4, get_backend("numpy"))
     with pytest.raises(ConfigError, match="Gated"):
         hybrid.new_state(kv_capacity=64, graphs=True)
