@@ -65,6 +65,18 @@ class StepGraphs:
         self._replays: dict[Hashable, Callable] = {}
         self.captured: list = []
         self.buffers: dict = {}
+        self._drafts: dict = {}
+
+    def draft_cache(self, drafter):
+        """The graphed draft cache of ``drafter`` for a state made with these graphs
+        (``drafter.new_cache(capacity=...)``), made once and emptied on each later call, so a
+        state reused for another ``generate`` (after ``state.truncate(0)``) replays the draft
+        step captured before."""
+        cache = self._drafts.get(id(drafter))
+        if cache is None or cache.drafter is not drafter:
+            cache = self._drafts[id(drafter)] = drafter.new_cache(capacity=self.capacity)
+        cache.crop(0)
+        return cache
 
     def run(self, key: Hashable, step: Callable):
         """``step()``'s result: eager, or the replay of ``key``'s recording (captured from this
