@@ -37,9 +37,8 @@ Rows:
               (``new_state(kv_capacity=..., graphs=True)``, dflash_ref/models/graphs.py), beside
               the eager forwards on the same fixed-capacity stores: a 1-token and a 16-token
               forward, plain and speculative ``generate`` (their tokens checked against the
-              eager runs' first). The target's step shapes are captured before any timing; the
-              draft step's at the speculative run's first draft (one warm-up draft and the
-              capture inside that run's time: a drafter's cache lives for one ``generate``).
+              eager runs' first), each mode's state warmed up first (the graphed one's decode,
+              verify and draft steps captured there, never inside a timing).
 
 Times are wall clock with the device synchronised before and after (kernel launch overhead
 included, as a decode step pays it), medians over ``--iters``. Without a usable GPU the script
@@ -73,6 +72,7 @@ from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
 from dflash_ref.models.target import TargetModel  # noqa: E402
 from dflash_ref.spec_decode.loop import generate  # noqa: E402
 from dflash_ref.spec_decode.observe import Clock  # noqa: E402
+from dflash_ref.spec_decode.warmup import warm_up  # noqa: E402
 
 VERIFY = 16  # the verify width of goal 5 and the drafter's block size
 VERIFY_TOL = 1e-3  # of max |logit|: 16-row and 1-row matrix products sum in different orders
@@ -207,30 +207,24 @@ def check_same_tokens(target, prompt, plain: list[int], spec: list[int]) -> str:
 # ---------------------------------------------------------------------------------- timing
 
 
-def graphed_state(target, prompt, capacity: int, graphs: bool = True):
-    """A fixed-capacity state holding ``prompt[:-1]`` (``generate(state=...)`` runs the last
-    prompt token), its decode and verify shapes already captured when ``graphs``."""
-    state = target.new_state(kv_capacity=capacity, graphs=graphs)
-    target.forward(prompt[:-1], state, logits_rows=slice(-1, None))
-    n0 = state.length
-    for ids in ([7], np.arange(VERIFY)):  # capture (or warm) both step shapes, then forget them
-        target.forward(ids, state)
-        state.rollback(n0)
-    return state
-
-
 def measure_graphs(target, drafter, prompt, n_new: int, plain, spec, clock: Clock,
                    iters: int) -> tuple[str, dict]:
-    """The graphs row (module docstring): checks the graphed runs' tokens, then times."""
-    cap = prompt.size + n_new + 2 * VERIFY
+    """The graphs row (module docstring): one fixed-capacity state per mode, warmed up (the
+    graphed one's decode, verify and draft steps captured there), the runs' tokens checked
+    against the eager ``generate``'s, then timed."""
+    cap = prompt.size + n_new + 4 * VERIFY + 1  # the prompt, the tokens, a warm-up's overrun
     runs = {}
     for mode in (False, True):
-        p = generate(target, None, prompt, n_new, state=graphed_state(target, prompt, cap, mode))
-        s = generate(target, drafter, prompt, n_new,
-                     state=graphed_state(target, prompt, cap, mode))
+        state = target.new_state(kv_capacity=cap, graphs=mode)
+        warm_up(target, drafter, prompt, state=state)
+        state.truncate(0)  # every run reuses the state (and its captured steps)
+        p = generate(target, None, prompt, n_new, state=state)
+        state.truncate(0)
+        s = generate(target, drafter, prompt, n_new, state=state)
         check_same_tokens(target, prompt, plain.tokens, p.tokens)
         check_same_tokens(target, prompt, spec.tokens, s.tokens)
-        state = graphed_state(target, prompt, cap, mode)
+        state.truncate(0)
+        target.forward(prompt, state, logits_rows=slice(-1, None))
         t1 = forward_time(target, state, np.array([7]), clock, iters)
         t16 = forward_time(target, state, np.arange(VERIFY), clock, iters)
         decode_s = p.timings["plain"] / (len(p.tokens) - 1)
