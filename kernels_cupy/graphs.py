@@ -39,8 +39,13 @@ def capture(step):
         stream.begin_capture()
         try:
             out = step()
-        finally:
-            graph = stream.end_capture()
+        except BaseException:  # raise the step's own error (a cuBLAS call, a host read), not
+            try:  # the invalidated capture's
+                stream.end_capture()
+            except Exception:  # noqa: BLE001 - the capture is dropped either way
+                pass
+            raise
+        graph = stream.end_capture()
 
     def replay():
         graph.launch(cp.cuda.get_current_stream())
