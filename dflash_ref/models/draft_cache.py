@@ -102,8 +102,9 @@ class FixedDraftCache(DraftCache):
                  graphs: bool = True):
         super().__init__(drafter, window)
         if drafter.is_dflash2:
-            raise ConfigError("a DFlash 2 drafter's convolutions are not graph-shaped yet; "
-                              "draft with drafter.new_cache() (no capacity)")
+            raise ConfigError("a DFlash 2 drafter's convolutions are not graph-shaped yet: "
+                              "run it with a target state made without graphs=True (or "
+                              "drafter.new_cache() without a capacity)")
         cfg, xp = drafter.config, drafter.be.xp
         self.capacity, self.rows = int(capacity), cfg.num_key_value_heads * cfg.head_dim
         self.kv = [xp.zeros((2, self.capacity + drafter.block_size, self.rows), xp.float32)

@@ -17,7 +17,7 @@ storage decides how it appends and cuts, the caller only says what)::
 store               what it holds                                  views it opens per forward
 ------------------  ---------------------------------------------  --------------------------
 :class:`CacheStore` one attention layer's K/V, in a KVCache        CacheKV (chain), TreeKV
-:class:`FixedCacheStore` the same in C fixed rows (CUDA graphs)      FixedKV (chain only)
+``FixedCacheStore`` the same in C fixed rows (for CUDA graphs)     FixedKV (chains only)
 :class:`PoolStore`  the K/V of every full-attention layer, in a    PooledKVStore, PooledTreeKV
                     KVFlash pager's pool (one allocation for all)
 ``GDNStore``        one Gated DeltaNet layer's state, the last     ChainGDN, TreeGDN
