@@ -27,7 +27,8 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
               512 query rows after 4096 keys, where the decode / prefill selection threshold
               (kernels_cupy/attention_prefill.py, choose_kernel) is to be placed
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
-              weight-read floor, a 16-token verify against a 1-token decode, speculative generate
+              weight-read floor, a 16-token verify against a 1-token decode, speculative generate;
+              the same steps replayed as CUDA graphs beside eager (issue 27 item 5)
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
               through torch.profiler; skipped without torch)
 
@@ -882,8 +883,16 @@ def phase_e2e(ph: Phase) -> None:
                 {"step_ms": step_s * 1e3, "step_over_decode": step_s / m["decode_s"],
                  "goal": "<= 1.5"})
 
+    def graphs():
+        target, drafter, prompt = need()
+        if "spec" not in m:
+            raise Skip("no checked generate run (see the check row)")
+        return e2e_decode.measure_graphs(target, drafter, prompt, n_new, m["plain"], m["spec"],
+                                         Clock(be, None), iters)
+
     for name, fn in (("build", build), ("check", check), ("decode", decode),
-                     ("verify 16 vs decode 1", verify), ("speculative generate", speculative)):
+                     ("verify 16 vs decode 1", verify), ("speculative generate", speculative),
+                     ("cuda graphs vs eager", graphs)):
         ph.measure(name, fn)
 
 
