@@ -33,6 +33,12 @@ Rows:
               ``generate``'s. Random weights make the drafts near worthless (tau close to 1), so
               the row measures what a step costs; the break-even tau (step time / decode time)
               is the acceptance a trained drafter needs for speculation to pay.
+    graphs    the same with each decode and 16-row verify step replayed as one CUDA graph
+              (``new_state(kv_capacity=..., graphs=True)``, dflash_ref/models/graphs.py), beside
+              the eager forwards on the same fixed-capacity stores: a 1-token and a 16-token
+              forward, plain and speculative ``generate`` (their tokens checked against the
+              eager runs' first), each mode's state warmed up first (the graphed one's decode,
+              verify and draft steps captured there, never inside a timing).
 
 Times are wall clock with the device synchronised before and after (kernel launch overhead
 included, as a decode step pays it), medians over ``--iters``. Without a usable GPU the script
@@ -66,6 +72,7 @@ from dflash_ref.models.drafter import DFlashDrafter  # noqa: E402
 from dflash_ref.models.target import TargetModel  # noqa: E402
 from dflash_ref.spec_decode.loop import generate  # noqa: E402
 from dflash_ref.spec_decode.observe import Clock  # noqa: E402
+from dflash_ref.spec_decode.warmup import warm_up  # noqa: E402
 
 VERIFY = 16  # the verify width of goal 5 and the drafter's block size
 VERIFY_TOL = 1e-3  # of max |logit|: 16-row and 1-row matrix products sum in different orders
@@ -200,6 +207,36 @@ def check_same_tokens(target, prompt, plain: list[int], spec: list[int]) -> str:
 # ---------------------------------------------------------------------------------- timing
 
 
+def measure_graphs(target, drafter, prompt, n_new: int, plain, spec, clock: Clock,
+                   iters: int) -> tuple[str, dict]:
+    """The graphs row (module docstring): one fixed-capacity state per mode, warmed up (the
+    graphed one's decode, verify and draft steps captured there), the runs' tokens checked
+    against the eager ``generate``'s, then timed."""
+    cap = prompt.size + n_new + 4 * VERIFY + 1  # the prompt, the tokens, a warm-up's overrun
+    runs = {}
+    for mode in (False, True):
+        state = target.new_state(kv_capacity=cap, graphs=mode)
+        warm_up(target, drafter, prompt, state=state)
+        state.truncate(0)  # every run reuses the state (and its captured steps)
+        p = generate(target, None, prompt, n_new, state=state)
+        state.truncate(0)
+        s = generate(target, drafter, prompt, n_new, state=state)
+        check_same_tokens(target, prompt, plain.tokens, p.tokens)
+        check_same_tokens(target, prompt, spec.tokens, s.tokens)
+        state.truncate(0)
+        target.forward(prompt, state, logits_rows=slice(-1, None))
+        t1 = forward_time(target, state, np.array([7]), clock, iters)
+        t16 = forward_time(target, state, np.arange(VERIFY), clock, iters)
+        decode_s = p.timings["plain"] / (len(p.tokens) - 1)
+        runs[mode] = {"decode_tok_s": 1 / decode_s, "forward_1_ms": t1 * 1e3,
+                      "forward_16_ms": t16 * 1e3, "spec_s": s.timings["total"]}
+    g, e = runs[True], runs[False]
+    return (f"decode {g['decode_tok_s']:9.1f} tok/s (eager {e['decode_tok_s']:.1f})   forward "
+            f"1 / 16 tokens {g['forward_1_ms']:.3f} / {g['forward_16_ms']:.3f} ms (eager "
+            f"{e['forward_1_ms']:.3f} / {e['forward_16_ms']:.3f})   speculative "
+            f"{g['spec_s']:.3f} s (eager {e['spec_s']:.3f})", {"graphs": g, "eager": e})
+
+
 def median_time(clock: Clock, fn, iters: int, warmup: int = 2) -> float:
     """Median wall seconds of ``fn()``, the device synchronised before and after each run."""
     times = []
@@ -265,6 +302,7 @@ def measure(be, size: str, iters: int) -> list[str]:
     t16 = forward_time(target, state, rng.integers(0, 1000, VERIFY), clock, iters)
     steps = len(spec.acceptance_lengths)
     step_s = (spec.timings.get("draft", 0.0) + spec.timings.get("verify", 0.0)) / max(steps, 1)
+    graphs_line, _ = measure_graphs(target, drafter, prompt, n_new, plain, spec, clock, iters)
     cfg, dcfg = target.config, drafter.config
     return [
         f"device: {device_name(be)}",
@@ -287,6 +325,7 @@ def measure(be, size: str, iters: int) -> list[str]:
         f"{spec.timings.get('draft', 0.0):.3f} s, verify {spec.timings.get('verify', 0.0):.3f} "
         f"s, {steps} steps, tau {spec.tau:.2f})   plain {plain.timings['total']:8.3f} s   "
         f"break-even tau {step_s / decode_s:5.2f}",
+        f"graphs    {graphs_line}",
     ]
 
 

@@ -44,6 +44,11 @@ class Backend:
       copy on CuPy).
 
     Either may be given instead (tests/device_counter.py gives both, to count the copies).
+
+    ``capture(step) -> replay`` records a step function (no arguments, fixed buffers) once and
+    returns ``replay()``, which runs it again and returns its outputs: a CUDA graph on CuPy
+    (:func:`kernels_cupy.graphs.capture`); on NumPy :func:`capture_by_calling`, which keeps the
+    step function as it was built and calls it again (models/graphs.py).
     """
 
     name: str
@@ -51,6 +56,7 @@ class Backend:
     ops: SimpleNamespace
     to_numpy: Callable[[Any], np.ndarray] | None = None
     to_backend: Callable[[Any], Any] | None = None
+    capture: Callable[[Callable], Callable] | None = None
 
     def __post_init__(self):
         """Choose ``to_numpy`` and ``to_backend`` for ``xp`` where they were not given."""
@@ -59,9 +65,24 @@ class Backend:
             object.__setattr__(self, "to_numpy", to_numpy)
         if self.to_backend is None:
             object.__setattr__(self, "to_backend", self.xp.asarray)
+        if self.capture is None:
+            object.__setattr__(self, "capture", capture_by_calling)
 
     def __repr__(self) -> str:
         return f"Backend(name={self.name!r}, ops={len(vars(self.ops))})"
+
+
+def capture_by_calling(step: Callable) -> Callable:
+    """The NumPy backend's graph capture: run ``step()`` once (the warm-up CuPy's capture runs
+    too), then return ``step`` itself as the replay.
+
+    Replaying calls the step function made at the first step of its shape, with the Python
+    values it closed over then: as a CUDA graph replays the kernels and arguments recorded at
+    capture. A step that reads anything other than its fixed buffers gives a different result
+    from an eager step here, on the CPU (tests/models/test_graphs.py).
+    """
+    step()
+    return step
 
 
 def _op_table(package: str) -> SimpleNamespace:
@@ -140,7 +161,8 @@ def get_backend(name: str = "numpy") -> Backend:
         raise BackendUnavailable(f"the cupy backend is unavailable: {reason}")
     import cupy
 
-    return Backend("cupy", cupy, _op_table("kernels_cupy"))
+    graphs = importlib.import_module("kernels_cupy.graphs")
+    return Backend("cupy", cupy, _op_table("kernels_cupy"), capture=graphs.capture)
 
 
 def as_backend(backend: str | Backend) -> Backend:

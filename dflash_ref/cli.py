@@ -73,30 +73,19 @@ def demo_dirs() -> tuple[Path, Path]:
     return root / "target", root / "drafter"
 
 
-def _run_timed(target, drafter, prompt, args, label):
-    from dflash_ref.spec_decode.loop import generate
-    from dflash_ref.spec_decode.observe import Progress
-
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # the progress bar is optional
-        tqdm = None
-    bar = tqdm(total=args.max_new_tokens, desc=label, leave=False) if tqdm else None
-    res = generate(target, drafter, prompt, args.max_new_tokens, block_size=args.block_size,
-                   verify=args.verify, observer=Progress(bar.update) if bar else None)
-    if bar:
-        bar.close()
-    return res
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Plain vs speculative decoding: the text with accepted drafts marked, then a table; exit 1
     if the outputs differ."""
     from dflash_ref import demo_text
+    from dflash_ref.cli_generate import run_timed
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
-    from dflash_ref.spec_decode.warmup import warm_up
+    from dflash_ref.spec_decode.warmup import graphed_state, warm_up
 
+    if args.graphs and args.verify != "chain":
+        print("error: --graphs needs --verify chain (a tree verify runs on growing caches)",
+              file=sys.stderr)
+        return 2
     if (args.target is None) != (args.drafter is None):
         print("error: give both --target and --drafter, or neither (shipped demo)",
               file=sys.stderr)
@@ -123,13 +112,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"drafter {drafter_dir}  (block {drafter.block_size}, captures "
           f"{list(drafter.config.target_layer_ids)})")
     print(f"backend {target.be.name}; {len(prompt)} prompt tokens; {args.max_new_tokens} new "
-          f"tokens; verify {args.verify}")
+          f"tokens; verify {args.verify}" + ("; CUDA graphs" if args.graphs else ""))
+    state = graphed_state(target, len(prompt), args.max_new_tokens,
+                          args.block_size or drafter.block_size) if args.graphs else None
     # A small model's products are too small to gain from BLAS threads, and threads of several
     # processes oversubscribe a busy machine (issue 25: 1.1x instead of 2-3x speedups).
     with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():
-        warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify)
-        plain = _run_timed(target, None, prompt, args, "plain")
-        speculative = _run_timed(target, drafter, prompt, args, "speculative")
+        warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
+                state=state)
+        plain = run_timed(target, None, prompt, args, "plain", state)
+        speculative = run_timed(target, drafter, prompt, args, "speculative", state)
     colour = sys.stdout.isatty()
     print()
     print("--- prompt ---")
@@ -336,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--max-new-tokens", type=cli_args.positive_int, default=64)
     p_demo.add_argument("--block-size", type=cli_args.positive_int, default=None)
     p_demo.add_argument("--verify", default="chain", choices=["chain", "tree"])
+    p_demo.add_argument("--graphs", action="store_true", help="replay each decode, verify and "
+                        "draft step as one CUDA graph (chain verify; docs/performance.md)")
     p_demo.add_argument("--prompt", type=cli_args.nonempty_token_ids,
                         help="comma-separated token ids (default: a fixed prompt)")
     p_demo.add_argument("--text", type=cli_args.utf8_text, help="prompt text, for byte-level "

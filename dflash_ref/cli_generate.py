@@ -181,3 +181,24 @@ class _Stream:
             return
         print(text[len(self.shown):], end="", flush=True)
         self.shown = text
+
+
+def run_timed(target, drafter, prompt, args, label: str, state=None):
+    """One of ``dflash-ref demo``'s timed runs: ``generate`` with the demo's arguments and a
+    progress bar; ``state`` (``--graphs``: one graphed state for every run) is emptied first."""
+    from dflash_ref.spec_decode.loop import generate
+    from dflash_ref.spec_decode.observe import Progress
+
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # the progress bar is optional
+        tqdm = None
+    bar = tqdm(total=args.max_new_tokens, desc=label, leave=False) if tqdm else None
+    if state is not None:  # reused (its captured steps with it): emptied first
+        state.truncate(0)
+    res = generate(target, drafter, prompt, args.max_new_tokens, block_size=args.block_size,
+                   verify=args.verify, observer=Progress(bar.update) if bar else None,
+                   state=state)
+    if bar:
+        bar.close()
+    return res

@@ -27,10 +27,11 @@ import cupy as cp
 
 from dflash_ref.ops.attention import check_attention_args
 from dflash_ref.ops.masks import WINDOW_MODES, MaskSpec
+from kernels_cupy import attention_prefill
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32
 from kernels_cupy.attention_decode import COMBINE_THREADS, DEC_WARPS, plan_decode
-from kernels_cupy.attention_prefill import PF_WARPS, choose_kernel, plan_prefill
+from kernels_cupy.attention_prefill import PF_WARPS, choose_kernel, plan_prefill, plan_prefill_v2
 
 # Must match attention.cu.
 WARPS = 4  # ATT_WARPS: threads per block = 128
@@ -49,7 +50,7 @@ COMBINE_BLOCK = 128
 BLOCKS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 128
-KERNEL_CHOICES = ("auto", "decode", "decode_v2", "prefill")
+KERNEL_CHOICES = ("auto", "decode", "decode_v2", "prefill", "prefill_v2")
 
 
 def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int,
@@ -175,9 +176,12 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
 def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     """:func:`attention` with the kernel named: "auto" (by shape, as :func:`attention`),
     "decode_v2" (``attention_decode_*``; a ValueError where its plan does not fit the device),
-    "decode" (v1, ``attention_fwd_*``) or "prefill" (``attention_prefill_*``); any of them takes
-    any shape. "auto" runs v2 for the decode shapes, v1 only where v2's plan does not fit. Same
-    result either way, to float32 rounding; tests run the kernels on the same inputs."""
+    "decode" (v1, ``attention_fwd_*``), "prefill" (``attention_prefill_*``) or "prefill_v2"
+    (``attention_prefill_v2_f32``; a ValueError where it does not fit: d % 4, d > 128,
+    misaligned views); any of them takes any shape. "auto" runs v2 for the decode shapes, v1 only
+    where v2's plan does not fit, and prefill v2 for the prefill shapes where it fits (unless
+    ``attention_prefill.PREFILL_V2`` is off). Same result either way, to float32 rounding; tests
+    run the kernels on the same inputs."""
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"attention_using: kernel must be one of {KERNEL_CHOICES}, got "
                          f"{kernel!r}")
@@ -196,9 +200,21 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
     if kernel == "auto":
         kernel = choose_kernel(Tq, nh, nkv, d, Tk, _sm_count(dev), _shared_limit(dev), vec4)
         kernel = "decode_auto" if kernel == "decode" else kernel  # v2, v1 as its fallback
+        if (kernel == "prefill" and attention_prefill.PREFILL_V2
+                and attention_prefill.v2_fits(d, vec4)):
+            kernel = "prefill_v2"
     out = cp.empty((Tq, nh, d), cp.float32)
     margs = _mask_args(mask, Tq, Tk)
     softcap = fp32(0.0 if softcap is None else softcap)
+    if kernel == "prefill_v2":
+        plan = plan_prefill_v2(Tq, nh, nkv, d, _optin(dev), _shared_per_sm(dev), vec4)
+        _kernel(plan["kernel"], plan["shared_mem"], dev, "attention_prefill")(
+            plan["grid"], plan["block"],
+            (q, k, v, *margs[:3], out, i32(Tq), i32(Tk), i32(nh), i32(nkv), i32(d), fp32(scale),
+             softcap, *margs[3:], i32(plan["stages"])),
+            shared_mem=plan["shared_mem"],
+        )
+        return out
     if kernel == "prefill":
         plan = plan_prefill(Tq, nh, nkv, d, Tk, _shared_limit(dev), vec4)
         _kernel(plan["kernel"], plan["shared_mem"], dev)(

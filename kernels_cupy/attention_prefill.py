@@ -11,6 +11,13 @@ docs/attention.md, "The prefill kernel".
 :func:`choose_kernel` is the selection rule used by ``kernels_cupy.attention.attention``;
 :func:`plan_prefill` gives the geometry. Both are tested on CPU
 (tests/kernels/test_attention_prefill.py).
+
+v2 (``attention_prefill_v2_f32`` in cuda/attention_prefill.cu; :func:`plan_prefill_v2`, emulated
+in tests/kernels/test_attention_prefill_v2.py): 64 query rows of one head per block as in v1,
+but register-tiled (each thread a 4 x 2 tile of scores and 4 rows x 8 columns of the output)
+and fed by a cp.async ring of K/V tiles; the same per-row arithmetic in the same order. Where
+the shape takes a prefill kernel, ``attention`` runs v2 when :data:`PREFILL_V2` is set and
+:func:`v2_fits` (d % 4 == 0, d <= 128, 16-byte aligned), v1 otherwise.
 """
 
 from __future__ import annotations
@@ -33,10 +40,14 @@ KERNELS = {  # (largest head dim, vec4) -> kernel name
 # The selection rule's two thresholds (plan parameters of :func:`choose_kernel`, read at call
 # time): at least MIN_QUERY_ROWS query rows (one full 64-row query tile), and a grid of at least
 # MIN_BLOCKS_PER_SM blocks per SM (below that the decode kernel, which splits the keys of a small
-# grid, keeps more SMs busy). Both are to be set from scripts/gpu_report.py's "attention kernel
-# threshold" rows, which time both kernels around them on the GPU.
+# grid, keeps more SMs busy). Set from scripts/gpu_report.py's "attention kernel threshold" rows
+# (docs/performance.md, NVIDIA H200, 32 query / 8 KV heads of 128 after 4096 keys): decode v2 is
+# fastest at 64 rows (1.04 ms against prefill v2's 1.73; a grid of 32 blocks = 0.24 per SM),
+# prefill v2 from 128 rows (1.76 ms against 1.98; 64 blocks = 0.48 per SM), so the cut lies
+# between 0.24 and 0.48 blocks per SM (it was 1.0 before v2, when the v1 prefill kernel lost at
+# 256 rows).
 MIN_QUERY_ROWS = 64
-MIN_BLOCKS_PER_SM = 1.0
+MIN_BLOCKS_PER_SM = 0.4
 
 
 def prefill_shared_bytes(BQ: int, d: int, ld: int, kv_bufs: int) -> int:
@@ -105,3 +116,61 @@ def choose_kernel(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int, sh
         return "decode"
     gx, gy, _ = plan["grid"]
     return "prefill" if gx * gy >= per_sm * sm_count else "decode"
+
+
+# ---------------------------------------------------------------- v2 (attention_prefill.cu)
+
+# Must match attention_prefill.cu.
+PF2_BQ, PF2_BK, PF2_TX = 64, 32, 16  # query rows per block, keys per step, block (16, 16)
+PF2_MAX_D, PF2_MAX_STAGES, PF2_LDP = 128, 3, 36  # head dim limit, ring depth, p-tile stride
+KERNEL_V2 = "attention_prefill_v2_f32"
+# Plan parameters, read at call time: run v2 where it fits (False: always v1), and the blocks per
+# SM the ring depth must leave room for (a deeper ring overlaps more loads, two blocks per SM
+# overlap one block's barriers with the other's arithmetic; to be settled by the
+# "attention kernel threshold" rows of scripts/gpu_report.py).
+PREFILL_V2 = True
+PF2_BLOCKS_PER_SM = 2
+RESERVED_PER_BLOCK = 1024  # shared memory the driver reserves per resident block (sm_80+)
+
+
+def v2_fits(d: int, vec4: bool) -> bool:
+    """Can ``attention_prefill_v2_f32`` take head dim ``d`` (float4 rows, 4 columns x 2 per
+    thread)? ``vec4``: d % 4 == 0 and q, k, v 16-byte aligned (``can_use_vec4``)."""
+    return vec4 and d % 4 == 0 and 1 <= d <= PF2_MAX_D
+
+
+def prefill_v2_shared_bytes(d: int, stages: int) -> int:
+    """Dynamic shared memory of v2: sQ [64, d] + stages x {K, V} [32, d + 4] + p [64, 36]."""
+    return 4 * (PF2_BQ * d + stages * 2 * PF2_BK * (d + 4) + PF2_BQ * PF2_LDP)
+
+
+def plan_prefill_v2(Tq: int, nh: int, nkv: int, d: int, optin: int, shared_per_sm: int,
+                    vec4: bool = True, blocks_per_sm: int | None = None) -> dict:
+    """The launch of ``attention_prefill_v2_f32`` (pure: tested on CPU).
+
+    Ring depth: the deepest (<= PF2_MAX_STAGES) whose shared memory lets ``blocks_per_sm``
+    blocks (default :data:`PF2_BLOCKS_PER_SM`) share an SM of ``shared_per_sm`` bytes, else the
+    deepest within the per-block opt-in limit ``optin``. Returns kernel, grid (ceil(Tq / 64),
+    nh, 1), block (16, 16, 1), stages, shared_mem.
+
+    Raises:
+        ValueError: d not float4-able or over 128 (run v1), heads that cannot share kv heads, or
+            no ring depth within ``optin``.
+    """
+    if not v2_fits(d, vec4):
+        raise ValueError(f"plan_prefill_v2: needs d % 4 == 0, d <= {PF2_MAX_D} and 16-byte "
+                         f"aligned q, k, v; got d={d}, vec4={vec4}: use the v1 prefill kernel")
+    if nkv < 1 or nh % nkv:
+        raise ValueError(f"plan_prefill_v2: {nh} query heads cannot share {nkv} kv heads")
+    per_sm = PF2_BLOCKS_PER_SM if blocks_per_sm is None else blocks_per_sm
+    fits = [s for s in range(PF2_MAX_STAGES, 0, -1) if prefill_v2_shared_bytes(d, s) <= optin]
+    if not fits:
+        raise ValueError(f"attention (prefill v2): head dim {d} needs "
+                         f"{prefill_v2_shared_bytes(d, 1)} bytes of shared memory per block, "
+                         f"more than this device's {optin}")
+    shared = [s for s in fits
+              if per_sm * (prefill_v2_shared_bytes(d, s) + RESERVED_PER_BLOCK) <= shared_per_sm]
+    stages = (shared or fits)[0]
+    return {"kernel": KERNEL_V2, "grid": (max(1, math.ceil(Tq / PF2_BQ)), nh, 1),
+            "block": (PF2_TX, PF2_TX, 1), "stages": stages,
+            "shared_mem": prefill_v2_shared_bytes(d, stages)}

@@ -3,18 +3,19 @@
 - :func:`gdn_recurrent`: one fused kernel over all T tokens; the state stays in registers, lanes
   along the contiguous value axis (decode and verify batches; the state after every token is
   written only with ``return_trace``).
-- :func:`gdn_chunked`: prefill, in blocks of whole chunks (memory O(block), not O(T)). Per
-  block: cuBLAS batched GEMMs for the dense in-chunk products (Q K^T, K K^T and the outputs),
-  and kernels for the masked decay scores, the triangular solve and the sequential inter-chunk
-  state pass (one block per (value head, 16 value columns), the state in registers, the next
-  chunk's operands loaded by cp.async while the current one computes: :func:`plan_state_pass`).
+- :func:`gdn_chunked`: prefill, in blocks of whole chunks (memory O(block), not O(T)), three
+  launches per block (cuda/gdn_chunk.cu): the preparation (per (head, chunk): running gate sum,
+  masked scores, triangular solve, W, U and the state pass's operands, from the raw inputs:
+  :func:`plan_chunk_prep`), the sequential inter-chunk state pass (one block per (value head,
+  16 value columns), the state in registers, the next chunk's operands loaded by cp.async while
+  the current one computes: :func:`plan_state_pass`), and the output, written into ``o`` in
+  place.
 - :func:`causal_conv1d`: two grid-stride kernels (outputs, rolled state).
 """
 
 from __future__ import annotations
 
 import cupy as cp
-import numpy as np
 
 from dflash_ref.ops.gdn import (
     CHUNKS_PER_BLOCK,
@@ -23,19 +24,21 @@ from dflash_ref.ops.gdn import (
     check_conv_args,
 )
 from kernels_cupy._build import get_kernel
-from kernels_cupy._launch import f32, fp32, i32, i64, launch_elementwise
+from kernels_cupy._launch import f32, fp32, i32, launch_elementwise
 
 REC_COLS, REC_WARPS = 32, 8  # GDN_REC_COLS, GDN_REC_WARPS: block of gdn_recurrent_f32
 MAX_K_RECURRENT = 256  # GDN_REC_WARPS x GDN_REC_MAX_ROWS (gdn.cu)
+# gdn_chunk.cu's constants (tests/kernels/test_gdn_plan.py reads them back from the source):
 MAX_C = 64  # GDN_MAX_C
 MAX_K_CHUNK = 256  # GDN_MAX_K
+PREP_THREADS = 128  # GDN_PREP_THREADS: block of gdn_chunk_prep_f32, one solve slot each
 ST_VS, ST_TY = 16, 16  # GDN_ST_VS, GDN_ST_TY: block of gdn_chunk_state_f32
 ST_MAX_RPT, ST_MAX_IPT = 16, 4  # GDN_ST_MAX_RPT, GDN_ST_MAX_IPT: K <= 256, C <= 64
+OUT_VT, OUT_TX = 64, 16  # GDN_OUT_VT, GDN_OUT_TX: gdn_chunk_output_f32's tile and block
 SHARED_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
-SOLVE_THREADS = 128  # GDN_SOLVE_THREADS: its shared column slots are sized for it
 # Device bytes one block of gdn_chunked may use for its temporaries (chunks_per_block_for). At
-# HV = 32, K = V = 128, C = 64 a chunk costs about 16 MB over all heads, so 512 MiB gives 32
-# chunks (2048 tokens: 1024 (head, chunk) pairs per launch), HV = 16 gives 64; independent of
+# HV = 32, K = V = 128, C = 64 a chunk costs about 6.8 MB over all heads, so 512 MiB gives 64
+# chunks (4096 tokens: 2048 (head, chunk) pairs per launch), HV = 16 gives 128; independent of
 # T. The whole prompt at once was about 7 GB per layer at 32k tokens.
 BLOCK_BYTES = 512 * 2**20
 
@@ -76,21 +79,32 @@ def _round4(n: int) -> int:
 def chunk_bytes_per_chunk(HV: int, K: int, V: int, C: int, kda: bool) -> int:
     """Device bytes of :func:`gdn_chunked`'s temporaries per chunk of C tokens (all heads).
 
-    Counted from the block body below (float32): the chunked inputs Qc, Kc, Vc, beta, G; KdT
-    [K, Cp]; the score matrices (Q K^T, K K^T, P, A); W and its padded copy [C, Kp], U, dC, fold;
-    the saved chunk-start states S0s and Delta; Q e^G and the two output products. An upper
-    bound, so a block never exceeds it.
+    Counted from the block body below (float32): the preparation's outputs W [C, Kp],
+    KdT [K, Cp], U [C, V], fold [C], dC [K], P [C, C], G [C, gk]; the state pass's S0s [K, V]
+    and Delta [C, V]. The output is written into ``o`` (no temporary).
     """
     gk = K if kda else 1
     Kp, Cp = _round4(K), _round4(C)
-    per_head = (
-        2 * C * K + K * Cp + C * V + C + 2 * C * gk  # Qc, Kc; KdT; Vc; beta; G and its cumsum
-        + 4 * C * C  # Q K^T, K K^T, P, A
-        + C * K + C * Kp + C * V + K + C  # W, padded W, U, dC, fold
-        + K * V + C * V  # S0s, Delta
-        + C * K + 3 * C * V  # Q e^G; (Q e^G) S0, P Delta, their sum
-    )
+    per_head = (C * Kp + K * Cp + C * V + C + K  # W, KdT, U, fold, dC
+                + C * C + C * gk  # P, G
+                + K * V + C * V)  # S0s, Delta
     return 4 * HV * per_head
+
+
+def plan_chunk_prep(C: int, K: int, kda: bool, shared_limit: int) -> dict:
+    """Launch of gdn_chunk_prep_f32: block and dynamic shared bytes (the grid is HV * N).
+
+    Shared memory (floats), as the kernel lays it out: keys [C, K + 1], the gate's running sum
+    [C, 1] (KDA [C, K + 1]), beta [C], A [C, C + 1], then max(queries [C, K + 1], one solve slot
+    per thread [C, PREP_THREADS]). Pure: tested on CPU.
+    """
+    ldk, ldg = K + 1, (K + 1 if kda else 1)
+    shared = 4 * (C * ldk + C * ldg + C + C * (C + 1) + max(C * ldk, C * PREP_THREADS))
+    if shared > shared_limit:
+        raise ValueError(f"gdn_chunked (cupy): the preparation kernel needs {shared} bytes of "
+                         f"shared memory at K={K}, C={C}{', KDA' if kda else ''}; this device "
+                         f"allows {shared_limit}: use a smaller chunk_size")
+    return {"block": (PREP_THREADS,), "shared_mem": shared}
 
 
 def plan_state_pass(HV: int, K: int, V: int, C: int, shared_limit: int) -> dict:
@@ -142,7 +156,7 @@ def chunks_per_block_for(HV: int, K: int, V: int, C: int, kda: bool,
     (:data:`BLOCK_BYTES` when None).
 
     At least :data:`dflash_ref.ops.gdn.CHUNKS_PER_BLOCK` (the reference's block, 1024 tokens at
-    C = 64) so the batched GEMMs and the solve keep enough (head, chunk) pairs to fill the GPU;
+    C = 64) so the prep and output kernels keep enough (head, chunk) blocks to fill the GPU;
     beyond that as many as the budget allows, rounded down to a power of two.
     """
     budget = BLOCK_BYTES if budget is None else budget  # read at call time (tests lower it)
@@ -176,96 +190,62 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     S = state
     for t0, t1 in plan_chunk_blocks(T, chunk_size, chunks_per_block_for(HV, K, V, chunk_size,
                                                                          kda)):
-        blk = slice(t0, t1)
-        o[blk], S = _chunked_block(q[blk], k[blk], v[blk], g[blk], beta[blk], S, scale,
-                                   chunk_size, kda)
+        blk = slice(t0, t1)  # rows of C-contiguous arrays: contiguous views, written in place
+        S = _chunked_block(q[blk], k[blk], v[blk], g[blk], beta[blk], S, o[blk], scale,
+                           chunk_size, kda)
     return o, S
 
 
-def _chunked_block(q, k, v, g, beta, state, scale: float, C: int, kda: bool):
-    """:func:`gdn_chunked` on one block of tokens from ``state``; returns (o [T, HV, V], S)."""
+def _opt_in(kernel, shared: int) -> None:
+    """Let ``kernel`` take ``shared`` bytes of dynamic shared memory (once per size)."""
+    if shared > SHARED_DEFAULT and kernel.max_dynamic_shared_size_bytes < shared:
+        kernel.max_dynamic_shared_size_bytes = shared
+
+
+def _chunked_block(q, k, v, g, beta, state, o, scale: float, C: int, kda: bool):
+    """:func:`gdn_chunked` on one block of tokens from ``state``: writes ``o`` [T, HV, V] in
+    place (a contiguous row range of the caller's output) and returns the state after it.
+
+    Three launches (cuda/gdn_chunk.cu): prep -> state pass -> output. The temporaries are
+    [HV, N, ...] with N chunks, the last zero-padded by the kernels' index maps.
+    """
     T, H, K = q.shape
     HV, V = v.shape[1:]
     N = -(-T // C)
-    B = HV * N  # number of (head, chunk) pairs
-
-    # [T, HV, X] -> [HV, N, C, X], zero-padded (exact: g = beta = 0 on the padding).
-    Qc = _chunks(q, N, C, HV)  # [HV, N, C, K], value head hv reads q head hv // (HV // H)
-    Kc = _chunks(k, N, C, HV)
-    Vc = _chunks(v, N, C, HV)
-    bc = _chunks(beta[:, :, None], N, C, HV).reshape(HV, N, C)  # [HV, N, C]
     gk = K if kda else 1
-    G = cp.cumsum(_chunks(g if kda else g[:, :, None], N, C, HV), axis=2)  # [HV, N, C, gk]
-    G = cp.ascontiguousarray(G)
-
-    # Masked decay scores P (scaled, i >= j) and A (beta-scaled rows, i > j): [HV, N, C, C].
-    P = cp.empty((HV, N, C, C), cp.float32)
-    A = cp.empty((HV, N, C, C), cp.float32)
-    total = B * C * C
-    if kda:
-        launch_elementwise("gdn", "gdn_chunk_scores_kda_f32", total,
-                           (Qc, Kc, G, bc, P, A, i64(total), i32(C), i32(K), fp32(scale)))
-    else:
-        KT = Kc.swapaxes(-1, -2)
-        QKt = cp.ascontiguousarray(cp.matmul(Qc, KT))  # cuBLAS batched, [HV, N, C, C]
-        KKt = cp.ascontiguousarray(cp.matmul(Kc, KT))
-        launch_elementwise("gdn", "gdn_chunk_scores_f32", total,
-                           (QKt, KKt, G, bc, P, A, i64(total), i32(C), fp32(scale)))
-        del QKt, KKt
-
-    # [W | U] = (I + A)^-1 [beta e^G K | beta V]: one block per (head, chunk).
-    W = cp.empty((HV, N, C, K), cp.float32)
-    U = cp.empty((HV, N, C, V), cp.float32)
-    get_kernel("gdn", "gdn_chunk_solve_f32")(
-        (B,), (SOLVE_THREADS,), (A, Kc, Vc, G, bc, W, U, i32(C), i32(K), i32(V), i32(gk)))
-    del A
-
-    # The state pass's operands (fla chunk_delta_h): scalar gate, K^T and the decay folded into
-    # the delta rows, fold_i = e^(G_C - G_i); KDA, K^T decayed per channel and fold = 1. Both
-    # non-positive exponents. dC = e^(G_C) per state row. W and KdT padded with zeros to Kp, Cp.
-    plan = plan_state_pass(HV, K, V, C, _shared_limit())
+    limit = _shared_limit()
+    prep = plan_chunk_prep(C, K, kda, limit)
+    plan = plan_state_pass(HV, K, V, C, limit)
     Kp, Cp = plan["Kp"], plan["Cp"]
-    if Kp != K:
-        Wp = cp.zeros((HV, N, C, Kp), cp.float32)
-        Wp[..., :K] = W
-        W = Wp
-    GC = G[:, :, -1:, :]  # [HV, N, 1, gk]
-    KdT = cp.zeros((HV, N, K, Cp), cp.float32)
-    if kda:
-        KdT[..., :C] = (Kc * cp.exp(GC - G)).swapaxes(-1, -2)
-        fold = cp.ones((HV, N, C), cp.float32)
-    else:
-        KdT[..., :C] = Kc.swapaxes(-1, -2)
-        fold = cp.ascontiguousarray(cp.exp(GC - G)[..., 0])  # [HV, N, C]
-    dC = cp.ascontiguousarray(cp.broadcast_to(cp.exp(GC[:, :, 0, :]), (HV, N, K)))
+
+    W = cp.empty((HV, N, C, Kp), cp.float32)  # zero past K
+    KdT = cp.empty((HV, N, K, Cp), cp.float32)  # zero past C
+    U = cp.empty((HV, N, C, V), cp.float32)
+    fold = cp.empty((HV, N, C), cp.float32)
+    dC = cp.empty((HV, N, K), cp.float32)
+    P = cp.empty((HV, N, C, C), cp.float32)
+    G = cp.empty((HV, N, C, gk), cp.float32)
+    kernel = get_kernel("gdn_chunk", "gdn_chunk_prep_f32")
+    _opt_in(kernel, prep["shared_mem"])
+    kernel((HV * N,), prep["block"],
+           (q, k, v, g, beta, W, KdT, U, fold, dC, P, G, i32(T), i32(H), i32(HV), i32(N),
+            i32(C), i32(K), i32(V), i32(gk), i32(Kp), i32(Cp), fp32(scale)),
+           shared_mem=prep["shared_mem"])
 
     S0s = cp.empty((HV, N, K, V), cp.float32)
     Delta = cp.empty((HV, N, C, V), cp.float32)
     out_state = cp.empty((HV, K, V), cp.float32)
-    kernel = get_kernel("gdn", "gdn_chunk_state_f32")
-    if plan["shared_mem"] > SHARED_DEFAULT and kernel.max_dynamic_shared_size_bytes < plan[
-            "shared_mem"]:
-        kernel.max_dynamic_shared_size_bytes = plan["shared_mem"]  # opt in, once per size
+    kernel = get_kernel("gdn_chunk", "gdn_chunk_state_f32")
+    _opt_in(kernel, plan["shared_mem"])
     kernel(plan["grid"], plan["block"],
            (W, KdT, U, fold, dC, state, out_state, S0s, Delta, i32(N), i32(C), i32(K), i32(V),
             i32(Kp), i32(Cp), i32(plan["nbuf"])), shared_mem=plan["shared_mem"])
 
-    # Outputs: scale (Q e^G) S0 + P Delta (cuBLAS batched).
-    Qg = Qc * (np.float32(scale) * cp.exp(G))  # [HV, N, C, K]
-    O = cp.matmul(Qg, S0s) + cp.matmul(P, Delta)  # [HV, N, C, V]
-    o = O.reshape(HV, N * C, V)[:, :T].transpose(1, 0, 2)  # [T, HV, V]
-    return o, out_state
-
-
-def _chunks(x, N: int, C: int, HV: int):
-    """[T, H, X] -> contiguous [HV, N, C, X]: value head hv reads head hv // (HV // H) (grouped
-    GQA), time zero-padded to N * C (exact: g = beta = 0 there). One gather kernel."""
-    x = cp.ascontiguousarray(x)
-    T, H, X = x.shape
-    out = cp.empty((HV, N * C, X), cp.float32)
-    launch_elementwise("gdn", "gdn_chunk_gather_f32", out.size,
-                       (x, out, i64(out.size), i32(T), i32(H), i32(HV), i32(N * C), i32(X)))
-    return out.reshape(HV, N, C, X)
+    get_kernel("gdn_chunk", "gdn_chunk_output_f32")(
+        (HV * N, -(-V // OUT_VT)), (OUT_TX, OUT_TX),
+        (q, G, P, S0s, Delta, o, i32(T), i32(H), i32(HV), i32(N), i32(C), i32(K), i32(V),
+         i32(gk), fp32(scale)))
+    return out_state
 
 
 def causal_conv1d(x, weight, state=None):

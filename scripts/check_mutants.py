@@ -292,6 +292,20 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '    residual = p[a].copy()',
         'tests/testing/test_lossless.py',
     ),
+    (
+        '22a CUDA graphs: a forward asking for chosen logits rows captured (rows ignored)',
+        'dflash_ref/models/graphs.py',
+        '    if batch.parents is not None or rows is not None or T > GRAPH_MAX_ROWS:',
+        '    if batch.parents is not None or T > GRAPH_MAX_ROWS:',
+        'tests/models/test_graphs.py',
+    ),
+    (
+        '22b CUDA graphs: a fixed draft cache ignores the context window',
+        'dflash_ref/models/draft_cache.py',
+        '        k_pos[lo:self.length] = np.arange(lo, self.length)',
+        '        k_pos[:self.length] = np.arange(self.length)',
+        'tests/models/test_graphs.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""

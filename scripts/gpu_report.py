@@ -27,7 +27,8 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
               512 query rows after 4096 keys, where the decode / prefill selection threshold
               (kernels_cupy/attention_prefill.py, choose_kernel) is to be placed
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
-              weight-read floor, a 16-token verify against a 1-token decode, speculative generate
+              weight-read floor, a 16-token verify against a 1-token decode, speculative generate;
+              the same steps replayed as CUDA graphs beside eager (issue 27 item 5)
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
               through torch.profiler; skipped without torch)
 
@@ -648,11 +649,20 @@ def _attention_vs_sdpa(ph: Phase, case, nh: int, nkv: int, d: int) -> tuple[str,
     t_ours = dev.time(lambda: ops.attention(q, k, v, spec), ph.sizes.iters)
     t_sdpa = dev.time(sdpa, ph.sizes.iters)
     kv_gbs = 2 * Tk * nkv * d * 4 / t_ours / 1e9
-    goal = {"goal": "<= 2"} if name == "prefill" else {}
+    extra = {"goal": "<= 2"} if name == "prefill" else {}
+    v1 = ""
+    if name == "prefill" and not dev.dry:  # "auto" runs prefill v2 where it fits: v1 beside it
+        from kernels_cupy.attention import attention_using
+
+        _check_rel(f"attention prefill v1 Tq={Tq}",
+                   _rel(dev, attention_using("prefill", q, k, v, spec), ours), gpu_anchors.ATT_TOL)
+        t_v1 = dev.time(lambda: attention_using("prefill", q, k, v, spec), ph.sizes.iters)
+        extra["v1_ms"] = t_v1 * 1e3
+        v1 = f"   (v1 kernel {t_v1 * 1e3:9.3f} ms)"
     return (f"ours {t_ours * 1e3:9.3f} ms   SDPA {t_sdpa * 1e3:9.3f} ms   ratio "
-            f"{t_ours / t_sdpa:6.2f}   K/V {kv_gbs:7.1f} GB/s (checked, err {err:.1e})",
+            f"{t_ours / t_sdpa:6.2f}   K/V {kv_gbs:7.1f} GB/s (checked, err {err:.1e}){v1}",
             {"ours_ms": t_ours * 1e3, "sdpa_ms": t_sdpa * 1e3, "ratio": t_ours / t_sdpa,
-             "kv_GBps": kv_gbs, **goal})
+             "kv_GBps": kv_gbs, **extra})
 
 
 # A kernel that keeps the GPU busy ~2 ms, so that the launches queued behind it run back to back
@@ -691,10 +701,10 @@ def _gpu_time(dev: Device, fn, iters: int) -> float:
 def _attention_threshold(ph: Phase, Tq: int, ctx: int, nh: int, nkv: int,
                          d: int) -> tuple[str, dict]:
     """``Tq`` query rows after ``ctx`` committed keys (the verify mask) through every attention
-    kernel (kernels_cupy.attention.attention_using: the v2 and v1 decode kernels, the prefill
-    kernel), each checked against ops.attention, then timed: where the prefill kernel starts to
-    win is the measured selection threshold (kernels_cupy/attention_prefill.py, MIN_QUERY_ROWS
-    and MIN_BLOCKS_PER_SM); the row names the kernel choose_kernel picks today."""
+    kernel (kernels_cupy.attention.attention_using: the v2 and v1 decode kernels, the v1 and v2
+    prefill kernels), each checked against ops.attention, then timed: where a prefill kernel
+    starts to win is the measured selection threshold (kernels_cupy/attention_prefill.py,
+    MIN_QUERY_ROWS and MIN_BLOCKS_PER_SM); the row names the kernel "auto" picks today."""
     from dflash_ref.ops.masks import committed_prefix_mask
     from kernels_cupy.attention_prefill import choose_kernel
 
@@ -714,10 +724,13 @@ def _attention_threshold(ph: Phase, Tq: int, ctx: int, nh: int, nkv: int,
     pick = choose_kernel(Tq, nh, nkv, d, Tk, int(attrs["MultiProcessorCount"]),
                          min(katt.SHARED_LIMIT, int(attrs["MaxSharedMemoryPerBlockOptin"])))
     times, text = {}, f"Tk={Tk}:"
-    for name in ("decode_v2", "decode", "prefill"):
+    if pick == "prefill" and katt.attention_prefill.PREFILL_V2 and katt.attention_prefill.v2_fits(
+            d, katt.can_use_vec4(d, q.data.ptr, k.data.ptr, v.data.ptr)):
+        pick = "prefill_v2"  # as attention_using("auto") refines it
+    for name in ("decode_v2", "decode", "prefill", "prefill_v2"):
         try:
             out = katt.attention_using(name, q, k, v, spec)
-        except ValueError as exc:  # decode_v2's plan may not fit this device
+        except ValueError as exc:  # decode_v2's or prefill_v2's plan may not fit this device
             text += f"  {name} n/a ({exc});"
             continue
         _check_rel(f"attention_using({name!r}) Tq={Tq}", _rel(dev, out, ref), gpu_anchors.ATT_TOL)
@@ -870,8 +883,16 @@ def phase_e2e(ph: Phase) -> None:
                 {"step_ms": step_s * 1e3, "step_over_decode": step_s / m["decode_s"],
                  "goal": "<= 1.5"})
 
+    def graphs():
+        target, drafter, prompt = need()
+        if "spec" not in m:
+            raise Skip("no checked generate run (see the check row)")
+        return e2e_decode.measure_graphs(target, drafter, prompt, n_new, m["plain"], m["spec"],
+                                         Clock(be, None), iters)
+
     for name, fn in (("build", build), ("check", check), ("decode", decode),
-                     ("verify 16 vs decode 1", verify), ("speculative generate", speculative)):
+                     ("verify 16 vs decode 1", verify), ("speculative generate", speculative),
+                     ("cuda graphs vs eager", graphs)):
         ph.measure(name, fn)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+import dflash_ref
 from dflash_ref.errors import BackendUnavailable
 from tests.gpu import calls_check_twin, gpu_required, gpu_skip_reason, twin_dry_run
 
@@ -86,3 +87,25 @@ def _needs_the_device(e: Exception) -> bool:
 def rng() -> np.random.Generator:
     """A fixed-seed generator: tests that draw data themselves stay reproducible."""
     return np.random.default_rng(20261121)
+
+
+DEMO_PAIR = os.path.join(os.path.dirname(dflash_ref.__file__), "data", "demo")
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    """The shipped demo pair (dflash_ref/data/demo) as (target, drafter), loaded the way a user
+    loads it; one per test module (a test that changes a model changes a copy)."""
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.target import TargetModel
+
+    target = TargetModel.from_pretrained(os.path.join(DEMO_PAIR, "target"))
+    return target, DFlashDrafter.from_pretrained(os.path.join(DEMO_PAIR, "drafter"), target)
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer():
+    """The demo target's byte tokenizer (dflash_ref/data/demo/target/tokenizer.json)."""
+    from dflash_ref.io.tokenizer import load_tokenizer
+
+    return load_tokenizer(os.path.join(DEMO_PAIR, "target"))

@@ -21,6 +21,14 @@ an op call counts its twin's kernels plus one copy per non-contiguous array argu
 NumPy function computing on one (``concatenate``, ``where``), an assignment into one, and
 ``ascontiguousarray`` / ``astype`` / ``copy`` that must copy count one each.
 
+A CUDA-graph step (dflash_ref/models/graphs.py) is checked with the same books: the counting
+backend's ``capture`` (:func:`capture_recorded`) replays a step by calling it again, as NumPy
+does, and records each replay as a :class:`StepRecord`: its uploads, downloads and launches, and
+its **tape**, every kernel-starting call (an op, a ufunc, a NumPy function, an assignment) and
+every index with its arguments written as shapes, dtypes and host scalars. A step is
+graph-shaped when every replay of a key has no upload, no download and the same tape (a CUDA
+graph repeats the recorded arguments: a length, a slice bound or a shape that moves breaks it).
+
 Each entry names the dflash_ref line that made it. Results are the NumPy backend's, bit for bit
 (the ops are the reference ops, run on the same memory). The code base tells device arrays from
 host ones by their type's module (``type(x).__module__.startswith("cupy")``:
@@ -41,21 +49,82 @@ from dflash_ref.backend import Backend, get_backend
 from dflash_ref.ops.masks import MaskSpec
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One replay of a captured step (:func:`capture_recorded`): what it copied and launched,
+    and its tape (module docstring)."""
+
+    uploads: tuple[str, ...]
+    downloads: tuple[str, ...]
+    launches: tuple[str, ...]
+    tape: tuple
+
+
 class Ledger:
-    """The copies seen since the last :meth:`reset`, each as "what at file:line (function)"."""
+    """The copies seen since the last :meth:`reset`, each as "what at file:line (function)";
+    ``steps``: the replays of captured steps (:class:`StepRecord`)."""
 
     def __init__(self):
         self.uploads: list[str] = []
         self.downloads: list[str] = []
         self.launches: list[str] = []
+        self.steps: list[StepRecord] = []
+        self.tape: list | None = None  # a list while a step replays
 
     def reset(self) -> None:
         self.uploads.clear()
         self.downloads.clear()
         self.launches.clear()
+        self.steps.clear()
 
     def add(self, kind: str, what: str) -> None:
         getattr(self, kind).append(f"{what} at {_caller()}")
+
+    def record(self, what: str, *args) -> None:
+        """On the tape of the replaying step (if any): ``what`` and its arguments' signature."""
+        if self.tape is not None:
+            self.tape.append((what, _signature(args)))
+
+
+def capture_recorded(step):
+    """The counting backend's ``capture``: run ``step`` once (the warm-up), then return a
+    replay that calls it again and appends a :class:`StepRecord` to ``LEDGER.steps``."""
+    step()
+
+    def replay():
+        marks = len(LEDGER.uploads), len(LEDGER.downloads), len(LEDGER.launches)
+        LEDGER.tape = []
+        try:
+            return step()
+        finally:
+            new = [tuple(getattr(LEDGER, k)[m:]) for k, m in
+                   zip(("uploads", "downloads", "launches"), marks)]
+            LEDGER.steps.append(StepRecord(*new, tuple(LEDGER.tape)))
+            LEDGER.tape = None
+    return replay
+
+
+def _signature(obj):
+    """What a kernel launch would bake in of ``obj``: shapes and dtypes of arrays (their
+    contents are device memory), host scalars as values, slices, specs, containers."""
+    if isinstance(obj, DeviceArray):
+        return ("dev", obj.shape, obj.dtype.str)
+    if isinstance(obj, np.ndarray):
+        return ("host", obj.shape, obj.dtype.str)
+    if isinstance(obj, slice):
+        return ("slice", _signature(obj.start), _signature(obj.stop), _signature(obj.step))
+    if isinstance(obj, MaskSpec):
+        return ("mask", _signature((obj.q_pos, obj.k_pos, obj.ancestors)), obj.causal,
+                obj.window, obj.window_mode, obj.base_pos)
+    if isinstance(obj, (list, tuple)):
+        return tuple(_signature(e) for e in obj)
+    if isinstance(obj, dict):
+        return tuple((k, _signature(v)) for k, v in sorted(obj.items()))
+    if obj is None or isinstance(obj, (bool, int, float, str, np.generic, type(Ellipsis))):
+        return obj
+    if isinstance(obj, (type, np.dtype)):
+        return str(obj)
+    return type(obj).__name__
 
 
 LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to reach it
@@ -63,7 +132,7 @@ LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to
 # Kernels the CuPy twin of each op starts for one call in a decode / verify / draft step (read from
 # kernels_cupy/<family>.py; an op absent here starts one). Attention: the key-split kernel and its
 # combine (a decode step's grid splits the keys to fill the GPU). The chunked GDN is a prefill op
-# (tens of kernels) and is not on a step's path.
+# (three kernels per block of chunks, kernels_cupy/gdn.py) and is not on a step's path.
 TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2}
 # NumPy functions that start no kernel on CuPy: views, shapes, dtype and host-side queries.
 _NO_KERNEL = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
@@ -142,6 +211,7 @@ class DeviceArray(np.ndarray):
                 LEDGER.add("uploads", f"a host operand of {ufunc.__name__}")
         LEDGER.add("launches", f"ufunc {ufunc.__name__}" + ("" if method == "__call__" else
                                                            f".{method}"))
+        LEDGER.record(f"ufunc {ufunc.__name__}.{method}", inputs, kwargs)
         return _wrap(getattr(ufunc, method)(*_strip(inputs), **_strip(kwargs)))
 
     def __array_function__(self, func, types, args, kwargs):
@@ -149,17 +219,20 @@ class DeviceArray(np.ndarray):
             LEDGER.add("uploads", f"a host argument of np.{func.__name__}")
         if func.__name__ not in _NO_KERNEL:
             LEDGER.add("launches", f"np.{func.__name__}")
+        LEDGER.record(f"np.{func.__name__}", args, kwargs)
         return _wrap(func(*_strip(args), **_strip(kwargs)))
 
     def __getitem__(self, idx):
         if _host_arrays(idx if isinstance(idx, tuple) else (idx,)):
             LEDGER.add("uploads", "a host index")
+        LEDGER.record("getitem", self, idx)
         return _wrap(np.ndarray.__getitem__(self.view(np.ndarray), _strip(idx)))
 
     def __setitem__(self, idx, value):
         if _host_arrays(idx if isinstance(idx, tuple) else (idx,)) + _host_arrays(value):
             LEDGER.add("uploads", "a host index or value in an assignment")
         LEDGER.add("launches", "an assignment")
+        LEDGER.record("setitem", self, idx, value)
         np.ndarray.__setitem__(self.view(np.ndarray), _strip(idx), _strip(value))
 
     def _read(self, what: str):
@@ -190,10 +263,12 @@ class DeviceArray(np.ndarray):
     def astype(self, dtype, *args, copy=True, **kwargs):
         if np.dtype(dtype) != self.dtype or copy:
             LEDGER.add("launches", ".astype")
+        LEDGER.record(".astype", self, dtype, copy)
         return _wrap(self.view(np.ndarray).astype(dtype, *args, copy=copy, **kwargs))
 
     def copy(self, *args, **kwargs):
         LEDGER.add("launches", ".copy()")
+        LEDGER.record(".copy", self)
         return _wrap(self.view(np.ndarray).copy(*args, **kwargs))
 
     def __repr__(self):
@@ -216,6 +291,7 @@ class _DeviceXP:
                     LEDGER.add("uploads", f"xp.{name}")
                 elif name == "array" or not a.flags.c_contiguous:
                     LEDGER.add("launches", f"xp.{name} (a copy)")
+                LEDGER.record(f"xp.{name}", a, args, kwargs)
                 return _wrap(attr(_strip(a), *args, **kwargs))
             return upload
 
@@ -224,6 +300,7 @@ class _DeviceXP:
                 LEDGER.add("uploads", f"a host argument of xp.{name}")
             if name not in _NO_KERNEL and name not in ("empty", "empty_like"):
                 LEDGER.add("launches", f"xp.{name}")
+            LEDGER.record(f"xp.{name}", args, kwargs)
             return _wrap(attr(*_strip(args), **_strip(kwargs)))
         return on_device
 
@@ -251,6 +328,7 @@ def _device_op(name: str, fn):
                 LEDGER.add("launches", f"a contiguous copy for op {name}")
         for _ in range(TWIN_LAUNCHES.get(name, 1)):
             LEDGER.add("launches", f"op {name}")
+        LEDGER.record(f"op {name}", args, kwargs)
         return _wrap(fn(*_strip(args), **_strip(kwargs)))
 
     op.__name__ = op.__qualname__ = name
@@ -258,7 +336,9 @@ def _device_op(name: str, fn):
 
 
 def counting_backend() -> Backend:
-    """A fresh backend: NumPy's ops and results, with :data:`LEDGER` keeping the books."""
+    """A fresh backend: NumPy's ops and results, with :data:`LEDGER` keeping the books (and
+    the replays of captured steps: :func:`capture_recorded`)."""
     ref = get_backend("numpy")
     ops = SimpleNamespace(**{n: _device_op(n, f) for n, f in vars(ref.ops).items()})
-    return Backend("numpy", _DeviceXP(), ops, to_numpy=_download, to_backend=_upload)
+    return Backend("numpy", _DeviceXP(), ops, to_numpy=_download, to_backend=_upload,
+                   capture=capture_recorded)

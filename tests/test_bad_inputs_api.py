@@ -5,7 +5,7 @@ Each case is one call a user could plausibly write, the typed error it must rais
 hold: what was wrong and the fix. Before these checks, ``block_size=3.7`` ran as 3, a 2-D prompt
 was flattened into one prompt, float ids were truncated, ``temperature=inf`` sampled uniformly,
 ``max_new_tokens=2.5`` failed after the prefill with a bare TypeError,
-``tokenizer.decode([10**6])`` returned ``''``, ``DFlashDrafter.from_pretrained(dir, "path")``
+``demo_tokenizer.decode([10**6])`` returned ``''``, ``DFlashDrafter.from_pretrained(dir, "path")``
 raised AttributeError, malformed JSON named no file and a failing chat template raised raw jinja2.
 
 The expected behaviour comes from the issue's statement of each case, not from the code.
@@ -33,17 +33,6 @@ from dflash_ref.spec_decode.batch import generate_batch
 from dflash_ref.spec_decode.loop import check_arguments
 
 DEMO = files("dflash_ref") / "data" / "demo"
-
-
-@pytest.fixture(scope="module")
-def pair():
-    target = TargetModel.from_pretrained(DEMO / "target")
-    return target, DFlashDrafter.from_pretrained(DEMO / "drafter", target)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(DEMO / "target")
 
 
 # (case id, call(target, drafter) -> anything, error type, words the message must hold)
@@ -114,8 +103,8 @@ def _assert_typed(info, error, words):
 
 @pytest.mark.parametrize("case,call,error,words", GENERATE_CASES,
                          ids=[c[0] for c in GENERATE_CASES])
-def test_generate_refuses(pair, case, call, error, words):
-    target, drafter = pair
+def test_generate_refuses(demo_pair, case, call, error, words):
+    target, drafter = demo_pair
     with pytest.raises(error) as info:
         call(target, drafter)
     _assert_typed(info, error, words)
@@ -128,8 +117,8 @@ def test_sampling_params_refuse(case, kwargs, words):
     _assert_typed(info, ConfigError, words)
 
 
-def test_bad_max_new_tokens_is_refused_before_the_prefill(pair):
-    target, _ = pair
+def test_bad_max_new_tokens_is_refused_before_the_prefill(demo_pair):
+    target, _ = demo_pair
     calls = []
     original = target.forward
     target.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
@@ -141,8 +130,8 @@ def test_bad_max_new_tokens_is_refused_before_the_prefill(pair):
     assert calls == []
 
 
-def test_past_max_position_embeddings_warns(pair):
-    target, _ = pair
+def test_past_max_position_embeddings_warns(demo_pair):
+    target, _ = demo_pair
     limit = target.config.max_position_embeddings  # 4096 for the demo target
     prompt = np.ones(limit - 2, np.int64)
     with pytest.warns(PositionWarning, match="max_position_embeddings=4096"):
@@ -152,8 +141,8 @@ def test_past_max_position_embeddings_warns(pair):
         check_arguments(target, None, prompt, 2, GREEDY, None, "chain")
 
 
-def test_good_arguments_still_run(pair):
-    target, drafter = pair
+def test_good_arguments_still_run(demo_pair):
+    target, drafter = demo_pair
     out = generate(target, drafter, np.array([1, 2, 3], np.int32), np.int64(4),
                    block_size=np.int64(4))
     assert len(out.tokens) == 4
@@ -163,14 +152,14 @@ def test_good_arguments_still_run(pair):
 
 
 @pytest.mark.parametrize("ids", [[10**6], [-1], [5, 259]], ids=["huge", "negative", "vocab"])
-def test_decode_out_of_vocab_returned_empty_text(tokenizer, ids):
+def test_decode_out_of_vocab_returned_empty_text(demo_tokenizer, ids):
     with pytest.raises(ConfigError) as info:
-        tokenizer.decode(ids)
+        demo_tokenizer.decode(ids)
     _assert_typed(info, ConfigError, ["outside this tokenizer's vocabulary", "[0, 259)"])
 
 
-def test_decode_in_vocab_unchanged(tokenizer):
-    assert tokenizer.decode(tokenizer.encode("def f(x):", add_bos=False)) == "def f(x):"
+def test_decode_in_vocab_unchanged(demo_tokenizer):
+    assert demo_tokenizer.decode(demo_tokenizer.encode("def f(x):", add_bos=False)) == "def f(x):"
 
 
 def _tokenizer_copy(tmp_path):
@@ -197,11 +186,11 @@ def test_malformed_tokenizer_config_names_the_file(tmp_path):
     _assert_typed(info, FormatError, [str(d / "tokenizer_config.json"), "not valid JSON"])
 
 
-def test_raising_chat_template_names_the_template(tokenizer):
+def test_raising_chat_template_names_the_template(demo_tokenizer):
     template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}" \
                "{% endif %}{{ messages[0]['content'] }}"
     with pytest.raises(ConfigError) as info:
-        tokenizer.apply_chat_template([{"role": "system", "content": "x"}],
+        demo_tokenizer.apply_chat_template([{"role": "system", "content": "x"}],
                                       chat_template=template)
     _assert_typed(info, ConfigError, ["the chat_template passed", "first must be user",
                                       "pass another template"])
@@ -229,14 +218,14 @@ def _checkpoint_copy(tmp_path, which):
 
 
 @pytest.mark.parametrize("which", ["target", "drafter"])
-def test_malformed_config_json_names_the_file(tmp_path, pair, which):
+def test_malformed_config_json_names_the_file(tmp_path, demo_pair, which):
     d = _checkpoint_copy(tmp_path, which)
     (d / "config.json").write_text('{"hidden_size": 64,')
     with pytest.raises(ConfigError) as info:
         if which == "target":
             TargetModel.from_pretrained(d)
         else:
-            DFlashDrafter.from_pretrained(d, pair[0])
+            DFlashDrafter.from_pretrained(d, demo_pair[0])
     _assert_typed(info, ConfigError, [str(d / "config.json"), "not valid JSON"])
 
 
@@ -265,7 +254,7 @@ def _poison(d, name):
     save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
 
 
-def test_nan_weight_is_named_by_check_finite(tmp_path, pair):
+def test_nan_weight_is_named_by_check_finite(tmp_path, demo_pair):
     d = _checkpoint_copy(tmp_path, "target")
     _poison(d, "model.norm.weight")
     with pytest.raises(FormatError) as info:
@@ -277,7 +266,7 @@ def test_nan_weight_is_named_by_check_finite(tmp_path, pair):
     first = sorted(load_file(dd / "model.safetensors"))[0]
     _poison(dd, first)
     with pytest.raises(FormatError, match=f"{first} \\(1 values\\)"):
-        DFlashDrafter.from_pretrained(dd, pair[0], check_finite=True)
+        DFlashDrafter.from_pretrained(dd, demo_pair[0], check_finite=True)
 
 
 def test_nan_weight_plain_run_blames_the_weights_not_the_drafter(tmp_path):

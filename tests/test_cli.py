@@ -79,14 +79,14 @@ def test_demo_runs_the_small_shipped_pair_on_one_blas_thread(monkeypatch, capsys
     # reads the limit back from the BLAS library itself, an independent witness).
     from threadpoolctl import threadpool_info
 
-    import dflash_ref.cli as cli
+    import dflash_ref.cli_generate as cli
 
-    seen, run = [], cli._run_timed
+    seen, run = [], cli.run_timed
 
     def watching(*a, **kw):
         seen.append({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
         return run(*a, **kw)
 
-    monkeypatch.setattr(cli, "_run_timed", watching)
+    monkeypatch.setattr(cli, "run_timed", watching)
     assert main(["demo", "--max-new-tokens", "8"]) == 0
     assert len(seen) == 2 and all(threads == {1} for threads in seen), seen

@@ -43,12 +43,6 @@ MIN_MEAN_TAU = 3.5
 MIN_ABLATION_DROP = 1.0
 
 
-@pytest.fixture(scope="module")
-def demo():
-    target = TargetModel.from_pretrained(DEMO / "target")
-    return target, DFlashDrafter.from_pretrained(DEMO / "drafter", target)
-
-
 def test_files_are_small_bf16_and_in_the_hf_and_zlab_layouts():
     names = {d: sorted(p.name for p in (DEMO / d).iterdir()) for d in ("target", "drafter")}
     assert names == {"target": ["config.json", "model.safetensors", "tokenizer.json",
@@ -93,8 +87,8 @@ def test_held_out_prompts_come_from_modules_kept_out_of_training():
 
 
 @pytest.mark.parametrize("verify", ["chain", "tree"])
-def test_speculative_output_equals_plain_greedy(demo, verify):
-    target, drafter = demo
+def test_speculative_output_equals_plain_greedy(demo_pair, verify):
+    target, drafter = demo_pair
     for prompt in HELD_OUT[:3]:
         plain = generate(target, None, prompt, 48).tokens
         spec = generate(target, drafter, prompt, 48, verify=verify)
@@ -109,8 +103,8 @@ def _zero_feature_drafter(target):
     return drafter
 
 
-def test_tau_on_held_out_prompts_and_the_feature_ablation(demo):
-    target, drafter = demo
+def test_tau_on_held_out_prompts_and_the_feature_ablation(demo_pair):
+    target, drafter = demo_pair
     taus = [generate(target, drafter, p, NEW_TOKENS).tau for p in HELD_OUT]
     zeroed = _zero_feature_drafter(target)
     taus_zero = [generate(target, zeroed, p, NEW_TOKENS).tau for p in HELD_OUT]
@@ -175,9 +169,9 @@ def test_shipped_gguf_equals_a_fresh_conversion(tmp_path):
     assert types == {"BF16", "F32"}  # the shipped precision; norms F32
 
 
-def test_gguf_pair_generates_the_safetensors_tokens(demo):
+def test_gguf_pair_generates_the_safetensors_tokens(demo_pair):
     """Same weights (BF16 -> BF16 is exact), so the same tokens and acceptance, step by step."""
-    target, drafter = demo
+    target, drafter = demo_pair
     g_target = TargetModel.from_gguf(DEMO / "gguf" / "target.gguf")
     g_drafter = DFlashDrafter.from_gguf(DEMO / "gguf" / "drafter.gguf", g_target)
     assert g_drafter.config.target_layer_ids == drafter.config.target_layer_ids == (1, 2)

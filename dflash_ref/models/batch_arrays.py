@@ -15,6 +15,7 @@ first time a layer asks and reused by the others (per batch)::
     ids, positions, slots          rows of the copy                                    [T] int32
     ancestors                      tree only: [i, a] is True iff node a is i or above it  [T, T]
     causal_mask(S, window)         MaskSpec(positions, arange(S)): one per window kind
+    causal_over(k_pos, window)     the same rule over a fixed store's slot positions [C]
     committed_mask(k_pos)          the pager's rule over its device slot table
     tree_mask(prefix, window)      keys [prefix..., nodes]: committed prefix, then ancestors
     once(key, make)                anything else (a layer type's proportional-RoPE cos / sin)
@@ -27,6 +28,10 @@ kernel forms the float32 angle and its sincos inline (a table would cost a launc
 a read per element to save one sincosf); proportional RoPE (Gemma 4) runs as array code, so its
 cos / sin table is built once per batch. On NumPy the copy is the pack itself; the code is the
 same on both backends.
+
+A state made for CUDA graphs passes ``buffers`` (models/graphs.py): the pack is then written
+into the state's persistent device array of its shape (the first batch of a shape makes it), so
+a captured step reads each step's ids and positions at the same addresses.
 """
 
 from __future__ import annotations
@@ -55,9 +60,11 @@ class BatchArrays:
         start: the committed length before the batch (the masks' ``base_pos``).
         slots: [T] pager slots of a pooled chain batch (host, already checked), or None.
         parents: [T] tree parents (host; -1 for the root), or None for a chain.
+        buffers: a dict pack shape -> persistent backend array (the state's, for CUDA graphs),
+            or None: a new backend array per batch.
     """
 
-    def __init__(self, be, ids, positions, start: int, slots=None, parents=None):
+    def __init__(self, be, ids, positions, start: int, slots=None, parents=None, buffers=None):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         positions = np.asarray(positions, dtype=np.int64).reshape(-1)
         T = ids.size
@@ -72,6 +79,8 @@ class BatchArrays:
         if parents is not None:
             pack = np.concatenate([pack, ancestor_matrix(parents)])  # [R + T, T]
         dev = be.to_backend(pack.astype(np.int32))  # the batch's one host -> backend copy
+        if buffers is not None:  # into the state's persistent array of this shape
+            dev = _into(buffers, dev)
         self.be, self.start, self.host_positions = be, int(start), positions
         self.ids, self.positions = dev[0], dev[1]  # [T] int32 views
         self.slots = None if slots is None else dev[2]
@@ -93,6 +102,14 @@ class BatchArrays:
             self._derived[key] = causal_mask(self.positions, xp.arange(n_keys, dtype=xp.int32),
                                              window=window)
         return self._derived[key]
+
+    def causal_over(self, k_pos, window: int | None) -> MaskSpec:
+        """The batch's queries over a fixed-capacity store's slots at positions ``k_pos`` [C]
+        (a backend array, the same object every batch): causal, with the layer's window. Keys
+        past the queries are hidden by ``k <= q``, so the key count is no shape
+        (models/graphs.py)."""
+        return self.once(("causal_over", id(k_pos), window),
+                         lambda: causal_mask(self.positions, k_pos, window=window))
 
     def committed_mask(self, k_pos) -> MaskSpec:
         """The pager's rule over its slot table ``k_pos`` [P] (a backend array, the same object
@@ -125,6 +142,17 @@ class BatchArrays:
 
         key = ("tree", "cache", prefix) if isinstance(prefix, int) else ("tree", id(prefix))
         return self.once((*key, window), make)
+
+
+def _into(buffers: dict, dev):
+    """``dev`` [R, T] copied into ``buffers``' array of its shape (``dev`` itself becomes that
+    array the first time); returns the persistent array."""
+    buf = buffers.get(dev.shape)
+    if buf is None:
+        buffers[dev.shape] = dev
+        return dev
+    buf[...] = dev  # [R, T] device -> device, at the addresses a captured step reads
+    return buf
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.compare import check_finite_weights
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.draft_cache import DraftCache
+from dflash_ref.models.draft_cache import DraftCache, FixedDraftCache
 from dflash_ref.models.layers import Projections
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
@@ -396,9 +396,11 @@ class DFlashDrafter:
 
     # ------------------------------------------------------------------ cached form
 
-    def new_cache(self, window: int | None = None) -> DraftCache:
-        """An empty draft cache; with ``window`` it drafts over the last W context positions."""
-        return DraftCache(self, window)
+    def new_cache(self, window=None, capacity=None, graphs: bool = True) -> DraftCache:
+        """An empty draft cache; with ``window`` it drafts over the last W context positions;
+        with ``capacity``: fixed rows, each draft a CUDA graph (``FixedDraftCache``)."""
+        return DraftCache(self, window) if capacity is None else FixedDraftCache(
+            self, window, capacity, graphs)
 
 
 def context_then_block(xp, ctx_k, ctx_v):

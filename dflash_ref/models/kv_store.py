@@ -20,6 +20,7 @@ view                    storage                      mask (key at position p, qu
 ======================  ===========================  =========================================
 :class:`CacheKV`        KVCache rows 0..S-1          causal ``p <= q``; sliding: ``q - p < W``
 :class:`TreeKV`         KVCache + the tree's nodes   committed prefix, then ancestors only
+:class:`FixedKV`        fixed rows 0..C-1 (graphs)   causal ``p <= q`` over all C slots
 :class:`PooledKVStore`  the pager's slot pool        committed prefix, causal in the batch
 :class:`PooledTreeKV`   pool + the nodes, aside      committed slots, then ancestors only
 ======================  ===========================  =========================================
@@ -105,6 +106,34 @@ class TreeKV(_Remember):
         base = self.cache.length
         keys, values = self.cache.append(k, v)
         self.last = keys, values, self.arrays.tree_mask(base, self.window)
+        return self.last
+
+
+class FixedKV(_Remember):
+    """A chain batch over a fixed-capacity store (models/stores.py ``FixedCacheStore``; the
+    shape of a CUDA-graph step, models/graphs.py).
+
+    The batch's K/V rows are written at the rows of their device positions (one
+    ``scatter_rows``); the queries read all C rows, slot j holding position j, under the causal
+    rule ``j <= q`` (and the window): rows past the queries (never written, or rejected drafts
+    of an earlier step) stay hidden, so nothing here reads a host length.
+
+    Args:
+        kv: the store's [2, C, Hkv * D] rows (K, then V), updated in place.
+        k_pos: [C] the slots' positions 0..C-1 on the backend (made once with the store).
+        arrays: the batch's BatchArrays (device positions, checked < C by the store).
+        window: the layer's sliding window W, or None for full attention.
+    """
+
+    def __init__(self, be, kv, k_pos, arrays, window: int | None):
+        self.be, self.kv, self.k_pos, self.arrays, self.window = be, kv, k_pos, arrays, window
+
+    def update(self, k, v):
+        T, C = k.shape[0], self.kv.shape[1]
+        rows = self.be.xp.stack([k.reshape(T, -1), v.reshape(T, -1)])  # [2, T, Hkv * D]
+        self.be.ops.scatter_rows(self.kv, self.arrays.positions, rows, checked=True)
+        keys, values = (self.kv[i].reshape(C, *k.shape[1:]) for i in (0, 1))  # [C, Hkv, D]
+        self.last = keys, values, self.arrays.causal_over(self.k_pos, self.window)
         return self.last
 
 

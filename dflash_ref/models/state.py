@@ -32,7 +32,7 @@ from dflash_ref.models.cache import FeatureBuffer
 from dflash_ref.models.gdn_store import GDNStore
 from dflash_ref.models.kv_store import KVStore
 from dflash_ref.models.snapshot import StateSnapshot, restore_stores, take_snapshot
-from dflash_ref.models.stores import CacheStore, PoolStore, Store
+from dflash_ref.models.stores import CacheStore, FixedCacheStore, PoolStore, Store
 from dflash_ref.ops.masks import tree_depths
 
 
@@ -72,19 +72,19 @@ class StorePlan:
                    tuple(i for i, t in enumerate(kinds) if t == "linear_attention"))
 
 
-def build_stores(plan: StorePlan, be, pager=None) -> tuple[list[Store], list[GDNStore]]:
+def build_stores(plan: StorePlan, be, pager=None, kv_capacity=None) -> tuple[list, list]:
     """The stores of a new state: ``(attention stores, GDN stores)``.
 
-    Every attention layer of ``plan.caches`` gets a :class:`CacheStore`; with a ``pager``, the
-    full-attention ones share one :class:`PoolStore` instead (sliding-window layers are bounded
-    anyway and GDN layers hold a fixed-size state). Each linear-attention layer gets a
-    :class:`GDNStore`.
+    Every attention layer of ``plan.caches`` gets a :class:`CacheStore` (a ``FixedCacheStore``
+    of ``kv_capacity`` rows if given); with a ``pager``, the full-attention ones share one
+    :class:`PoolStore` instead (sliding-window layers are bounded anyway and GDN layers hold a
+    fixed-size state). Each linear-attention layer gets a :class:`GDNStore`.
     """
     dims = {i: (n_kv, d) for i, n_kv, d, _ in plan.caches}
     pool = [PoolStore(pager, be, list(plan.full), dims)] if pager is not None else []
     in_pool = {i for store in pool for i in store.layers}
-    plain = [CacheStore(be, i, n_kv, d, window) for i, n_kv, d, window in plan.caches
-             if i not in in_pool]
+    make = CacheStore if kv_capacity is None else FixedCacheStore.with_capacity(kv_capacity)
+    plain = [make(be, *c) for c in plan.caches if c[0] not in in_pool]  # c: (i, n_kv, d, window)
     gdn = [GDNStore(be, i) for i in plan.gdn]
     return plain + pool, gdn
 
@@ -99,12 +99,10 @@ class Batch:
         parents: [n] tree parents, or None for a chain.
         ids: [T] host token ids (node order for a tree).
         kv: attention layer id -> its :class:`~dflash_ref.models.kv_store.KVStore`.
-        gdn: GDN layer id -> its :class:`~dflash_ref.models.gdn_store.ChainGDN` /
-            :class:`~dflash_ref.models.gdn_store.TreeGDN`.
+        gdn: GDN layer id -> its ``ChainGDN`` / ``TreeGDN`` view (models/gdn_store.py).
         tap: ``tap(layer, name, x)`` observer of intermediate tensors.
-        arrays: the ids, positions (and pager slots) on the backend, one copy per batch, and
-            the RoPE tables and masks the layers derive from them
-            (:class:`~dflash_ref.models.batch_arrays.BatchArrays`).
+        arrays: the ids, positions (and pager slots) on the backend, one copy per batch, and the
+            masks derived there (:class:`~dflash_ref.models.batch_arrays.BatchArrays`).
     """
 
     start: int
@@ -136,6 +134,7 @@ class TargetState:
         feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
         pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers then
             keep K/V in its bounded pool (attached and reset here, once per sequence).
+        kv_capacity, graphs: fixed K/V rows, and the StepGraphs (``TargetModel.new_state``).
 
     Attributes:
         kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
@@ -146,9 +145,10 @@ class TargetState:
 
     def __init__(self, plan: StorePlan, be, capture_width: int = 0,
                  feature_capacity: int | None = None, feature_window: int | None = None,
-                 pager=None):
+                 pager=None, kv_capacity: int | None = None, graphs=None):
         self.be, self.pager = be, pager
-        self.kv_stores, self.gdn_stores = build_stores(plan, be, pager)
+        self.graphs = graphs  # a StepGraphs (models/graphs.py), or None: every step eager
+        self.kv_stores, self.gdn_stores = build_stores(plan, be, pager, kv_capacity)
         self.stores: list[Store] = [*self.kv_stores, *self.gdn_stores]
         # the optional transitions (models/stores.py, Store), asked of the stores that have them
         self._reserving = [s for s in self.stores if s.reserve is not None]
@@ -198,7 +198,7 @@ class TargetState:
         T, start = ids.size, self.length
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
-        uploads = {}
+        uploads = {"buffers": None if self.graphs is None else self.graphs.buffers}
         for store in self._reserving:
             uploads.update(store.reserve(start, T, parents))
         arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)

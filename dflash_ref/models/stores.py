@@ -17,6 +17,7 @@ storage decides how it appends and cuts, the caller only says what)::
 store               what it holds                                  views it opens per forward
 ------------------  ---------------------------------------------  --------------------------
 :class:`CacheStore` one attention layer's K/V, in a KVCache        CacheKV (chain), TreeKV
+``FixedCacheStore`` the same in C fixed rows (for CUDA graphs)     FixedKV (chains only)
 :class:`PoolStore`  the K/V of every full-attention layer, in a    PooledKVStore, PooledTreeKV
                     KVFlash pager's pool (one allocation for all)
 ``GDNStore``        one Gated DeltaNet layer's state, the last     ChainGDN, TreeGDN
@@ -39,7 +40,14 @@ import numpy as np
 from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.models.batch_arrays import BatchArrays, TreePath
 from dflash_ref.models.cache import KVCache
-from dflash_ref.models.kv_store import CacheKV, KVStore, PooledKVStore, PooledTreeKV, TreeKV
+from dflash_ref.models.kv_store import (
+    CacheKV,
+    FixedKV,
+    KVStore,
+    PooledKVStore,
+    PooledTreeKV,
+    TreeKV,
+)
 
 
 class Store(ABC):
@@ -121,6 +129,75 @@ class CacheStore(Store):
 
     def caches(self) -> dict[int, KVCache]:
         return {self.layers[0]: self.cache}
+
+
+class FixedCacheStore(Store):
+    """One attention layer's K/V in ``capacity`` rows allocated once: row p holds position p.
+
+    The store of a state made for CUDA graphs (models/graphs.py): nothing it does inside a
+    forward depends on the length, so a step over it replays. Rollback moves no data (the next
+    batch overwrites the rows it needs; rows past its queries are hidden by the causal rule).
+    Chain batches only: a tree verify needs the growing :class:`CacheStore`.
+
+    Args:
+        be: the Backend.
+        layer: the model layer id.
+        n_kv_heads, head_dim: the layer's K/V shape.
+        window: the layer's sliding window W, or None for full attention.
+        capacity: C, the positions the store can hold (0..C-1).
+    """
+
+    def __init__(self, be, layer: int, n_kv_heads: int, head_dim: int, window: int | None,
+                 capacity: int):
+        if int(capacity) != capacity or capacity < 1:
+            raise ConfigError(f"kv_capacity must be a positive int (the positions the state "
+                              f"will hold), got {capacity!r}")
+        xp = be.xp
+        self.be, self.layers, self.window, self.capacity = be, (layer,), window, int(capacity)
+        self.kv = xp.zeros((2, self.capacity, n_kv_heads * head_dim), dtype=xp.float32)
+        self.k_pos = xp.arange(self.capacity, dtype=xp.int32)  # [C] slot j holds position j
+        self.shape = (n_kv_heads, head_dim)
+
+    @classmethod
+    def with_capacity(cls, capacity: int):
+        """A maker of stores like :class:`CacheStore`'s constructor, of ``capacity`` rows."""
+        return lambda be, layer, n_kv_heads, head_dim, window: cls(
+            be, layer, n_kv_heads, head_dim, window, capacity)
+
+    def reserve(self, start: int, n: int, parents) -> dict:
+        """Check that positions start..start+n-1 fit; nothing to upload."""
+        if parents is not None:
+            raise StateError("a state made with kv_capacity (fixed K/V rows, for CUDA graphs) "
+                             "runs chain batches only; make the state without kv_capacity to "
+                             "verify a tree")
+        if start + n > self.capacity:
+            raise StateError(f"the batch needs positions {start}..{start + n - 1}, but the state "
+                             f"was made with kv_capacity={self.capacity} (positions 0.."
+                             f"{self.capacity - 1}); make it with a larger kv_capacity")
+        return {}
+
+    def views(self, arrays, parents) -> dict[int, KVStore]:
+        return {self.layers[0]: FixedKV(self.be, self.kv, self.k_pos, arrays, self.window)}
+
+    def truncate(self, n: int) -> None:
+        """Nothing to move (class docstring)."""
+
+    def keep_path(self, path: TreePath) -> None:
+        raise StateError("a fixed-capacity store holds no tree verify")  # reserve refused it
+
+    def snapshot(self, n: int) -> dict:
+        """Layer id -> (k, v) [n, Hkv, D], copies of rows 0..n-1."""
+        k, v = (self.kv[i, :n].reshape(n, *self.shape).copy() for i in (0, 1))
+        return {self.layers[0]: (k, v)}
+
+    def restore(self, length: int, pieces: dict) -> None:
+        if length > self.capacity:
+            raise StateError(f"restore: the snapshot holds {length} positions, more than this "
+                             f"state's kv_capacity={self.capacity}; make it with a larger one")
+        if length:
+            k, v = pieces[self.layers[0]]
+            self.kv[0, :length] = k.reshape(length, -1)
+            self.kv[1, :length] = v.reshape(length, -1)
 
 
 class PoolStore(Store):

@@ -45,6 +45,7 @@ from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.assemble import decoder_layers
 from dflash_ref.models.batch import forward_batch
 from dflash_ref.models.fused import run_fused
+from dflash_ref.models.graphs import graph_key, step_graphs
 from dflash_ref.models.layers import RMSNorm
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.output import TargetOutput
@@ -159,15 +160,20 @@ class TargetModel:
                  f"complete?")
 
     def new_state(self, feature_capacity: int | None = None,
-                  feature_window: int | None = None, pager=None) -> TargetState:
+                  feature_window: int | None = None, pager=None, kv_capacity: int | None = None,
+                  graphs: bool = False) -> TargetState:
         """A fresh per-sequence state (empty caches; features captured if layer ids are set).
 
         ``pager``: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers
         then keep K/V in its bounded pool (it is attached and reset here, once per sequence).
+        ``kv_capacity``: K/V in that many fixed rows (positions 0..kv_capacity-1) instead of
+        growing caches; ``graphs=True`` (needs it) captures each decode / verify step shape as
+        one CUDA graph and replays it (models/graphs.py); ``graphs=False`` runs eagerly.
         """
         width = len(self.target_layer_ids) * self.config.hidden_size
+        graphs = step_graphs(self.be, kv_capacity, pager, self.store_plan.gdn) if graphs else None
         return TargetState(self.store_plan, self.be, width, feature_capacity, feature_window,
-                           pager)
+                           pager, kv_capacity, graphs)
 
     def attention_qk(self, ids, n_tail: int = 8, rope: bool = False, layers=None,
                      piece_tokens: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +230,10 @@ class TargetModel:
             # A span longer than a chunk may evict its own first chunks once the pool is full:
             # run it one chunk-aligned piece at a time, as the public pooled prefill does.
             return self._forward_pieces(ids, state, tap, rows)
-        return self._run(ids, state.begin_batch(ids, tap=tap), state, rows)
+        batch = state.begin_batch(ids, tap=tap)
+        if state.graphs is not None and tap is None:  # a graph-shaped step replays
+            return self._run_step(batch, state, rows)
+        return self._run(ids, batch, state, rows)
 
     def forward_tree(self, ids, parents, state: TargetState) -> TargetOutput:
         """Verify a draft tree in one pass (docs/spec_decode.md, DDTree).
@@ -269,6 +278,23 @@ class TargetModel:
         if rows is not None:  # the final norm acts row by row: its rows are the chosen rows'
             normed = normed[rows if isinstance(rows, slice) else self.be.xp.asarray(rows)]
         logits = self.lm_head(normed)
+        state.end_batch(batch, features)
+        return TargetOutput(logits=logits, features=features)
+
+    def _run_step(self, batch, state: TargetState, rows) -> TargetOutput:
+        """``_run`` through the state's step graphs: a graph-shaped batch's step (embed, the
+        stack, the head over the batch's device buffers) is captured once per row count and
+        replayed; its outputs are copied out of the recording's buffers (models/graphs.py)."""
+        key = graph_key(batch, rows)
+        if key is None:
+            return self._run(batch.ids, batch, state, rows)
+
+        def step():  # reads only the state's persistent buffers and stores
+            normed, features = self.hidden_states(batch.arrays.ids, batch)
+            return self.lm_head(normed), features
+
+        logits, features = state.graphs.run(key, step)
+        logits, features = logits.copy(), None if features is None else features.copy()
         state.end_batch(batch, features)
         return TargetOutput(logits=logits, features=features)
 

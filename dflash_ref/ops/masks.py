@@ -250,7 +250,7 @@ def drafter_mask(ctx_pos, noise_pos, window: int | None = None, causal: bool = F
     """
     ctx_pos = _index_array(ctx_pos, "ctx_pos", lowest=-1)
     noise_pos = _index_array(noise_pos, "noise_pos", lowest=0)
-    k_pos = np.concatenate([np.asarray(ctx_pos), np.asarray(noise_pos)])  # [C + B]
+    k_pos = np.concatenate([ctx_pos, noise_pos])  # [C + B] (device arrays: on their device)
     return MaskSpec(noise_pos, k_pos, causal=causal, window=window, window_mode=window_mode)
 
 

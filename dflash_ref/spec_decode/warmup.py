@@ -19,15 +19,25 @@ commit, with the drafter's context cache already filled)."""
 
 
 def warm_up(target, drafter, prompt_ids, *, block_size: int | None = None,
-            verify="chain") -> None:
+            verify="chain", state=None) -> None:
     """Run plain decoding, then (with a drafter) speculative decoding, once each, untimed.
 
     The runs prefill ``prompt_ids`` (the timed runs' prefill shapes) and decode a few tokens:
     enough for every kernel of a step to be launched once. Results are discarded; nothing is
-    kept between runs (each ``generate`` makes its own state).
+    kept between runs (each ``generate`` makes its own state), unless ``state`` is given: the
+    state the timed runs will reuse, emptied before each run (made with ``graphs=True``, its
+    decode, verify and draft steps are captured here; models/graphs.py).
     """
     block = block_size or (drafter.block_size if drafter is not None else 1)
     new_tokens = WARM_UP_BLOCKS * block + 1
-    generate(target, None, prompt_ids, new_tokens)
-    if drafter is not None:
-        generate(target, drafter, prompt_ids, new_tokens, block_size=block_size, verify=verify)
+    for d in (None, drafter) if drafter is not None else (None,):
+        if state is not None:
+            state.truncate(0)
+        spec = {} if d is None else {"block_size": block_size, "verify": verify}
+        generate(target, d, prompt_ids, new_tokens, state=state, **spec)
+
+
+def graphed_state(target, n_prompt: int, max_new_tokens: int, block: int):
+    """A state for CUDA graphs (models/graphs.py) that every run of a timed comparison can
+    reuse: fixed K/V rows for the prompt, the new tokens, the warm-up's and a block's overrun."""
+    return target.new_state(kv_capacity=n_prompt + max_new_tokens + 4 * block + 1, graphs=True)

@@ -56,26 +56,7 @@
 #define ATT_NEG_INF __int_as_float(0xff800000)
 #define ATT_FULL 0xffffffffu
 
-// The MaskSpec predicate (dflash_ref/ops/masks.py, key_visible), for query position qp and
-// key slot position kp; anc_row points at row i of the ancestor matrix (used iff has_anc).
-__device__ __forceinline__ bool att_key_visible(const int qp, const int kp,
-                                                const unsigned char* __restrict__ anc_row,
-                                                const long long j, const int causal,
-                                                const int window, const int window_mode,
-                                                const int has_base, const int base_pos,
-                                                const int has_anc) {
-    if (kp < 0) return false;  // invalid slot (free, paged out, stale)
-    bool ok;
-    if (has_base && kp < base_pos) ok = true;  // committed prefix
-    else if (has_anc) ok = anc_row[j] != 0;    // tree verify: self or ancestor
-    else if (causal) ok = kp <= qp;
-    else ok = true;                            // fully visible
-    if (ok && window > 0) {
-        const int dist = qp - kp;
-        ok = (window_mode == 0) ? (dist < window) : (abs(dist) <= window);
-    }
-    return ok;
-}
+// att_key_visible (the MaskSpec predicate): attention_mask.cuh.
 
 __device__ __forceinline__ float att_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(ATT_FULL, v, o));
@@ -286,34 +267,10 @@ __device__ __forceinline__ void attention_fwd_body(
         for (int s = 0; s < ATT_MAX_RPW; ++s) bits[s] = next_bits[s];
     }
 
-    // Write the rows: final output, or this split's partial state.
-#pragma unroll
-    for (int s = 0; s < ATT_MAX_RPW; ++s) {
-        if (!row_ok[s]) continue;
-        const long long rg = row0 + s * ATT_WARPS + warp;
-        const long long i = qi[s];
-        const int h = kvh * g + (int)(rg - i * g);
-        const long long orow = i * nh + h;  // row of out / part_* in [Tq * nh]
-        if (n_splits == 1) {
-            const float inv = (l[s] > 0.0f) ? 1.0f / l[s] : 0.0f;  // no visible key -> 0
-#pragma unroll
-            for (int c = 0; c < ATT_MAX_DC; ++c) {
-                const int dd = lane + 32 * c;
-                if (dd < d) out[orow * d + dd] = acc[s][c] * inv;
-            }
-        } else {
-            const long long prow = (long long)split * Tq * nh + orow;
-#pragma unroll
-            for (int c = 0; c < ATT_MAX_DC; ++c) {
-                const int dd = lane + 32 * c;
-                if (dd < d) part_o[prow * d + dd] = acc[s][c];
-            }
-            if (lane == 0) {
-                part_ml[prow * 2 + 0] = m[s];
-                part_ml[prow * 2 + 1] = l[s];
-            }
-        }
-    }
+    // Write the rows: final output, or this split's partial state (common.cuh).
+    dfr_attention_write_rows<ATT_MAX_RPW, ATT_MAX_DC, ATT_WARPS>(
+        acc, m, l, row_ok, qi, out, part_o, part_ml, row0, warp, lane, g, kvh, nh, Tq, d, split,
+        n_splits);
 }
 
 #define ATT_FWD_PARAMS                                                                        \

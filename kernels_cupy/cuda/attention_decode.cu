@@ -352,34 +352,10 @@ __device__ __forceinline__ void attention_decode_body(
     }
     dec_cp_wait(0);  // no copy outlives the block (the trailing groups are empty)
 
-    // Write the rows: the final output, or this split's partial state.
-#pragma unroll
-    for (int s = 0; s < RPW; ++s) {
-        if (!row_ok[s]) continue;
-        const long long rg = row0 + s * DEC_WARPS + warp;
-        const long long i = qi[s];
-        const int h = kvh * g + (int)(rg - i * g);
-        const long long orow = i * nh + h;  // row of out / part_* in [Tq * nh]
-        if (n_splits == 1) {
-            const float inv = (l[s] > 0.0f) ? 1.0f / l[s] : 0.0f;  // no visible key -> 0
-#pragma unroll
-            for (int c = 0; c < DC; ++c) {
-                const int dd = lane + 32 * c;
-                if (dd < d) out[orow * d + dd] = acc[s][c] * inv;
-            }
-        } else {
-            const long long prow = (long long)split * Tq * nh + orow;
-#pragma unroll
-            for (int c = 0; c < DC; ++c) {
-                const int dd = lane + 32 * c;
-                if (dd < d) part_o[prow * d + dd] = acc[s][c];
-            }
-            if (lane == 0) {
-                part_ml[prow * 2 + 0] = m[s];
-                part_ml[prow * 2 + 1] = l[s];
-            }
-        }
-    }
+    // Write the rows: the final output, or this split's partial state (common.cuh).
+    dfr_attention_write_rows<RPW, DC, DEC_WARPS>(acc, m, l, row_ok, qi, out, part_o, part_ml,
+                                                 row0, warp, lane, g, kvh, nh, Tq, d, split,
+                                                 n_splits);
 }
 
 #define DEC_PARAMS                                                                            \

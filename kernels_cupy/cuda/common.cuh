@@ -1,4 +1,5 @@
-// common.cuh: block-level reductions shared by the row kernels.
+// common.cuh: block-level reductions shared by the row kernels, and the split-key attention
+// kernels' output epilogue (dfr_attention_write_rows).
 // _build.py prepends this text to every family source before compiling (no #include, so CuPy's
 // source-keyed kernel cache can never serve a module built against an older header).
 //
@@ -81,4 +82,47 @@ __device__ int block_argmax(float v, int i) {
     i = bi[0];
     __syncthreads();
     return i;
+}
+
+// The epilogue of the split-key attention kernels (attention.cu's attention_fwd_* and
+// attention_decode.cu's attention_decode_*): each of a warp's NR row slots that holds a row is
+// written as the final output (n_splits == 1: out = acc / l, 0 when l == 0, no visible key) or
+// as this split's partial state (unnormalised acc -> part_o [S, Tq * nh, d], (m, l) -> part_ml
+// [S, Tq * nh, 2]; the combine kernels finish). Slot s of warp `warp` is block row
+// s * NWARPS + warp, i.e. the flattened (query, head-in-group) row rg = row0 + s * NWARPS + warp
+// of kv head kvh, query row qi[s]; lane + 32 c is the lane's column c (DC columns per lane).
+template <int NR, int DC, int NWARPS, typename QI>
+__device__ __forceinline__ void dfr_attention_write_rows(
+    const float (&acc)[NR][DC], const float (&m)[NR], const float (&l)[NR],
+    const bool (&row_ok)[NR], const QI (&qi)[NR], float* __restrict__ out,
+    float* __restrict__ part_o, float* __restrict__ part_ml, const long long row0,
+    const int warp, const int lane, const int g, const int kvh, const int nh, const int Tq,
+    const int d, const int split, const int n_splits) {
+#pragma unroll
+    for (int s = 0; s < NR; ++s) {
+        if (!row_ok[s]) continue;
+        const long long rg = row0 + s * NWARPS + warp;
+        const long long i = qi[s];
+        const int h = kvh * g + (int)(rg - i * g);
+        const long long orow = i * nh + h;  // row of out / part_* in [Tq * nh]
+        if (n_splits == 1) {
+            const float inv = (l[s] > 0.0f) ? 1.0f / l[s] : 0.0f;  // no visible key -> 0
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int dd = lane + 32 * c;
+                if (dd < d) out[orow * d + dd] = acc[s][c] * inv;
+            }
+        } else {
+            const long long prow = (long long)split * Tq * nh + orow;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int dd = lane + 32 * c;
+                if (dd < d) part_o[prow * d + dd] = acc[s][c];
+            }
+            if (lane == 0) {
+                part_ml[prow * 2 + 0] = m[s];
+                part_ml[prow * 2 + 1] = l[s];
+            }
+        }
+    }
 }

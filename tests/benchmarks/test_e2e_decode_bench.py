@@ -20,7 +20,7 @@ def test_tiny_run_checks_then_prints_every_row(capsys):
     assert out.startswith("device: ")
     assert "speculative greedy == plain greedy" in out
     assert out.index("checked: 16-row verify == 16 one-token decodes") < out.index("tok/s")
-    for row in ("\ncopy ", "\ndecode ", "\nverify ", "\ngenerate "):
+    for row in ("\ncopy ", "\ndecode ", "\nverify ", "\ngenerate ", "\ngraphs "):
         assert row in out, row
     assert "captures [1, 3]" in out  # build_target_layer_ids(6, 2), by hand: 1 + i * 2 / 1
 

@@ -26,7 +26,8 @@ DRY_ROWS = {
     "anchors": ["copy", "gdn chunked vs fla T=64", "gdn chunked vs fla T=128",
                 "gdn chunked vs recurrent T=256", "attention decode Tq=1 Tk=32",
                 "attention verify Tq=16 Tk=48", "attention prefill Tq=64 Tk=64"],
-    "e2e": ["build", "check", "decode", "verify 16 vs decode 1", "speculative generate"],
+    "e2e": ["build", "check", "decode", "verify 16 vs decode 1", "speculative generate",
+            "cuda graphs vs eager"],
     "profile": ["decode kernel", "decode step", "gdn kernel", "chunked gdn call"],
 }
 

@@ -22,9 +22,6 @@ from safetensors.numpy import load_file, save_file
 import dflash_ref
 from dflash_ref.diagnose import ExplainReport, explain, first_divergence
 from dflash_ref.diagnose.steps import Step, StepLog, acceptance_stats
-from dflash_ref.io.tokenizer import load_tokenizer
-from dflash_ref.models.drafter import DFlashDrafter
-from dflash_ref.models.target import TargetModel
 from tests.test_demo_checkpoints import HELD_OUT
 
 DEMO = Path(dflash_ref.__file__).parent / "data" / "demo"
@@ -64,25 +61,14 @@ def test_step_log_ranks_the_targets_token_in_the_parting_row():
     assert log.steps == [Step(30, 3, 1, 3), Step(32, 3, 3, None)]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = TargetModel.from_pretrained(DEMO / "target")
-    return target, DFlashDrafter.from_pretrained(DEMO / "drafter", target)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(DEMO / "target")
-
-
 def _with_config(drafter, **changes):
     d = copy.copy(drafter)
     d.config = dataclasses.replace(drafter.config, **changes)
     return d
 
 
-def test_the_shipped_pair_shows_no_fault(pair, tokenizer):
-    report = explain(*pair, PROMPTS, NEW, tokenizer=tokenizer, bucket=16)
+def test_the_shipped_pair_shows_no_fault(demo_pair, demo_tokenizer):
+    report = explain(*demo_pair, PROMPTS, NEW, tokenizer=demo_tokenizer, bucket=16)
     assert report.signatures() == []
     assert report.stats.tau == pytest.approx(DOC["baseline"], abs=0.006)
     assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
@@ -97,22 +83,22 @@ def test_the_shipped_pair_shows_no_fault(pair, tokenizer):
     assert "signatures: none" in text and "P(a >= j)" in text
 
 
-def test_planted_zeroed_features(pair, tokenizer):
-    target, drafter = pair
+def test_planted_zeroed_features(demo_pair, demo_tokenizer):
+    target, drafter = demo_pair
     broken = copy.copy(drafter)
     broken.fc = drafter.fc * 0
-    report = explain(target, broken, PROMPTS, NEW, tokenizer=tokenizer,
+    report = explain(target, broken, PROMPTS, NEW, tokenizer=demo_tokenizer,
                      ablations=["features zeroed"])
     assert report.signatures() == ["features unused"]
     assert report.stats.tau == pytest.approx(DOC["zeroed"], abs=0.006)
     assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
 
 
-def test_planted_one_layer_shift(pair, tokenizer):
-    target, drafter = pair
+def test_planted_one_layer_shift(demo_pair, demo_tokenizer):
+    target, drafter = demo_pair
     target.set_target_layer_ids([2, 3])  # captured one layer too high (the GGUF +1 bug)
     try:
-        report = explain(target, drafter, PROMPTS, NEW, tokenizer=tokenizer,
+        report = explain(target, drafter, PROMPTS, NEW, tokenizer=demo_tokenizer,
                          ablations=["features zeroed", "layers -1", "layers +1"])
     finally:
         target.set_target_layer_ids([1, 2])
@@ -124,21 +110,21 @@ def test_planted_one_layer_shift(pair, tokenizer):
     assert list(target.target_layer_ids) == [1, 2]
 
 
-def test_planted_wrong_rope_base(pair, tokenizer):
-    target, drafter = pair
+def test_planted_wrong_rope_base(demo_pair, demo_tokenizer):
+    target, drafter = demo_pair
     rope = {t: dataclasses.replace(r, theta=1e6) for t, r in drafter.config.rope_by_type.items()}
     broken = _with_config(drafter, rope_by_type=MappingProxyType(rope))
-    report = explain(target, broken, PROMPTS, NEW, tokenizer=tokenizer,
+    report = explain(target, broken, PROMPTS, NEW, tokenizer=demo_tokenizer,
                      ablations=["features zeroed", "RoPE base = target's"])
     assert report.signatures() == ["RoPE base"]
     assert report.stats.tau == pytest.approx(DOC["rope"], abs=0.006)
     assert report.ablations["RoPE base = target's"] == pytest.approx(DOC["baseline"], abs=0.006)
 
 
-def test_planted_wrong_mask_id(pair, tokenizer):
-    target, drafter = pair
+def test_planted_wrong_mask_id(demo_pair, demo_tokenizer):
+    target, drafter = demo_pair
     report = explain(target, _with_config(drafter, mask_token_id=32), PROMPTS, NEW,
-                     tokenizer=tokenizer, ablations=["features zeroed"])
+                     tokenizer=demo_tokenizer, ablations=["features zeroed"])
     assert report.signatures() == ["mask token"]
     assert report.stats.tau == pytest.approx(DOC["mask"], abs=0.006)
     assert any("ordinary token (' ')" in m for _, _, m in report.checks)

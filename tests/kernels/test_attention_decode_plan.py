@@ -413,3 +413,15 @@ def test_kernels_fit_two_blocks_per_sm_without_spilling():
     assert {name for name, _, _ in entries} >= set(KERNELS.values()), log
     for name, spills, regs in entries:
         assert int(spills) == 0 and int(regs) <= 128, (name, spills, regs)
+
+
+def test_split_key_epilogue_lives_once_in_common_cuh():
+    # attention_fwd_* (attention.cu) and attention_decode_* (attention_decode.cu) write their rows
+    # (out = acc / l, or a split's acc and (m, l)) through one templated function of common.cuh;
+    # a copy pasted back into either kernel would let the two drift apart.
+    partial_write = "part_ml[prow * 2 + 1] = l[s];"
+    texts = {p.name: p.read_text() for p in (_build.CUDA_DIR / n for n in (
+        "common.cuh", "attention.cu", "attention_decode.cu"))}
+    assert [name for name, text in texts.items() if partial_write in text] == ["common.cuh"]
+    for name in ("attention.cu", "attention_decode.cu"):
+        assert texts[name].count("dfr_attention_write_rows<") == 1, name

@@ -40,10 +40,12 @@ from kernels_cupy.attention_prefill import (
     ((512, 32, 8, 128, 512), 132, SHARED_LIMIT, "prefill"),  # 8 tiles x 32 heads = 256 >= 132
     ((512, 16, 2, 256, 512), 132, SHARED_LIMIT, "prefill"),  # d = 256: 16 tiles x 16 heads
     ((63, 32, 8, 128, 63), 1, SHARED_LIMIT, "decode"),  # below one 64-row query tile
-    ((64, 32, 8, 128, 4096), 132, SHARED_LIMIT, "decode"),  # 1 tile x 32 heads < 132 SMs
-    ((64, 32, 8, 128, 4096), 32, SHARED_LIMIT, "prefill"),  # ... = 32 SMs: one block each
-    ((256, 32, 8, 128, 256), 132, SHARED_LIMIT, "decode"),  # 4 x 32 = 128 blocks < 132
-    ((257, 32, 8, 128, 257), 132, SHARED_LIMIT, "prefill"),  # 5 x 32 = 160 (docs/attention.md)
+    # MIN_BLOCKS_PER_SM = 0.4 (measured on an H200): 0.4 x 132 SMs = 52.8 blocks
+    ((64, 32, 8, 128, 4096), 132, SHARED_LIMIT, "decode"),  # 1 tile x 32 heads < 52.8
+    ((64, 32, 8, 128, 4096), 80, SHARED_LIMIT, "prefill"),  # 32 >= 0.4 x 80 = 32
+    ((65, 32, 8, 128, 4096), 132, SHARED_LIMIT, "prefill"),  # 2 x 32 = 64 (docs/attention.md)
+    ((128, 16, 2, 128, 4096), 132, SHARED_LIMIT, "decode"),  # 2 x 16 = 32 < 52.8
+    ((256, 32, 8, 128, 256), 132, SHARED_LIMIT, "prefill"),  # 4 x 32 = 128
     ((512, 32, 8, 128, 0), 132, SHARED_LIMIT, "decode"),  # no key: the wrapper returns zeros
     ((512, 32, 8, 128, 512), 132, 32 * 1024, "decode"),  # prefill needs 48.5 KiB at least
     ((512, 32, 8, 300, 512), 132, SHARED_LIMIT, "decode"),  # d > 256: the wrapper's error
@@ -406,8 +408,10 @@ def test_attention_selects_the_prefill_kernel_for_a_prefill(monkeypatch, rng):
     assert katt.choose_kernel(16, 32, 8, 128, 2048, katt._sm_count(dev),
                               katt._shared_limit(dev)) == "decode"
     used = []
-    real = katt.plan_prefill
-    monkeypatch.setattr(katt, "plan_prefill", lambda *a, **kw: used.append(a) or real(*a, **kw))
+    for name in ("plan_prefill", "plan_prefill_v2"):  # v1's plan, or v2's where v2 runs
+        real = getattr(katt, name)
+        monkeypatch.setattr(katt, name, lambda *a, real=real, name=name, **kw:
+                            used.append(name) or real(*a, **kw))
     q, k, v, mask = _inputs(rng, 2048, 32, 8, 128, 2048, "causal")
     katt.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), mask)
-    assert len(used) == 1
+    assert used == ["plan_prefill_v2"]  # d = 128 with 16-byte rows: v2 (PREFILL_V2 is on)

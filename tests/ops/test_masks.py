@@ -180,7 +180,7 @@ def key_visible(spec: MaskSpec, i: int, j: int) -> bool:
     """The predicate for one (query row, key slot), written as the kernel evaluates it.
 
     A scalar twin of :func:`~dflash_ref.ops.masks.visible`, a line-by-line transcription of
-    ``att_key_visible`` in kernels_cupy/cuda/attention.cu: the test below checks that the
+    ``att_key_visible`` in kernels_cupy/cuda/attention_mask.cuh: the test below checks that the
     vectorised form, the tiled form and this one agree everywhere.
     """
     q, k = int(spec.q_pos[i]), int(spec.k_pos[j])

@@ -42,3 +42,31 @@ def test_warm_up_without_a_drafter_runs_the_plain_path_only(monkeypatch):
     target = TargetModel.from_pretrained(demo_dirs()[0])
     warmup.warm_up(target, None, [65, 66, 67])
     assert calls == [("plain", warmup.WARM_UP_BLOCKS + 1)]
+
+
+def test_demo_with_graphs_captures_in_the_warm_up_and_replays_in_the_timed_runs(monkeypatch,
+                                                                              capsys):
+    # One graphed state for all four runs: its steps are captured while warming up (NumPy: the
+    # first step function of each shape kept), so the timed runs only replay them.
+    from dflash_ref.models.graphs import StepGraphs
+
+    captured_at = []
+    real = StepGraphs.run
+
+    def run(self, key, step):
+        if key not in self.captured:
+            captured_at.append(len(calls))
+        return real(self, key, step)
+
+    calls = _spy(monkeypatch)
+    monkeypatch.setattr(StepGraphs, "run", run)
+    assert main(["demo", "--graphs", "--max-new-tokens", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "identical output: yes" in out and "; CUDA graphs" in out
+    assert captured_at and max(captured_at) <= 2  # during the two warm-up runs
+    assert [c[0] for c in calls] == ["plain", "speculative", "plain", "speculative"]
+
+
+def test_demo_refuses_graphs_with_a_tree_verify(capsys):
+    assert main(["demo", "--graphs", "--verify", "tree"]) == 2
+    assert "--graphs needs --verify chain" in capsys.readouterr().err
