@@ -4,17 +4,43 @@ from __future__ import annotations
 
 import cupy as cp
 
-from kernels_cupy._launch import f32, i32, i64, launch_elementwise, launch_rows
+from kernels_cupy._launch import f32, f32_strided, i32, i64, launch_elementwise, launch_rows
+
+
+def _rows(x, op: str, arg: str) -> tuple[cp.ndarray, int]:
+    """x [..., F] -> (x, its row stride in elements): a 2-D array whose rows are contiguous is
+    read in place (a column slice of the stacked gate/up product), anything else made
+    contiguous (row stride F)."""
+    if getattr(x, "ndim", 0) == 2:
+        x, strides = f32_strided(x, op, arg)
+        return x, strides[0]
+    x = f32(x, op, arg)
+    return x, x.shape[-1] if x.ndim else 1
+
+
+def _gated(kernel: str, op: str, gate, up) -> cp.ndarray:
+    """``act(gate) * up`` [..., F] from one launch of ``kernel`` (swiglu_f32 / geglu_f32)."""
+    if tuple(gate.shape) != tuple(up.shape):
+        raise ValueError(f"{op}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the "
+                         f"same shape")
+    (gate, gs), (up, us) = _rows(gate, op, "gate"), _rows(up, op, "up")
+    y = cp.empty(gate.shape, cp.float32)
+    F = gate.shape[-1] if gate.ndim else 1
+    launch_elementwise("activations", kernel, y.size,
+                       (gate, up, y, i64(y.size), i64(F), i64(gs), i64(us)))
+    return y
 
 
 def swiglu(gate, up) -> cp.ndarray:
-    """Twin of :func:`dflash_ref.ops.activations.swiglu`: silu(gate) * up, [..., F]."""
-    gate, up = f32(gate, "swiglu", "gate"), f32(up, "swiglu", "up")
-    if gate.shape != up.shape:
-        raise ValueError(f"swiglu: gate {gate.shape} and up {up.shape} must have the same shape")
-    y = cp.empty_like(gate)
-    launch_elementwise("activations", "swiglu_f32", gate.size, (gate, up, y, i64(gate.size)))
-    return y
+    """Twin of :func:`dflash_ref.ops.activations.swiglu`: silu(gate) * up, [..., F] -> [..., F]
+    contiguous; 2-D gate and up are read in place when their rows are contiguous."""
+    return _gated("swiglu_f32", "swiglu", gate, up)
+
+
+def geglu(gate, up) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.activations.geglu`: gelu_tanh(gate) * up, [..., F] ->
+    [..., F] contiguous, one launch; 2-D inputs read in place as :func:`swiglu`'s."""
+    return _gated("geglu_f32", "geglu", gate, up)
 
 
 def _row_op(kernel: str, op: str, x, axis: int) -> cp.ndarray:

@@ -1,4 +1,5 @@
-"""The decoder stack with each residual add fused into the RMSNorm that reads the sum.
+"""The decoder stack with each residual add fused into the RMSNorm that reads the sum, and an
+attention layer's q/k norms fused with its RoPE (:class:`FusedNormRope`, at the end).
 
 The reference (:func:`dflash_ref.models.layers.run_layers`) runs each layer as two residual
 lines and then the next layer's input norm. Here every add that a norm of the sum follows is one
@@ -23,6 +24,9 @@ tests/models/test_fused_norms.py, as are the fused and plain calls per forward. 
 """
 
 from __future__ import annotations
+
+from dflash_ref.models.layers import Identity, NormRope, RMSNorm, Rope
+from dflash_ref.models.state import no_tap
 
 
 def run_fused(layers, x, batch, final_norm, capture=()):
@@ -61,3 +65,48 @@ def fused_layer(layer, x, u, batch, next_norm):
         u = next_norm(x)
     tap(i, "h", x)
     return x, u
+
+
+class FusedNormRope(NormRope):
+    """:class:`~dflash_ref.models.layers.NormRope` (q and k normed, then rotated) as one
+    ``qk_norm_rope`` op: one launch on CuPy where the reference makes four (two norms, two
+    RoPEs), reading q and k in place from the stacked q/k/v product; equal to the four calls
+    bit for bit on NumPy (the op's reference is their composition; tests/models/test_fused_qk.py
+    runs every family both ways). Made by :func:`~dflash_ref.models.assemble.decoder_layers`
+    where :meth:`fits`.
+
+    The taps are the reference's: "q_rope", "k_rope" see the op's outputs; "q" and "k" (after
+    the norms, before RoPE) are computed for an observer alone (``batch.tap`` not ``no_tap``),
+    so observing adds two norms and changes nothing the layer computes.
+    """
+
+    def __init__(self, reference: NormRope):
+        super().__init__(reference.idx, reference.q_norm, reference.k_norm, reference.rope)
+        norms = [n for n in (self.q_norm, self.k_norm) if isinstance(n, RMSNorm)]
+        self.eps, self.offset = (norms[0].eps, norms[0].offset) if norms else (0.0, 0.0)
+        self.weights = [n.weight if isinstance(n, RMSNorm) else None
+                        for n in (self.q_norm, self.k_norm)]  # [d] each, or None
+
+    @staticmethod
+    def fits(reference: NormRope) -> bool:
+        """Whether one op computes ``reference``: RoPE by the ``rope`` op (:class:`Rope`; Gemma
+        4's proportional RoPE keeps the reference), each norm an :class:`RMSNorm` or
+        :class:`Identity`, the norms with one eps and offset."""
+        norms = (reference.q_norm, reference.k_norm)
+        if type(reference.rope) is not Rope or not all(
+                type(n) in (RMSNorm, Identity) for n in norms):
+            return False
+        return len({(n.eps, n.offset) for n in norms if isinstance(n, RMSNorm)}) <= 1
+
+    def __call__(self, q, k, batch):
+        """q [T, nh, d], k [T, nkv, d] -> (q, k) normed and rotated: contiguous, same shapes."""
+        tap, r = batch.tap, self.rope.spec
+        if tap is not no_tap:  # an observer also sees the normed q and k (module docstring)
+            tap(self.idx, "q", self.q_norm(q))
+            tap(self.idx, "k", self.k_norm(k))
+        q, k = self.rope.be.ops.qk_norm_rope(q, k, batch.arrays.positions, *self.weights,
+                                             self.eps, self.offset, r.theta, r.rotary_dim,
+                                             r.factor)
+        tap(self.idx, "q_rope", q)
+        tap(self.idx, "k_rope", k)
+        return q, k

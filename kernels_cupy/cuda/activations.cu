@@ -1,17 +1,36 @@
-// activations.cu: SwiGLU and row softmax kernels. Reference: dflash_ref/ops/activations.py.
+// activations.cu: SwiGLU, GeGLU and row softmax kernels. Reference: dflash_ref/ops/activations.py.
 //
-// Kernels (float32, contiguous):
-//   swiglu_f32(gate, up, y, total)       y = silu(gate) * up; one thread per element, grid-stride
+// Kernels (float32):
+//   swiglu_f32(gate, up, y, total, F, gs, us)   y = silu(gate) * up
+//   geglu_f32(gate, up, y, total, F, gs, us)    y = g / (1 + exp(-2z)) * up, 2z = c (g + 0.044715 g^3),
+//                                               c = 2 sqrt(2/pi) (GELU, tanh form; models/gemma.py)
+//     gate, up: rows of F contiguous floats, row r at gate + r * gs (up + r * us): the column
+//     slices of a stacked [T, 2F] product are read in place; y: contiguous [total / F, F].
+//     One thread per output element e (row e / F, column e % F), grid-stride.
 //   softmax_rows_f32(x, y, n)            y = exp(x - max) / sum exp(x - max), one block per row
 //   log_softmax_rows_f32(x, y, n)        y = x - max - log(sum exp(x - max)), one block per row
 // Row kernels: grid.x = rows, blockDim.x a multiple of 32 (<= 1024), no dynamic shared memory.
 
 extern "C" __global__ void swiglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
-                                      float* __restrict__ y, const long long total) {
+                                      float* __restrict__ y, const long long total,
+                                      const long long F, const long long gs, const long long us) {
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
-        const float g = gate[e];
-        y[e] = g / (1.0f + expf(-g)) * up[e];
+        const long long r = e / F, f = e - r * F;
+        const float g = gate[r * gs + f];
+        y[e] = g / (1.0f + expf(-g)) * up[r * us + f];
+    }
+}
+
+extern "C" __global__ void geglu_f32(const float* __restrict__ gate, const float* __restrict__ up,
+                                     float* __restrict__ y, const long long total,
+                                     const long long F, const long long gs, const long long us) {
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long r = e / F, f = e - r * F;
+        const float g = gate[r * gs + f];
+        const float two_z = 1.5957691216057308f * (g + 0.044715f * g * g * g);  // 2 sqrt(2/pi)
+        y[e] = g / (1.0f + expf(-two_z)) * up[r * us + f];  // exp overflows below g ~ -10.3: -0
     }
 }
 
