@@ -7,12 +7,8 @@ import functools
 import cupy as cp
 
 from dflash_ref.ops.rope import rope_inv_freq
-from kernels_cupy._build import get_kernel
+from kernels_cupy._build import QK_THREADS, get_kernel
 from kernels_cupy._launch import f32, f32_strided, fp32, i32, i64, launch_elementwise
-
-# Threads per block of qk_norm_rope_f32 (a multiple of 32; one block per head row of d channels,
-# d <= 256 for every supported family: two channels per thread at most). Must match rope.cu.
-QK_THREADS = 128
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,8 +23,8 @@
 //     sum their squares and combine them with block_sum (common.cuh); each thread then writes
 //     its channels, reading a channel's rotation partner (j +- rd/2) from global memory and
 //     norming it itself (no shared memory, no second barrier).
-//     Launch: grid.x = T * (nq + nk), blockDim.x = QK_THREADS (kernels_cupy/rope.py; a multiple
-//     of 32); no dynamic shared memory.
+//     Launch: grid.x = T * (nq + nk), blockDim.x = QK_THREADS (kernels_cupy/_build.py; a
+//     multiple of 32); no dynamic shared memory.
 
 extern "C" __global__ void rope_neox_f32(const float* __restrict__ x, const int* __restrict__ pos,
                                          const float* __restrict__ inv_freq,
