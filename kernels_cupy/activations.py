@@ -43,6 +43,31 @@ def geglu(gate, up) -> cp.ndarray:
     return _gated("geglu_f32", "geglu", gate, up)
 
 
+def sigmoid_gate(x, gate) -> cp.ndarray:
+    """Twin of :func:`dflash_ref.ops.activations.sigmoid_gate`: x * sigmoid(gate), [..., n] ->
+    [..., n] contiguous, one launch; 2-D and 3-D inputs with contiguous channels are read in
+    place (rows and heads strided), others made contiguous first."""
+    if tuple(x.shape) != tuple(gate.shape):
+        raise ValueError(f"sigmoid_gate: x {tuple(x.shape)} and gate {tuple(gate.shape)} must "
+                         f"have the same shape")
+    views = []
+    for arr, name in ((x, "x"), (gate, "gate")):
+        if getattr(arr, "ndim", 0) in (2, 3):
+            arr, st = f32_strided(arr, "sigmoid_gate", name)
+        else:
+            arr = f32(arr, "sigmoid_gate", name)
+            st = (arr.shape[-1] if arr.ndim else 1,) * 2
+        views.append((arr, st if len(st) == 3 else (st[0], 0, st[-1])))
+    (x, xs), (gate, gs) = views
+    n = x.shape[-1] if x.ndim else 1
+    H = x.shape[-2] if x.ndim == 3 else 1  # [R, H, n]: rows, heads, channels
+    y = cp.empty(x.shape, cp.float32)
+    launch_elementwise("activations", "sigmoid_gate_f32", y.size,
+                       (x, gate, y, i64(y.size), i64(H), i64(n), i64(xs[0]), i64(xs[1]),
+                        i64(gs[0]), i64(gs[1])))
+    return y
+
+
 def _row_op(kernel: str, op: str, x, axis: int) -> cp.ndarray:
     """Run a row kernel along ``axis`` by moving that axis last and back."""
     x = f32(x, op, "x")

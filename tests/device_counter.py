@@ -66,10 +66,11 @@ LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to
 # combine (a decode step's grid splits the keys to fill the GPU). The chunked GDN is a prefill op
 # (tens of kernels) and is not on a step's path.
 TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2}
-# Ops whose twins read an array of this many axes in place when its last axis is contiguous
+# Ops whose twins read an array of these many axes in place when its last axis is contiguous
 # (rows, and heads, may be strided: ``kernels_cupy._launch.f32_strided``); any other
 # non-contiguous argument costs a copy.
-READS_STRIDED_ROWS = {"swiglu": 2, "geglu": 2, "qk_norm_rope": 3}
+READS_STRIDED_ROWS = {"swiglu": (2,), "geglu": (2,), "qk_norm_rope": (3,), "gdn_gates": (2,),
+                      "sigmoid_gate": (2, 3)}
 # NumPy functions that start no kernel on CuPy: views, shapes, dtype and host-side queries.
 _NO_KERNEL = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
                         "broadcast_to", "result_type", "shape", "ndim", "size", "may_share_memory",
@@ -250,7 +251,7 @@ def _upload(arr):
 def _read_in_place(op: str, a: np.ndarray) -> bool:
     """Whether op's twin reads ``a`` as it is (READS_STRIDED_ROWS; the rule of
     ``kernels_cupy._launch.f32_strided``)."""
-    return (READS_STRIDED_ROWS.get(op) == a.ndim and a.dtype == np.float32
+    return (a.ndim in READS_STRIDED_ROWS.get(op, ()) and a.dtype == np.float32
             and a.strides[-1] == a.itemsize and all(s >= 0 and s % 4 == 0 for s in a.strides))
 
 

@@ -60,7 +60,6 @@ __all__ = ["LAYOUTS", "PROJECTION_LAYOUTS", "SCAN_MODES", "GDNConfig", "GDNLayer
            "rewind_state", "split_qkvz_ba"]
 
 SCAN_MODES = ("auto", "recurrent", "chunked")
-SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA ``fla/ops/utils/softplus.py``)
 
 
 @dataclass
@@ -187,13 +186,9 @@ class GDNLayer:
         return mixed, z.reshape(T, c.num_v_heads, c.head_v_dim), b, a
 
     def gates(self, b, a):
-        """beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias), both [T, HV]."""
-        xp = self.be.xp
-        beta = xp.exp(-xp.logaddexp(0.0, -b))  # sigmoid, overflow-free
-        u = a + self.w["dt_bias"]
-        softplus = xp.where(u > SOFTPLUS_THRESHOLD, u,
-                            xp.log1p(xp.exp(xp.minimum(u, SOFTPLUS_THRESHOLD))))
-        return beta, self.A * softplus
+        """beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias), both [T, HV]: the
+        ``gdn_gates`` op (its docstring has the rule)."""
+        return self.be.ops.gdn_gates(b, a, self.A, self.w["dt_bias"])
 
     def forward(self, x, state: GDNState | None = None, return_trace: bool = False,
                 mode: str = "auto"):

@@ -1,4 +1,5 @@
-"""Elementwise and row-wise activations: SwiGLU, GeGLU, softmax, log-softmax.
+"""Elementwise and row-wise activations: SwiGLU, GeGLU, the sigmoid output gate, softmax,
+log-softmax.
 
 Softmax-type ops are max-subtracted (``exp(x - max)``) so that any finite input is safe; they
 work along ``axis`` (last by default).
@@ -50,6 +51,28 @@ def geglu(gate, up) -> np.ndarray:
     two_z = c * (g + np.float32(0.044715) * g * g * g)  # 2 z, shape of g
     with np.errstate(over="ignore"):  # exp(-2 z) = inf for g < -10.3: g / inf = -0
         return g / (1.0 + np.exp(-two_z)) * up
+
+
+def sigmoid_gate(x, gate) -> np.ndarray:
+    """An output gate: ``x * sigmoid(gate) = x * (1 / (1 + exp(-gate)))``, elementwise.
+
+    Qwen3.5 / Qwen3-Next full-attention layers gate the attention output per head with the
+    second half of each q_proj head (dflash_ref/models/qwen3_5.py; HF ``Qwen3NextAttention``).
+    The CuPy twin is one launch (five array operations in NumPy terms) and reads x and gate in
+    place when they are 2-D or 3-D with contiguous channels (the gate: a strided view of the
+    [q | gate] heads).
+
+    Args:
+        x: [..., n]; gate: the same shape.
+    Returns:
+        [..., n] in the compute dtype.
+    """
+    dt = compute_dtype(x, gate)
+    x, gate = as_compute(x, dt), as_compute(gate, dt)
+    if x.shape != gate.shape:
+        raise ValueError(f"sigmoid_gate: x {x.shape} and gate {gate.shape} must have the same "
+                         f"shape")
+    return x * (1.0 / (1.0 + np.exp(-gate)))
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:

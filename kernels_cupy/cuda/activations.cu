@@ -7,6 +7,10 @@
 //     gate, up: rows of F contiguous floats, row r at gate + r * gs (up + r * us): the column
 //     slices of a stacked [T, 2F] product are read in place; y: contiguous [total / F, F].
 //     One thread per output element e (row e / F, column e % F), grid-stride.
+//   sigmoid_gate_f32(x, gate, y, total, H, n, xr, xh, gr, gh)   y = x * (1 / (1 + exp(-gate)))
+//     x, gate [R, H, n] with channels contiguous, element (r, h, j)
+//     at x + r * xr + h * xh + j (gate likewise: a [q | gate] head's strided half is read in
+//     place); y contiguous. One thread per output element, grid-stride.
 //   softmax_rows_f32(x, y, n)            y = exp(x - max) / sum exp(x - max), one block per row
 //   log_softmax_rows_f32(x, y, n)        y = x - max - log(sum exp(x - max)), one block per row
 // Row kernels: grid.x = rows, blockDim.x a multiple of 32 (<= 1024), no dynamic shared memory.
@@ -31,6 +35,20 @@ extern "C" __global__ void geglu_f32(const float* __restrict__ gate, const float
         const float g = gate[r * gs + f];
         const float two_z = 1.5957691216057308f * (g + 0.044715f * g * g * g);  // 2 sqrt(2/pi)
         y[e] = g / (1.0f + expf(-two_z)) * up[r * us + f];  // exp overflows below g ~ -10.3: -0
+    }
+}
+
+extern "C" __global__ void sigmoid_gate_f32(const float* __restrict__ x,
+                                            const float* __restrict__ gate,
+                                            float* __restrict__ y, const long long total,
+                                            const long long H, const long long n,
+                                            const long long xr, const long long xh,
+                                            const long long gr, const long long gh) {
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long j = e % n, rh = e / n, h = rh % H, r = rh / H;
+        const float gv = gate[r * gr + h * gh + j];
+        y[e] = x[r * xr + h * xh + j] * (1.0f / (1.0f + expf(-gv)));
     }
 }
 

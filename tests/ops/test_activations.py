@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
 from dflash_ref.models.gemma import gelu_tanh
-from dflash_ref.ops.activations import geglu, log_softmax, softmax, swiglu
+from dflash_ref.ops.activations import geglu, log_softmax, sigmoid_gate, softmax, swiglu
 from dflash_ref.testing import assert_close
 from tests.gpu import check_twin
 from tests.strategies import f32_arrays, rows_and_width
@@ -59,6 +59,15 @@ def test_geglu_is_gemmas_written_out_form_bit_for_bit():
     u = rng.standard_normal((7, 129)).astype(np.float32)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal(geglu(g, u), gelu_tanh(np, g) * u)
+
+
+def test_sigmoid_gate_hand_values_and_shapes():
+    # sigmoid(0) = 1/2, sigmoid(ln 3) = 3/4, sigmoid(-ln 3) = 1/4; a far negative gate closes.
+    y = sigmoid_gate(np.array([2.0, 4.0, 8.0, 5.0]), np.array([0.0, np.log(3.0), -np.log(3.0),
+                                                                -200.0]))
+    assert_close(y, [1.0, 3.0, 2.0, 0.0], "float64", op="sigmoid_gate")
+    with pytest.raises(ValueError, match="same shape"):
+        sigmoid_gate(np.zeros((2, 3)), np.zeros((3, 2)))
 
 
 def test_softmax_hand_values():
@@ -139,3 +148,20 @@ def test_gated_twins_read_the_stacked_products_columns_in_place(rng, op, T, F):
     assert got.flags.c_contiguous and got.shape == (T, F)
     assert_close(cp.asnumpy(got), expected, "float32_elementwise", op=op,
                  case=f"column slices T={T} F={F}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,nh,d", [(1, 32, 128), (16, 32, 128), (3, 5, 66)])
+def test_sigmoid_gate_twin_reads_the_gate_half_of_each_q_head_in_place(rng, T, nh, d):
+    # Qwen3.5: q_proj's heads are [q | gate]; the gate is a [T, nh, d] view with head stride 2d,
+    # x the attention output [T, nh, d]. Also the contiguous 2-D form.
+    import cupy as cp
+
+    heads = (4 * rng.standard_normal((T, nh, 2 * d))).astype(np.float32)
+    x = rng.standard_normal((T, nh, d)).astype(np.float32)
+    want = sigmoid_gate(x, heads[..., d:])
+    got = get_backend("cupy").ops.sigmoid_gate(cp.asarray(x), cp.asarray(heads)[..., d:])
+    assert_close(cp.asnumpy(got), want, "float32_elementwise", op="sigmoid_gate",
+                 case=f"strided gate T={T} nh={nh} d={d}")
+    check_twin("sigmoid_gate", (x.reshape(T, -1), np.ascontiguousarray(heads[..., d:]).reshape(
+        T, -1)), tol="float32_elementwise", case=f"2-D T={T}")
