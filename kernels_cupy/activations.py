@@ -68,6 +68,22 @@ def sigmoid_gate(x, gate) -> cp.ndarray:
     return y
 
 
+def gdn_gates(b, a, A, dt_bias):
+    """Twin of :func:`dflash_ref.ops.activations.gdn_gates`: b, a [T, HV], A, dt_bias [HV] ->
+    (beta, g) contiguous [T, HV] each, one launch; b and a are read in place when their rows
+    are contiguous (the column slices of the stacked input projection)."""
+    (b, bs), (a, as_) = f32_strided(b, "gdn_gates", "b"), f32_strided(a, "gdn_gates", "a")
+    A, dt_bias = f32(A, "gdn_gates", "A"), f32(dt_bias, "gdn_gates", "dt_bias")
+    if b.ndim != 2 or a.shape != b.shape or A.shape != (b.shape[1],) or A.shape != dt_bias.shape:
+        raise ValueError(f"gdn_gates: expected b, a [T, HV] and A, dt_bias [HV]; got b "
+                         f"{b.shape}, a {a.shape}, A {A.shape}, dt_bias {dt_bias.shape}")
+    beta, g = cp.empty(b.shape, cp.float32), cp.empty(b.shape, cp.float32)
+    launch_elementwise("activations", "gdn_gates_f32", b.size,
+                       (b, a, A, dt_bias, beta, g, i64(b.size), i32(b.shape[1]), i64(bs[0]),
+                        i64(as_[0])))
+    return beta, g
+
+
 def _row_op(kernel: str, op: str, x, axis: int) -> cp.ndarray:
     """Run a row kernel along ``axis`` by moving that axis last and back."""
     x = f32(x, op, "x")

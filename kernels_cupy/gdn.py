@@ -23,7 +23,7 @@ from dflash_ref.ops.gdn import (
     check_conv_args,
 )
 from kernels_cupy._build import get_kernel
-from kernels_cupy._launch import f32, f32_strided, fp32, i32, i64, launch_elementwise
+from kernels_cupy._launch import f32, fp32, i32, i64, launch_elementwise
 
 REC_COLS, REC_WARPS = 32, 8  # GDN_REC_COLS, GDN_REC_WARPS: block of gdn_recurrent_f32
 MAX_K_RECURRENT = 256  # GDN_REC_WARPS x GDN_REC_MAX_ROWS (gdn.cu)
@@ -266,21 +266,6 @@ def _chunks(x, N: int, C: int, HV: int):
     launch_elementwise("gdn", "gdn_chunk_gather_f32", out.size,
                        (x, out, i64(out.size), i32(T), i32(H), i32(HV), i32(N * C), i32(X)))
     return out.reshape(HV, N, C, X)
-
-
-def gdn_gates(b, a, A, dt_bias):
-    """Twin of :func:`dflash_ref.ops.gdn.gdn_gates`: b, a [T, HV], A, dt_bias [HV] -> (beta, g)
-    contiguous [T, HV] each, one launch; b and a are read in place when their rows are
-    contiguous (the column slices of the stacked input projection)."""
-    (b, bs), (a, as_) = f32_strided(b, "gdn_gates", "b"), f32_strided(a, "gdn_gates", "a")
-    A, dt_bias = f32(A, "gdn_gates", "A"), f32(dt_bias, "gdn_gates", "dt_bias")
-    if b.ndim != 2 or a.shape != b.shape or A.shape != (b.shape[1],) or A.shape != dt_bias.shape:
-        raise ValueError(f"gdn_gates: expected b, a [T, HV] and A, dt_bias [HV]; got b "
-                         f"{b.shape}, a {a.shape}, A {A.shape}, dt_bias {dt_bias.shape}")
-    beta, g = cp.empty(b.shape, cp.float32), cp.empty(b.shape, cp.float32)
-    launch_elementwise("gdn", "gdn_gates_f32", b.size, (b, a, A, dt_bias, beta, g, i64(b.size),
-                                                        i32(b.shape[1]), i64(bs[0]), i64(as_[0])))
-    return beta, g
 
 
 def causal_conv1d(x, weight, state=None):

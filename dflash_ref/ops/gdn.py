@@ -38,7 +38,6 @@ from dflash_ref.ops._gdn_chunk import chunk_view, intra_chunk_kda, intra_chunk_s
 from dflash_ref.ops.norm import silu
 
 GQA_MAPPINGS = ("grouped", "tiled")
-SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA ``fla/ops/utils/softplus.py``)
 
 
 # ------------------------------------------------------------------ shapes and head mapping
@@ -327,38 +326,6 @@ def _chunked_block(q, k, v, g, beta, S, scale, C: int, kda: bool):
     O += P @ X[..., :C, :]  # [N, HV, C, C] @ [N, HV, C, V]
     o = O.transpose(0, 2, 1, 3).reshape(N * C, HV, V)[:T]  # [T, HV, V]
     return o, S
-
-
-# ------------------------------------------------------------------ gates
-
-
-def gdn_gates(b, a, A, dt_bias):
-    """The layer's per-token write strength and log decay from its b and a projections
-    (docs/gdn.md, "The layer"; HF ``Qwen3NextGatedDeltaNet``)::
-
-        beta = sigmoid(b)                          # written exp(-logaddexp(0, -b)): no overflow
-        g    = A * softplus(a + dt_bias)           # A = -exp(A_log) < 0, so g <= 0
-
-    softplus is ``log1p(exp(u))``, and ``u`` itself above ``SOFTPLUS_THRESHOLD`` (FLA's rule).
-    The CuPy twin is one launch (the NumPy expression is eleven array operations) and reads b
-    and a in place as the column slices of the layer's stacked input projection.
-
-    Args:
-        b, a: [T, HV] per token and value head.
-        A: [HV] ``-exp(A_log)``; dt_bias: [HV].
-    Returns:
-        (beta, g): [T, HV] each, in the compute dtype.
-    """
-    dt = compute_dtype(b, a, A, dt_bias)
-    b, a, A, dt_bias = (as_compute(x, dt) for x in (b, a, A, dt_bias))
-    if b.ndim != 2 or a.shape != b.shape or A.shape != (b.shape[1],) or A.shape != dt_bias.shape:
-        raise ValueError(f"gdn_gates: expected b, a [T, HV] and A, dt_bias [HV]; got b "
-                         f"{b.shape}, a {a.shape}, A {A.shape}, dt_bias {dt_bias.shape}")
-    beta = np.exp(-np.logaddexp(0.0, -b))  # sigmoid(b) [T, HV]
-    u = a + dt_bias  # [T, HV]
-    softplus = np.where(u > SOFTPLUS_THRESHOLD, u,
-                        np.log1p(np.exp(np.minimum(u, SOFTPLUS_THRESHOLD))))
-    return beta, A * softplus
 
 
 # ------------------------------------------------------------------ short convolution

@@ -45,10 +45,6 @@
 //   causal_conv1d_f32      y[t, c] = silu(sum_j w[c, j] xx[t + j, c]), xx = concat(state^T, x).
 //   conv_state_update_f32  new_state[c, j] = xx[T + j, c]: the last W - 1 raw inputs.
 //       Both conv kernels are grid-stride elementwise.
-//   gdn_gates_f32          beta = 1 / (1 + exp(-b)), g = A[h] * softplus(a + dt_bias[h]) with
-//       softplus(u) = u above GDN_SOFTPLUS_THRESHOLD (20, FLA's), else log1p(exp(u)); b and a
-//       [T, HV] rows at b + t * bs, a + t * as (the stacked input projection's column slices,
-//       read in place), beta and g contiguous [T, HV]. One thread per (t, h), grid-stride.
 // Launch assumptions: blockDim == (GDN_REC_COLS, GDN_REC_WARPS) for the recurrent kernel,
 // (GDN_ST_VS, GDN_ST_TY) for the state kernel (sm_80+: cp.async); every pointer is
 // contiguous float32; int arguments are 32-bit (the wrappers cast with np.int32).
@@ -414,25 +410,5 @@ extern "C" __global__ void conv_state_update_f32(const float* __restrict__ x,
         const int j = (int)(idx % (W - 1));
         const int c = (int)(idx / (W - 1));
         new_state[idx] = gdn_conv_input(x, state, T + j, c, D, W);
-    }
-}
-
-#define GDN_SOFTPLUS_THRESHOLD 20.0f
-
-extern "C" __global__ void gdn_gates_f32(const float* __restrict__ b, const float* __restrict__ a,
-                                         const float* __restrict__ A,
-                                         const float* __restrict__ dt_bias,
-                                         float* __restrict__ beta, float* __restrict__ g,
-                                         const long long total, const int HV,
-                                         const long long bs, const long long as) {
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const long long t = e / HV;
-        const int h = (int)(e - t * HV);
-        beta[e] = 1.0f / (1.0f + expf(-b[t * bs + h]));  // sigmoid; exp overflow gives 0
-        const float u = a[t * as + h] + dt_bias[h];
-        const float sp = (u > GDN_SOFTPLUS_THRESHOLD)
-                             ? u : log1pf(expf(fminf(u, GDN_SOFTPLUS_THRESHOLD)));
-        g[e] = A[h] * sp;
     }
 }

@@ -1,6 +1,6 @@
 """gdn_gates: the GDN layer's write strength beta and log decay g from its b and a projections
-(dflash_ref/ops/gdn.py): hand values, the float64 closed form, the softplus threshold, NumPy vs
-CuPy (also on the stacked input projection's column slices, read in place by the twin)."""
+(dflash_ref/ops/activations.py): hand values, the float64 closed form, the softplus threshold,
+NumPy vs CuPy (also on the stacked input projection's column slices, read in place)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dflash_ref.backend import get_backend
-from dflash_ref.ops.gdn import SOFTPLUS_THRESHOLD, gdn_gates
+from dflash_ref.ops.activations import SOFTPLUS_THRESHOLD, gdn_gates
 from dflash_ref.testing import assert_close
 from tests.gpu import check_twin
 
