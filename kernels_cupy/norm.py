@@ -35,6 +35,23 @@ def add_rms_norm(x, residual, weight, eps: float, offset: float = 0.0):
     return h, y
 
 
+def norm_add_rms_norm(x, residual, weight, next_weight, eps: float, offset: float = 0.0):
+    """Twin of :func:`dflash_ref.ops.norm.norm_add_rms_norm`: x, residual [..., n], weight,
+    next_weight [n] -> (m, h, normed), each [..., n] f32, from one launch (one block per row)."""
+    op = "norm_add_rms_norm"
+    x, r = f32(x, op, "x"), f32(residual, op, "residual")
+    w, w2 = f32(weight, op, "weight"), f32(next_weight, op, "next_weight")
+    if r.shape != x.shape:
+        raise ValueError(f"{op}: residual has shape {r.shape}, expected x's shape {x.shape}")
+    check_last_dim(x, w, op)
+    check_last_dim(x, w2, op)
+    m, h, y = cp.empty_like(x), cp.empty_like(x), cp.empty_like(x)
+    n = x.shape[-1]
+    args = (x, r, w, w2, m, h, y, i32(n), fp32(eps), fp32(offset))
+    launch_rows("norm", "norm_add_rms_norm_f32", x.size // max(n, 1), args)
+    return m, h, y
+
+
 def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> cp.ndarray:
     """Twin of :func:`dflash_ref.ops.norm.l2_norm`: x [..., n] -> [..., n] f32."""
     if mode not in L2_NORM_MODES:

@@ -3,18 +3,20 @@ attention layer's q/k norms fused with its RoPE (:class:`FusedNormRope`, at the 
 
 The reference (:func:`dflash_ref.models.layers.run_layers`) runs each layer as two residual
 lines and then the next layer's input norm. Here every add that a norm of the sum follows is one
-``add_rms_norm`` (``RMSNorm.add``; docs/backend.md, "Fused ops"): the mixer's add with the
+``add_rms_norm`` (:func:`add_normed`; docs/backend.md, "Fused ops"): the mixer's add with the
 layer's pre-MLP norm, the MLP's add with the next layer's input norm, the last layer's with the
 final norm. A layer therefore starts from the normed input the previous one handed over::
 
     u = input_norm_0(x)
     for layer i:                                     # next_norm: input_norm_(i+1), or final
-        x, u = pre_mlp_norm.add(x, mixer(u))         # x = x + m; u = pre_mlp_norm(x)
-        x, u = next_norm.add(x, feed_forward(x, u))  # x = x + m; u = next_norm(x)
+        m, x, u = add_normed(pre_mlp_norm, x, mixer, u)         # x += m; u = pre_mlp_norm(x)
+        m, x, u = add_normed(next_norm, x, feed_forward, x, u)  # x += m; u = next_norm(x)
     return u                                         # final_norm(x_L)
 
 Where a layer maps the stream after its last add (``layer.output``, Gemma 4's per-layer input
-and layer scalar), that add stays plain and the next norm runs alone. The same parts are called
+and layer scalar), that add stays plain and the next norm runs alone. Where a sub-block ends
+with its own norm (Gemma's sandwich norms), that norm, the add and the next norm are one
+``norm_add_rms_norm`` (:func:`add_normed`). The same parts are called
 in the same order on the same values, with the same taps, as in the reference (written out here,
 as a fused kernel would be, rather than through the reference layer's sub-blocks), so the
 results are the reference's bit for bit on NumPy (``add_rms_norm`` is the add then
@@ -25,6 +27,7 @@ tests/models/test_fused_norms.py, as are the fused and plain calls per forward. 
 
 from __future__ import annotations
 
+from dflash_ref.models.gemma import PostNormed
 from dflash_ref.models.layers import Identity, NormRope, RMSNorm, Rope
 from dflash_ref.models.state import no_tap
 
@@ -52,19 +55,36 @@ def fused_layer(layer, x, u, batch, next_norm):
     """
     i, tap = layer.idx, batch.tap
     tap(i, "attn_norm", u)
-    m = layer.mixer(u, batch)
+    m, x, u = add_normed(layer.pre_mlp_norm, x, layer.mixer, u, batch)  # x += m; u = norm(x)
     tap(i, "attn_out", m)
-    x, u = layer.pre_mlp_norm.add(x, m)  # x = x + m; u = pre_mlp_norm(x)
     tap(i, "mlp_norm", u)
-    m = layer.feed_forward(x, u, batch)
-    tap(i, "mlp_out", m)
     if layer.output is None:  # the layer ends with its add: fuse it with the next norm
-        x, u = next_norm.add(x, m)  # x = x + m; u = next_norm(x)
+        m, x, u = add_normed(next_norm, x, layer.feed_forward, x, u, batch)
+        tap(i, "mlp_out", m)
     else:  # something maps the stream between the add and the next norm
+        m = layer.feed_forward(x, u, batch)
+        tap(i, "mlp_out", m)
         x = layer.output(x + m, batch)
         u = next_norm(x)
     tap(i, "h", x)
     return x, u
+
+
+def add_normed(norm, x, sub, *args):
+    """What a sub-block adds, the stream after the add, and its norm: ``m = sub(*args)``, then
+    ``(m, x + m, norm(x + m))`` from one ``add_rms_norm`` (an add and a norm that would read h
+    back; bit-identical to the pair on NumPy). A Gemma sub-block with its own post norm
+    (:class:`~dflash_ref.models.gemma.PostNormed`, the same eps and offset) runs its block and
+    then one ``norm_add_rms_norm``, which norms the block's output too: one launch where the
+    post norm and the add + norm took two. ``norm`` an :class:`RMSNorm`; x [T, H] -> three
+    [T, H]."""
+    ops, post = norm.be.ops, getattr(sub, "post_norm", None)
+    if isinstance(sub, PostNormed) and type(post) is RMSNorm and (post.eps, post.offset) == (
+            norm.eps, norm.offset):
+        return ops.norm_add_rms_norm(sub.block(*args), x, post.weight, norm.weight, norm.eps,
+                                     norm.offset)
+    m = sub(*args)
+    return (m, *ops.add_rms_norm(m, x, norm.weight, norm.eps, norm.offset))
 
 
 class FusedNormRope(NormRope):

@@ -19,7 +19,8 @@ a family.
 
 Interfaces (what the components of a layer are called with):
 
-- a norm: ``norm(x)`` [..., n] -> [..., n]; :class:`RMSNorm` also has the fused ``add``;
+- a norm: ``norm(x)`` [..., n] -> [..., n] (the fused stack adds into an :class:`RMSNorm`:
+  :func:`dflash_ref.models.fused.add_normed`);
 - a mixer: ``mixer(u, batch)``, u [T, H] -> [T, H];
 - a feed-forward: ``feed_forward(x, u, batch)``, x the residual stream [T, H] and
   u = pre_mlp_norm(x) [T, H] -> [T, H] (most read u only; an MoE router may read x);
@@ -45,12 +46,6 @@ class RMSNorm:
 
     def __call__(self, x):
         return self.be.ops.rms_norm(x, self.weight, self.eps, self.offset)
-
-    def add(self, x, m):
-        """``h = x + m`` and ``self(h)``, fused: one ``add_rms_norm`` launch in place of an add and
-        a norm that reads h back. Returns (h, normed h), both [T, H]; bit-identical to the pair
-        on NumPy (:func:`dflash_ref.ops.norm.add_rms_norm`)."""
-        return self.be.ops.add_rms_norm(m, x, self.weight, self.eps, self.offset)
 
 
 class Identity:
