@@ -56,11 +56,13 @@ def qk_norm_rope(q, k, positions, q_weight, k_weight, eps: float, offset: float,
     (q', k') contiguous f32, from one launch of ``qk_norm_rope_f32`` (one block per head row of
     q and k). q and k are read in place when their channels are contiguous (rows and heads may
     be strided: the column slices of the stacked q/k/v product, a [q | gate] head); a weight of
-    None skips that norm. ``positions`` as :func:`rope`'s."""
-    (q, qs), (k, ks) = f32_strided(q, "qk_norm_rope", "q"), f32_strided(k, "qk_norm_rope", "k")
+    None skips that norm; q None: keys only. ``positions`` as :func:`rope`'s."""
+    keys_only = q is None  # no queries: k alone (q' is None)
+    (k, ks) = f32_strided(k, "qk_norm_rope", "k")
+    (q, qs) = (k[:, :0], (0, 0, 1)) if keys_only else f32_strided(q, "qk_norm_rope", "q")
     if q.ndim != 3 or k.ndim != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"qk_norm_rope expects q [T, nq, d] and k [T, nk, d] with the same T "
-                         f"and d, got shapes {q.shape} and {k.shape}")
+        raise ValueError(f"qk_norm_rope expects q [T, nq, d] (or None) and k [T, nk, d] with "
+                         f"the same T and d, got shapes {q.shape} and {k.shape}")
     T, nq, d = q.shape
     nk = k.shape[1]
     rd = d if rotary_dim is None else int(rotary_dim)
@@ -83,4 +85,4 @@ def qk_norm_rope(q, k, positions, q_weight, k_weight, eps: float, offset: float,
             q, k, pos, weights[0], weights[1], inv_freq, yq, yk, i32(nq), i32(nk), i32(d),
             i32(rd), i64(qs[0]), i64(qs[1]), i64(ks[0]), i64(ks[1]), i32(q_weight is not None),
             i32(k_weight is not None), fp32(eps), fp32(offset)))
-    return yq, yk
+    return (None if keys_only else yq), yk

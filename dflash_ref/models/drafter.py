@@ -227,13 +227,11 @@ class DFlashDrafter:
         k, v = self.products[layer]["kv"](c)  # c @ Wk^T, c @ Wv^T: one product
         k = k.reshape(n, cfg.num_key_value_heads, cfg.head_dim)
         v = v.reshape(n, cfg.num_key_value_heads, cfg.head_dim)
-        k = self.be.ops.rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps)
-        return self._rope(layer, k, positions), v
-
-    def _rope(self, layer: int, x, positions):
-        r = self.config.rope_by_type[self.config.layer_types[layer]]
-        return self.be.ops.rope(self.be.xp.ascontiguousarray(x), positions, r.theta,
-                                r.rotary_dim, r.factor)
+        r = cfg.rope_by_type[cfg.layer_types[layer]]
+        _, k = self.be.ops.qk_norm_rope(None, k, positions, None, w["self_attn.k_norm.weight"],
+                                        cfg.rms_norm_eps, 0.0, r.theta, r.rotary_dim,
+                                        r.factor)  # rope(k_norm(k)): keys only, one op
+        return k, v
 
     def layer_mask(self, layer: int, ctx_pos, noise_pos) -> MaskSpec:
         """The attention mask of one layer.

@@ -105,7 +105,8 @@ def qk_norm_rope(q, k, positions, q_weight, k_weight, eps: float, offset: float,
     contiguous.
 
     Args:
-        q: [T, nq, d] queries (projected, before their norm).
+        q: [T, nq, d] queries (projected, before their norm), or None: keys only, and q' is
+            None (the drafter's context keys).
         k: [T, nk, d] keys.
         positions: [T] integer absolute positions.
         q_weight, k_weight: [d] per-channel scales as stored, or None (no norm).
@@ -114,13 +115,15 @@ def qk_norm_rope(q, k, positions, q_weight, k_weight, eps: float, offset: float,
     Returns:
         (q', k'): [T, nq, d] and [T, nk, d] in the compute dtype.
     """
-    if np.ndim(q) != 3 or np.ndim(k) != 3:
-        raise ValueError(f"qk_norm_rope expects q [T, nq, d] and k [T, nk, d], got shapes "
-                         f"{np.shape(q)} and {np.shape(k)}")
-    if np.shape(q)[0] != np.shape(k)[0] or np.shape(q)[2] != np.shape(k)[2]:
+    if np.ndim(k) != 3 or (q is not None and np.ndim(q) != 3):
+        raise ValueError(f"qk_norm_rope expects q [T, nq, d] (or None) and k [T, nk, d], got "
+                         f"shapes {np.shape(q) if q is not None else None} and {np.shape(k)}")
+    if q is not None and (np.shape(q)[0] != np.shape(k)[0] or np.shape(q)[2] != np.shape(k)[2]):
         raise ValueError(f"qk_norm_rope: q {np.shape(q)} and k {np.shape(k)} must have the same "
                          f"number of tokens T and head dim d (axes 0 and 2)")
-    q = q if q_weight is None else rms_norm(q, q_weight, eps, offset)  # [T, nq, d]
     k = k if k_weight is None else rms_norm(k, k_weight, eps, offset)  # [T, nk, d]
-    return (rope(q, positions, theta, rotary_dim, factor),
-            rope(k, positions, theta, rotary_dim, factor))
+    k = rope(k, positions, theta, rotary_dim, factor)
+    if q is None:
+        return None, k
+    q = q if q_weight is None else rms_norm(q, q_weight, eps, offset)  # [T, nq, d]
+    return rope(q, positions, theta, rotary_dim, factor), k

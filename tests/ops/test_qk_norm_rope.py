@@ -93,6 +93,17 @@ def test_equals_the_four_reference_calls_bit_for_bit(data):
     np.testing.assert_array_equal(yk, rope(rms_norm(k, wk, 1e-6, offset), pos, 1e6, rd, 8.0))
 
 
+def test_keys_only(rng):
+    # q None (the drafter's context keys): k alone, q' None; the same k' as with queries.
+    q, k = rng.standard_normal((3, 2, 8)), rng.standard_normal((3, 1, 8))
+    w, pos = 0.5 + rng.random(8), np.array([4, 9, 70000])
+    none, yk = qk_norm_rope(None, k, pos, None, w, 1e-6, 1.0, 1e4, 4)
+    assert none is None
+    np.testing.assert_array_equal(yk, qk_norm_rope(q, k, pos, w, w, 1e-6, 1.0, 1e4, 4)[1])
+    assert_close(yk, closed_form(k, pos, w, 1e-6, 1.0, 1e4, 4), "float64", op="qk_norm_rope",
+                 case="keys only")
+
+
 def test_rejects_bad_arguments():
     q, k, pos = np.zeros((2, 4, 8)), np.zeros((2, 2, 8)), np.arange(2)
     with pytest.raises(ValueError, match=r"q \[T, nq, d\]"):
@@ -160,3 +171,9 @@ def test_twin_reads_the_stacked_product_in_place(rng, case, layout):
         assert g.flags.c_contiguous
         assert_close(cp.asnumpy(g), e, "float32_rope", op="qk_norm_rope", tensor=name,
                      case=f"{layout} {case}")
+    # keys only (q None), k read in place: the drafter's context keys
+    none, yk = cp_ops.qk_norm_rope(None, views(cp.asarray(y))[1], cp.asarray(pos), None, dev[1],
+                                   1e-6, offset, 1e6, rd, factor)
+    assert none is None
+    assert_close(cp.asnumpy(yk), expected[1], "float32_rope", op="qk_norm_rope", tensor="k",
+                 case=f"keys only {layout} {case}")
