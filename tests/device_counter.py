@@ -70,7 +70,7 @@ TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2}
 # (rows, and heads, may be strided: ``kernels_cupy._launch.f32_strided``); any other
 # non-contiguous argument costs a copy.
 READS_STRIDED_ROWS = {"swiglu": (2,), "geglu": (2,), "qk_norm_rope": (3,), "gdn_gates": (2,),
-                      "sigmoid_gate": (2, 3)}
+                      "sigmoid_gate": (2, 3), "l2_norm": (3,)}
 # NumPy functions that start no kernel on CuPy: views, shapes, dtype and host-side queries.
 _NO_KERNEL = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
                         "broadcast_to", "result_type", "shape", "ndim", "size", "may_share_memory",

@@ -262,12 +262,10 @@ class GDNLayer:
         """Conv output [T, conv_dim] -> L2-normalised q, k [T, H, dk] and v [T, HV, dv]."""
         c, ops = self.cfg, self.be.ops
         T, H, dk = conv_out.shape[0], c.num_k_heads, c.head_k_dim
-        q = ops.l2_norm(conv_out[:, :c.key_dim].reshape(T, H, dk), c.l2_norm_eps,
-                        c.l2_norm_mode)  # [T, H, dk]
-        k = ops.l2_norm(conv_out[:, c.key_dim:2 * c.key_dim].reshape(T, H, dk),
-                        c.l2_norm_eps, c.l2_norm_mode)  # [T, H, dk]
+        qk = ops.l2_norm(conv_out[:, :2 * c.key_dim].reshape(T, 2 * H, dk), c.l2_norm_eps,
+                         c.l2_norm_mode)  # q's heads, then k's: [T, 2H, dk], each row normed
         v = conv_out[:, 2 * c.key_dim:].reshape(T, c.num_v_heads, c.head_v_dim)  # [T, HV, dv]
-        return q, k, v
+        return qk[:, :H], qk[:, H:], v  # q, k [T, H, dk]
 
     def output(self, o, z):
         """Gated RMSNorm and out_proj: o, z [T, HV, dv] -> [T, hidden]."""

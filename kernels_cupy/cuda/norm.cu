@@ -7,7 +7,10 @@
 //   norm_add_rms_norm_f32(x, r, w, w2, m, h, y, n, eps, offset)
 //                                            m = (offset + w) * x / sqrt(mean(x^2) + eps); h = m + r;
 //                                            y = (offset + w2) * h / sqrt(mean(h^2) + eps)
-//   l2_norm_f32(x, y, n, eps, mode)          mode 0: x / sqrt(sum x^2 + eps); 1: x / max(|x|, eps)
+//   l2_norm_f32(x, y, n, eps, mode, H, rs, hs)
+//                                            mode 0: x / sqrt(sum x^2 + eps); 1: x / max(|x|, eps)
+//                                            x [R, H, n], row (r, h) at x + r * rs + h * hs (read
+//                                            in place: strided rows and heads); y contiguous
 //   gated_rms_norm_f32(x, z, w, y, n, eps)   y = w * x / sqrt(mean(x^2) + eps) * silu(z)
 // Parallelisation: one block per row (grid.x = rows); the block's threads stride over the n
 // channels, accumulate a partial sum of squares, and combine it with block_sum (common.cuh).
@@ -76,9 +79,10 @@ extern "C" __global__ void norm_add_rms_norm_f32(
 }
 
 extern "C" __global__ void l2_norm_f32(const float* __restrict__ x, float* __restrict__ y,
-                                       const int n, const float eps, const int mode) {
-    const long long row = blockIdx.x;
-    const float* xr = x + row * n;
+                                       const int n, const float eps, const int mode, const int H,
+                                       const long long rs, const long long hs) {
+    const long long row = blockIdx.x;  // (r, h) of x [R, H, n]; y contiguous
+    const float* xr = x + (row / H) * rs + (row % H) * hs;
     float* yr = y + row * n;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];

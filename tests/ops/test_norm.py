@@ -161,6 +161,16 @@ def test_l2_norm_unit_and_modes_agree_away_from_zero(data):
     assert_close(a, b, "float64", op="l2_norm", case="modes agree for |x| >> eps")
 
 
+def test_l2_norm_of_q_and_k_heads_together_is_each_alone_bit_for_bit(rng):
+    # The GDN layer norms q's and k's heads in one call over the conv output's [T, 2H, dk] view
+    # (dflash_ref/models/gdn_layer.py ``split_qkv``): each row is normed alone, so the halves
+    # equal separate calls exactly.
+    conv = rng.standard_normal((5, 2 * 3 * 16 + 40)).astype(np.float32)  # [T, q | k | v]
+    qk = l2_norm(conv[:, :96].reshape(5, 6, 16), 1e-6)
+    np.testing.assert_array_equal(qk[:, :3], l2_norm(conv[:, :48].reshape(5, 3, 16), 1e-6))
+    np.testing.assert_array_equal(qk[:, 3:], l2_norm(conv[:, 48:96].reshape(5, 3, 16), 1e-6))
+
+
 @given(st.data())
 def test_gated_rms_norm_open_gate_is_rms_norm_times_z(data):
     # For z >= 30, sigmoid(z) == 1 to double precision, so silu(z) == z.
@@ -225,3 +235,21 @@ def test_gated_rms_norm_twin(rng, shape):
     z = (3 * rng.standard_normal(shape)).astype(np.float32)
     w = rng.standard_normal(shape[-1]).astype(np.float32)
     check_twin("gated_rms_norm", (x, z, w, 1e-6), tol="float32_rowsum", case=str(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("mode", ["sqrt_eps", "floor"])
+def test_l2_norm_twin_reads_the_conv_outputs_heads_in_place(rng, T, mode):
+    # q's and k's heads as the GDN layer passes them: a [T, 2H, dk] view of the conv output's
+    # first 2H dk columns (row stride the conv width), normed by one launch.
+    import cupy as cp
+
+    from dflash_ref.backend import get_backend
+
+    H, dk, dv = 16, 128, 4096
+    conv = rng.standard_normal((T, 2 * H * dk + dv)).astype(np.float32)
+    want = l2_norm(conv[:, :2 * H * dk].reshape(T, 2 * H, dk), 1e-6, mode)
+    dconv = cp.asarray(conv)
+    got = get_backend("cupy").ops.l2_norm(dconv[:, :2 * H * dk].reshape(T, 2 * H, dk), 1e-6, mode)
+    assert_close(cp.asnumpy(got), want, "float32_rowsum", op="l2_norm", case=f"view T={T}")
