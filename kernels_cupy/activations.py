@@ -20,10 +20,9 @@ def _rows(x, op: str, arg: str) -> tuple[cp.ndarray, int]:
 
 def _gated(kernel: str, op: str, gate, up) -> cp.ndarray:
     """``act(gate) * up`` [..., F] from one launch of ``kernel`` (swiglu_f32 / geglu_f32)."""
-    if tuple(gate.shape) != tuple(up.shape):
-        raise ValueError(f"{op}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the "
-                         f"same shape")
     (gate, gs), (up, us) = _rows(gate, op, "gate"), _rows(up, op, "up")
+    if gate.shape != up.shape:
+        raise ValueError(f"{op}: gate {gate.shape} and up {up.shape} must have the same shape")
     y = cp.empty(gate.shape, cp.float32)
     F = gate.shape[-1] if gate.ndim else 1
     launch_elementwise("activations", kernel, y.size,
@@ -47,9 +46,6 @@ def sigmoid_gate(x, gate) -> cp.ndarray:
     """Twin of :func:`dflash_ref.ops.activations.sigmoid_gate`: x * sigmoid(gate), [..., n] ->
     [..., n] contiguous, one launch; 2-D and 3-D inputs with contiguous channels are read in
     place (rows and heads strided), others made contiguous first."""
-    if tuple(x.shape) != tuple(gate.shape):
-        raise ValueError(f"sigmoid_gate: x {tuple(x.shape)} and gate {tuple(gate.shape)} must "
-                         f"have the same shape")
     views = []
     for arr, name in ((x, "x"), (gate, "gate")):
         if getattr(arr, "ndim", 0) in (2, 3):
@@ -59,6 +55,9 @@ def sigmoid_gate(x, gate) -> cp.ndarray:
             st = (arr.shape[-1] if arr.ndim else 1,) * 2
         views.append((arr, st if len(st) == 3 else (st[0], 0, st[-1])))
     (x, xs), (gate, gs) = views
+    if x.shape != gate.shape:
+        raise ValueError(f"sigmoid_gate: x {x.shape} and gate {gate.shape} must have the same "
+                         f"shape")
     n = x.shape[-1] if x.ndim else 1
     H = x.shape[-2] if x.ndim == 3 else 1  # [R, H, n]: rows, heads, channels
     y = cp.empty(x.shape, cp.float32)
