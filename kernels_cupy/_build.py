@@ -38,6 +38,9 @@ CHECK_ARCHS: tuple[str, ...] = ("sm_80", "sm_90")
 # 4096-wide hidden row in 16 steps and a 152k vocabulary row in ~600.
 ROW_BLOCK = 256
 ELEMENTWISE_BLOCK = 256
+# Threads per block of qk_norm_rope_f32 (cuda/rope.cu): one block per head row of d channels;
+# 128 covers a d = 128 head in one step and d = 256 in two.
+QK_THREADS = 128
 
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
 

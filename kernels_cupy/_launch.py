@@ -34,6 +34,21 @@ def f32(x, op: str, arg: str) -> cp.ndarray:
     return cp.ascontiguousarray(x)
 
 
+def f32_strided(x, op: str, arg: str) -> tuple[cp.ndarray, tuple[int, ...]]:
+    """``x`` as float32 CuPy with its last axis contiguous, and its strides in elements.
+
+    For the twins that read rows in place (``swiglu``, ``geglu``, ``sigmoid_gate``,
+    ``gdn_gates``, ``l2_norm``, ``qk_norm_rope``): a column slice of a stacked product
+    (``Projections``, dflash_ref/models/layers.py) is strided over its rows and contiguous along
+    them, and is passed as it is, with no copy launched. Anything else (a float32 array with a
+    strided last axis, negative strides) is made contiguous by :func:`f32` first.
+    tests/device_counter.py counts copies by the same rule (``READS_STRIDED_ROWS``)."""
+    if not (type(x) is cp.ndarray and x.dtype == _F32 and x.ndim
+            and x.strides[-1] == 4 and all(s >= 0 and s % 4 == 0 for s in x.strides)):
+        x = f32(x, op, arg)
+    return x, tuple(s // 4 for s in x.strides)
+
+
 def i32(v) -> np.int32:
     """A C ``int`` kernel argument."""
     return np.int32(v)

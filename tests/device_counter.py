@@ -16,10 +16,11 @@ for device memory), and :data:`LEDGER` records, where CuPy would copy:
   and ``int()`` / ``float()`` / ``bool()`` / ``.item()`` / ``.tolist()`` of one.
 
 and launches (each a kernel CuPy would start; :data:`TWIN_LAUNCHES` and ``_count_launches``):
-an op call counts its twin's kernels plus one copy per non-contiguous array argument (the twins'
-``f32`` makes them contiguous); a ufunc on a DeviceArray (``+``, ``@``, ``exp``, a reduction), a
-NumPy function computing on one (``concatenate``, ``where``), an assignment into one, and
-``ascontiguousarray`` / ``astype`` / ``copy`` that must copy count one each.
+an op call counts its twin's kernels plus one copy per non-contiguous array argument that its
+twin does not read in place (the twins' ``f32`` makes them contiguous; ``READS_STRIDED_ROWS``);
+a ufunc on a DeviceArray (``+``, ``@``, ``exp``, a reduction), a NumPy function computing on one
+(``concatenate``, ``where``), an assignment into one, and ``ascontiguousarray`` / ``astype`` /
+``copy`` that must copy count one each.
 
 A CUDA-graph step (dflash_ref/models/graphs.py) is checked with the same books: the counting
 backend's ``capture`` (:func:`capture_recorded`) replays a step by calling it again, as NumPy
@@ -134,6 +135,11 @@ LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to
 # combine (a decode step's grid splits the keys to fill the GPU). The chunked GDN is a prefill op
 # (three kernels per block of chunks, kernels_cupy/gdn.py) and is not on a step's path.
 TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2}
+# Ops whose twins read an array of these many axes in place when its last axis is contiguous
+# (rows, and heads, may be strided: ``kernels_cupy._launch.f32_strided``); any other
+# non-contiguous argument costs a copy.
+READS_STRIDED_ROWS = {"swiglu": (2,), "geglu": (2,), "qk_norm_rope": (3,), "gdn_gates": (2,),
+                      "sigmoid_gate": (2, 3), "l2_norm": (3,)}
 # NumPy functions that start no kernel on CuPy: views, shapes, dtype and host-side queries.
 _NO_KERNEL = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
                         "broadcast_to", "result_type", "shape", "ndim", "size", "may_share_memory",
@@ -319,12 +325,20 @@ def _upload(arr):
     return _wrap(np.asarray(_strip(arr)))
 
 
+def _read_in_place(op: str, a: np.ndarray) -> bool:
+    """Whether op's twin reads ``a`` as it is (READS_STRIDED_ROWS; the rule of
+    ``kernels_cupy._launch.f32_strided``)."""
+    return (a.ndim in READS_STRIDED_ROWS.get(op, ()) and a.dtype == np.float32
+            and a.strides[-1] == a.itemsize and all(s >= 0 and s % 4 == 0 for s in a.strides))
+
+
 def _device_op(name: str, fn):
     def op(*args, **kwargs):
         for a in (*args, *kwargs.values()):
             if _host_arrays(a):
                 LEDGER.add("uploads", f"a host argument of op {name}")
-            if isinstance(a, DeviceArray) and a.ndim and not a.flags.c_contiguous:
+            if (isinstance(a, DeviceArray) and a.ndim and not a.flags.c_contiguous
+                    and not _read_in_place(name, a)):
                 LEDGER.add("launches", f"a contiguous copy for op {name}")
         for _ in range(TWIN_LAUNCHES.get(name, 1)):
             LEDGER.add("launches", f"op {name}")

@@ -13,9 +13,11 @@ norms                ``norm_offset`` (1 + w); ``use_pre_post_ffn_norms``: Gemma'
 mixer                ``layer_types[i]``: a GDN mixer (linear_attention), else attention:
                      output-gated (``attn_output_gate``), KV-sharing (``kv_source_for(i)``),
                      k = v (no v_proj tensor), v-normed (``v_norm``), or the common one
-RoPE                 the layer type's ``rope_type``: proportional, else the ``rope`` op
+RoPE                 the layer type's ``rope_type``: proportional, else the ``rope`` op; with
+                     ``fused``, the q/k norms and the ``rope`` op as one ``qk_norm_rope``
+                     (:class:`~dflash_ref.models.fused.FusedNormRope`)
 feed-forward         ``moe``: Qwen3.5's sparse block in the MLP's place, Gemma 4's experts
-                     beside it; else the gated MLP (the ``swiglu`` op, or GeGLU for
+                     beside it; else the gated MLP (the ``swiglu`` op, or the ``geglu`` op for
                      ``gelu_pytorch_tanh``)
 layer class          ``gemma4``: :class:`~dflash_ref.models.gemma4.Gemma4DecoderLayer` (per-layer
                      input, layer scalar)
@@ -26,7 +28,8 @@ A new target family adds its components in its own module and its choice here.
 
 from __future__ import annotations
 
-from dflash_ref.models.gemma import GeGLU, PostNormed
+from dflash_ref.models.fused import FusedNormRope
+from dflash_ref.models.gemma import PostNormed
 from dflash_ref.models.gemma4 import (
     Gemma4DecoderLayer,
     KEqVAttention,
@@ -43,29 +46,31 @@ from dflash_ref.models.moe import Gemma4MoE, QwenSparseMoE
 from dflash_ref.models.qwen3_5 import GatedAttention, GDNMixer
 
 
-def decoder_layers(cfg, be, weights: dict, embed) -> list[DecoderLayer]:
+def decoder_layers(cfg, be, weights: dict, embed, fused: bool = True) -> list[DecoderLayer]:
     """The ``cfg.num_hidden_layers`` decoder layers over ``weights`` (HF names, on the backend).
 
     ``embed``: the target's token embedding (ids -> [T, H]), which Gemma 4's per-layer
-    embeddings read; they are made once per model and shared by its layers.
+    embeddings read; they are made once per model and shared by its layers. ``fused``: the
+    attention layers' q/k norms and RoPE as one op where :meth:`FusedNormRope.fits
+    <dflash_ref.models.fused.FusedNormRope.fits>` (else the reference's four calls).
     """
     p = cfg.weight_prefix
     ple = None
     if cfg.gemma4 is not None and cfg.gemma4.hidden_size_per_layer_input:
         ple = PerLayerEmbeddings(cfg, be, weights, embed)
     return [decoder_layer(cfg, be, i, {k[len(f"{p}layers.{i}."):]: v for k, v in weights.items()
-                                       if k.startswith(f"{p}layers.{i}.")}, ple)
+                                       if k.startswith(f"{p}layers.{i}.")}, ple, fused)
             for i in range(cfg.num_hidden_layers)]
 
 
-def decoder_layer(cfg, be, idx: int, w: dict, ple=None) -> DecoderLayer:
+def decoder_layer(cfg, be, idx: int, w: dict, ple=None, fused: bool = True) -> DecoderLayer:
     """Layer ``idx`` from its tensors ``w`` (names relative to ``layers.{idx}.``)."""
 
     def norm(name):
         return RMSNorm(be, w[name], cfg.rms_norm_eps, cfg.norm_offset)
 
     input_norm = norm("input_layernorm.weight")
-    mixer, feed_forward = _mixer(cfg, be, idx, w), _feed_forward(cfg, be, idx, w, norm)
+    mixer, feed_forward = _mixer(cfg, be, idx, w, fused), _feed_forward(cfg, be, idx, w, norm)
     if cfg.use_pre_post_ffn_norms:  # Gemma: sandwich norms
         pre_mlp_norm = norm("pre_feedforward_layernorm.weight")
         mixer = PostNormed(mixer, norm("post_attention_layernorm.weight"))
@@ -80,7 +85,7 @@ def decoder_layer(cfg, be, idx: int, w: dict, ple=None) -> DecoderLayer:
                               LayerOutput(per_layer_input, w["layer_scalar"]))
 
 
-def _mixer(cfg, be, idx: int, w: dict):
+def _mixer(cfg, be, idx: int, w: dict, fused: bool):
     """The layer's token mixer: attention of the right kind, or a GDN mixer."""
     if cfg.layer_types[idx] == "linear_attention":
         return GDNMixer(cfg, be, idx, w)
@@ -96,7 +101,10 @@ def _mixer(cfg, be, idx: int, w: dict):
         kind = VNormAttention
     else:
         kind = Attention
-    return kind(cfg, be, idx, w, rope)
+    attention = kind(cfg, be, idx, w, rope)
+    if fused and FusedNormRope.fits(attention.norm_rope):
+        attention.norm_rope = FusedNormRope(attention.norm_rope)
+    return attention
 
 
 def _feed_forward(cfg, be, idx: int, w: dict, norm):
@@ -104,6 +112,6 @@ def _feed_forward(cfg, be, idx: int, w: dict, norm):
     sparse = cfg.moe is not None and cfg.moe.is_moe_layer(idx)
     if sparse and cfg.moe.kind == "qwen":
         return QwenSparseMoE(cfg, be, idx, w)
-    act = be.ops.swiglu if cfg.hidden_act == "silu" else GeGLU(be.xp)
+    act = be.ops.swiglu if cfg.hidden_act == "silu" else be.ops.geglu
     mlp = GatedMLP(be, w, act)  # its width is the tensors' (Gemma 4 double-wide too)
     return Gemma4MoE(cfg, be, idx, w, norm, mlp) if sparse else mlp

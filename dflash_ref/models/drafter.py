@@ -227,13 +227,11 @@ class DFlashDrafter:
         k, v = self.products[layer]["kv"](c)  # c @ Wk^T, c @ Wv^T: one product
         k = k.reshape(n, cfg.num_key_value_heads, cfg.head_dim)
         v = v.reshape(n, cfg.num_key_value_heads, cfg.head_dim)
-        k = self.be.ops.rms_norm(k, w["self_attn.k_norm.weight"], cfg.rms_norm_eps)
-        return self._rope(layer, k, positions), v
-
-    def _rope(self, layer: int, x, positions):
-        r = self.config.rope_by_type[self.config.layer_types[layer]]
-        return self.be.ops.rope(self.be.xp.ascontiguousarray(x), positions, r.theta,
-                                r.rotary_dim, r.factor)
+        r = cfg.rope_by_type[cfg.layer_types[layer]]
+        _, k = self.be.ops.qk_norm_rope(None, k, positions, None, w["self_attn.k_norm.weight"],
+                                        cfg.rms_norm_eps, 0.0, r.theta, r.rotary_dim,
+                                        r.factor)  # rope(k_norm(k)): keys only, one op
+        return k, v
 
     def layer_mask(self, layer: int, ctx_pos, noise_pos) -> MaskSpec:
         """The attention mask of one layer.
@@ -269,8 +267,8 @@ class DFlashDrafter:
         """
         w, ops, eps = self.layers[i], self.be.ops, self.config.rms_norm_eps
         u = ops.rms_norm(h, w["input_layernorm.weight"], eps)  # noise only
-        h = h + self.around(i, "attention_conv", u, self.attention, join_kv, ctx_pos, noise_pos)
-        u = ops.rms_norm(h, w["post_attention_layernorm.weight"], eps)
+        m = self.around(i, "attention_conv", u, self.attention, join_kv, ctx_pos, noise_pos)
+        h, u = ops.add_rms_norm(m, h, w["post_attention_layernorm.weight"], eps)  # h += m; norm
         return h + self.around(i, "mlp_conv", u, self.mlp)
 
     def around(self, i: int, name: str, u, block, *args):
@@ -285,10 +283,11 @@ class DFlashDrafter:
         B, nh, nkv, d = u.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
         q, nk, nv = self.products[i]["qkv"](u)  # u @ Wq^T, u @ Wk^T, u @ Wv^T: one product
-        q = self._rope(i, ops.rms_norm(q.reshape(B, nh, d), w["self_attn.q_norm.weight"], eps),
-                       noise_pos)
-        nk = self._rope(i, ops.rms_norm(nk.reshape(B, nkv, d), w["self_attn.k_norm.weight"], eps),
-                        noise_pos)
+        r = self.config.rope_by_type[self.config.layer_types[i]]
+        # q = rope(q_norm(q)), nk = rope(k_norm(nk)) at the block's positions: one op
+        q, nk = ops.qk_norm_rope(q.reshape(B, nh, d), nk.reshape(B, nkv, d), noise_pos,
+                                 w["self_attn.q_norm.weight"], w["self_attn.k_norm.weight"], eps,
+                                 0.0, r.theta, r.rotary_dim, r.factor)
         nv = nv.reshape(B, nkv, d)
         k, v = join_kv(nk, nv)  # [ctx + B, nkv, d] each: context FIRST
         mask = self.layer_mask(i, ctx_pos, noise_pos)

@@ -60,7 +60,6 @@ __all__ = ["LAYOUTS", "PROJECTION_LAYOUTS", "SCAN_MODES", "GDNConfig", "GDNLayer
            "rewind_state", "split_qkvz_ba"]
 
 SCAN_MODES = ("auto", "recurrent", "chunked")
-SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA ``fla/ops/utils/softplus.py``)
 
 
 @dataclass
@@ -187,13 +186,9 @@ class GDNLayer:
         return mixed, z.reshape(T, c.num_v_heads, c.head_v_dim), b, a
 
     def gates(self, b, a):
-        """beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias), both [T, HV]."""
-        xp = self.be.xp
-        beta = xp.exp(-xp.logaddexp(0.0, -b))  # sigmoid, overflow-free
-        u = a + self.w["dt_bias"]
-        softplus = xp.where(u > SOFTPLUS_THRESHOLD, u,
-                            xp.log1p(xp.exp(xp.minimum(u, SOFTPLUS_THRESHOLD))))
-        return beta, self.A * softplus
+        """beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias), both [T, HV]: the
+        ``gdn_gates`` op (its docstring has the rule)."""
+        return self.be.ops.gdn_gates(b, a, self.A, self.w["dt_bias"])
 
     def forward(self, x, state: GDNState | None = None, return_trace: bool = False,
                 mode: str = "auto"):
@@ -267,12 +262,10 @@ class GDNLayer:
         """Conv output [T, conv_dim] -> L2-normalised q, k [T, H, dk] and v [T, HV, dv]."""
         c, ops = self.cfg, self.be.ops
         T, H, dk = conv_out.shape[0], c.num_k_heads, c.head_k_dim
-        q = ops.l2_norm(conv_out[:, :c.key_dim].reshape(T, H, dk), c.l2_norm_eps,
-                        c.l2_norm_mode)  # [T, H, dk]
-        k = ops.l2_norm(conv_out[:, c.key_dim:2 * c.key_dim].reshape(T, H, dk),
-                        c.l2_norm_eps, c.l2_norm_mode)  # [T, H, dk]
+        qk = ops.l2_norm(conv_out[:, :2 * c.key_dim].reshape(T, 2 * H, dk), c.l2_norm_eps,
+                         c.l2_norm_mode)  # q's heads, then k's: [T, 2H, dk], each row normed
         v = conv_out[:, 2 * c.key_dim:].reshape(T, c.num_v_heads, c.head_v_dim)  # [T, HV, dv]
-        return q, k, v
+        return qk[:, :H], qk[:, H:], v  # q, k [T, H, dk]
 
     def output(self, o, z):
         """Gated RMSNorm and out_proj: o, z [T, HV, dv] -> [T, hidden]."""

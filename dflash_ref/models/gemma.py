@@ -8,7 +8,9 @@ Gemma norms both sides of each sub-block (huggingface/transformers
 
 so the layer's mixer and feed-forward are :class:`PostNormed`: the sub-block, then its own norm
 (the reference layer, :class:`~dflash_ref.models.layers.DecoderLayer`, does not change). The
-MLP's activation is GELU with the tanh approximation (HF ``gelu_pytorch_tanh``).
+MLP's activation is GELU with the tanh approximation (HF ``gelu_pytorch_tanh``): written out in
+:func:`gelu_tanh`, and run as the ``geglu`` op (``gelu_tanh(g) * up``, one launch on CuPy; equal
+to the written-out form bit for bit on NumPy, tests/ops/test_activations.py).
 """
 
 from __future__ import annotations
@@ -31,16 +33,6 @@ def gelu_tanh(xp, g):
     two_z = c * (g + xp.float32(0.044715) * g * g * g)  # 2 z, shape of g
     with np.errstate(over="ignore"):  # exp(-2 z) = inf for g < -10.3: g / inf = -0, as it should
         return g / (1.0 + xp.exp(-two_z))
-
-
-class GeGLU:
-    """The gated MLP's activation ``gelu_tanh(g) * up`` (g, up [T, F] -> [T, F])."""
-
-    def __init__(self, xp):
-        self.xp = xp
-
-    def __call__(self, g, up):
-        return gelu_tanh(self.xp, g) * up
 
 
 class PostNormed:

@@ -19,7 +19,8 @@ a family.
 
 Interfaces (what the components of a layer are called with):
 
-- a norm: ``norm(x)`` [..., n] -> [..., n]; :class:`RMSNorm` also has the fused ``add``;
+- a norm: ``norm(x)`` [..., n] -> [..., n] (the fused stack adds into an :class:`RMSNorm`:
+  :func:`dflash_ref.models.fused.add_normed`);
 - a mixer: ``mixer(u, batch)``, u [T, H] -> [T, H];
 - a feed-forward: ``feed_forward(x, u, batch)``, x the residual stream [T, H] and
   u = pre_mlp_norm(x) [T, H] -> [T, H] (most read u only; an MoE router may read x);
@@ -46,12 +47,6 @@ class RMSNorm:
     def __call__(self, x):
         return self.be.ops.rms_norm(x, self.weight, self.eps, self.offset)
 
-    def add(self, x, m):
-        """``h = x + m`` and ``self(h)``, fused: one ``add_rms_norm`` launch in place of an add and
-        a norm that reads h back. Returns (h, normed h), both [T, H]; bit-identical to the pair
-        on NumPy (:func:`dflash_ref.ops.norm.add_rms_norm`)."""
-        return self.be.ops.add_rms_norm(m, x, self.weight, self.eps, self.offset)
-
 
 class Identity:
     """The norm a layer does not have (no q/k norm): ``x -> x``."""
@@ -72,6 +67,32 @@ class Rope:
         r, xp = self.spec, self.be.xp
         return self.be.ops.rope(xp.ascontiguousarray(x), arrays.positions, r.theta,
                                 r.rotary_dim, r.factor)
+
+
+class NormRope:
+    """q and k normed per head over d, then rotated: an attention layer's four steps::
+
+        q, k = q_norm(q), k_norm(k)                   # RMSNorm, or Identity
+        q, k = rope(q, arrays), rope(k, arrays)
+
+    ``batch.tap`` sees q and k after their norms ("q", "k") and after RoPE ("q_rope",
+    "k_rope"). :class:`~dflash_ref.models.fused.FusedNormRope` computes the same as one
+    ``qk_norm_rope`` op (what a target runs where its norms and RoPE allow; tested equal).
+    """
+
+    def __init__(self, idx: int, q_norm, k_norm, rope):
+        self.idx, self.q_norm, self.k_norm, self.rope = idx, q_norm, k_norm, rope
+
+    def __call__(self, q, k, batch):
+        """q [T, nh, d], k [T, nkv, d] -> (q, k) normed and rotated, same shapes."""
+        tap, arrays = batch.tap, batch.arrays
+        q, k = self.q_norm(q), self.k_norm(k)
+        tap(self.idx, "q", q)
+        tap(self.idx, "k", k)
+        q, k = self.rope(q, arrays), self.rope(k, arrays)
+        tap(self.idx, "q_rope", q)
+        tap(self.idx, "k_rope", k)
+        return q, k
 
 
 class Projections:
@@ -113,7 +134,7 @@ class Attention:
     """Self-attention of one layer: projections, q/k norms, RoPE, the KV store, o_proj::
 
         q, k, v = u @ Wq^T, u @ Wk^T, u @ Wv^T             # one product: Projections
-        q, k = rope(q_norm(q)), rope(k_norm(k))
+        q, k = rope(q_norm(q)), rope(k_norm(k))             # NormRope
         keys, values, mask = batch.kv[i].update(k, v)       # everything the batch may read
         o = attention(q, keys, values, mask, scale, softcap) @ Wo^T
 
@@ -142,6 +163,7 @@ class Attention:
         self.k_norm = self.head_norm(w.get("self_attn.k_norm.weight") if qk else None, cfg)
         names = [f"self_attn.{p}.weight" for p in self.PROJECTIONS]
         self.project = Projections.stacked(be, w, names)  # q (and k, v) in one product
+        self.norm_rope = NormRope(idx, self.q_norm, self.k_norm, rope)
 
     def head_norm(self, weight, cfg):
         """A per-head RMSNorm over d with ``weight`` [d], or :class:`Identity` for None."""
@@ -161,15 +183,10 @@ class Attention:
 
         q and k normed, then rotated; k and v go to the layer's KV store, and the queries attend
         over everything it returns."""
-        tap, arrays = batch.tap, batch.arrays
         k = kv[0].reshape(q.shape[0], self.n_kv, self.d)
-        q, k, v = self.q_norm(q), self.k_norm(k), self.values(kv, k)
-        tap(self.idx, "q", q)
-        tap(self.idx, "k", k)
-        q, k = self.rope(q, arrays), self.rope(k, arrays)
-        tap(self.idx, "q_rope", q)
-        tap(self.idx, "k_rope", k)
-        tap(self.idx, "v", v)
+        v = self.values(kv, k)
+        q, k = self.norm_rope(q, k, batch)  # rope(q_norm(q)), rope(k_norm(k))
+        batch.tap(self.idx, "v", v)
         keys, values, mask = batch.kv[self.idx].update(k, v)
         o = self.be.ops.attention(q, keys, values, mask, scale=self.scale,
                                   softcap=self.softcap)  # [T, nh, d]
@@ -183,8 +200,9 @@ class Attention:
 
 class GatedMLP:
     """``down(act(gate(u), up(u)))``: ``act(g, up)`` [T, F] -> [T, F] is the ``swiglu`` op
-    (``silu(g) * up``) or GeGLU (:class:`dflash_ref.models.gemma.GeGLU`); a feed-forward (module
-    docstring). gate and up are one product (:class:`Projections`)."""
+    (``silu(g) * up``) or the ``geglu`` op (``gelu_tanh(g) * up``, Gemma:
+    :func:`dflash_ref.models.gemma.gelu_tanh`); a feed-forward (module docstring). gate and up
+    are one product (:class:`Projections`); both ops read its column slices in place."""
 
     def __init__(self, be, w: dict, act):
         self.be, self.w, self.act = be, w, act

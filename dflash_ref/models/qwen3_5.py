@@ -40,10 +40,10 @@ class GatedAttention(Attention):
         T, nh, d = u.shape[0], self.n_heads, self.d
         q, *kv = self.project(u)  # q [T, nh*2d], k and v [T, nkv*d]
         q = q.reshape(T, nh, 2 * d)  # [T, nh, 2d]
-        q, gate = q[..., :d], q[..., d:].reshape(T, nh * d)  # [T, nh, d], [T, nh*d]
-        o = self.attend(q, kv, batch)  # [T, nh*d]
-        o = o * (1.0 / (1.0 + self.be.xp.exp(-gate)))  # sigmoid output gate
-        return self.be.ops.linear(o, self.w["self_attn.o_proj.weight"])
+        q, gate = q[..., :d], q[..., d:]  # [T, nh, d] each (views)
+        o = self.attend(q, kv, batch).reshape(T, nh, d)  # [T, nh, d]
+        o = self.be.ops.sigmoid_gate(o, gate)  # o * sigmoid(gate), the output gate
+        return self.be.ops.linear(o.reshape(T, nh * d), self.w["self_attn.o_proj.weight"])
 
 
 class GDNMixer:

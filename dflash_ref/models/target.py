@@ -15,8 +15,9 @@ once against a Backend::
 The layers are assembled once from the config, each family's components chosen there
 (models/assemble.py). The loop above is the reference (``layers.run_layers``); the model runs
 the same stack with each residual add fused into the norm after it (``fused.run_fused``,
-``TargetModel.run_stack``; docs/backend.md, "Fused ops"), equal to the reference bit for bit
-on NumPy.
+``TargetModel.run_stack``; docs/backend.md, "Fused ops"), and each attention layer's q/k norms
+and RoPE as one ``qk_norm_rope`` op where they allow it (``fused.FusedNormRope``,
+``TargetModel.fused_norm_rope``), equal to the reference bit for bit on NumPy.
 
 Feature capture: with ``target_layer_ids = [i0, i1, ...]`` (HF numbering) the forward returns,
 per token, ``concat(h_i0, h_i1, ...)`` where ``h_i`` is the raw residual stream **after** decoder
@@ -58,9 +59,14 @@ class TargetModel:
     ``run_stack(layers, h, batch, final_norm, capture)`` runs the decoder layers:
     :func:`~dflash_ref.models.fused.run_fused` (default) or the unfused reference
     :func:`~dflash_ref.models.layers.run_layers`, which gives the same results.
+    ``fused_norm_rope``: each attention layer's q/k norms and RoPE as one ``qk_norm_rope`` op
+    (:class:`~dflash_ref.models.fused.FusedNormRope`; default) or the four reference calls
+    (:class:`~dflash_ref.models.layers.NormRope`); the same results, read when the layers are
+    made.
     """
 
     run_stack = staticmethod(run_fused)
+    fused_norm_rope = True
 
     def __init__(self, config: TargetConfig, weights: dict, backend="numpy",
                  target_layer_ids=None):
@@ -81,7 +87,7 @@ class TargetModel:
         self.lm_head_weight = (
             self.embed_tokens if config.tie_word_embeddings else w[config.lm_head_name]
         )  # [vocab, H]
-        self.layers = decoder_layers(config, self.be, w, self.embed)
+        self.layers = decoder_layers(config, self.be, w, self.embed, fused=self.fused_norm_rope)
         self.store_plan = StorePlan.of(config)  # which store each layer gets, for new_state
 
     # ------------------------------------------------------------------ construction

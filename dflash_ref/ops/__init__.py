@@ -8,9 +8,9 @@ three kinds of tests (docs/backend.md walks through it).
 """
 
 OP_FAMILIES: dict[str, tuple[str, ...]] = {
-    "norm": ("rms_norm", "add_rms_norm", "l2_norm", "gated_rms_norm"),
-    "rope": ("rope",),
-    "activations": ("swiglu", "softmax", "log_softmax"),
+    "norm": ("rms_norm", "add_rms_norm", "norm_add_rms_norm", "l2_norm", "gated_rms_norm"),
+    "rope": ("rope", "qk_norm_rope"),
+    "activations": ("swiglu", "geglu", "sigmoid_gate", "gdn_gates", "softmax", "log_softmax"),
     "reductions": ("argmax_rows", "top1_prob_rows", "entropy_rows", "count_nonfinite_rows"),
     "masks": ("materialize",),
     "attention": ("attention",),

@@ -1,5 +1,5 @@
-"""Normalisation ops: RMSNorm (plain and (1+w)), the fused residual add + RMSNorm, L2 norm (two eps
-conventions), gated RMSNorm.
+"""Normalisation ops: RMSNorm (plain and (1+w)), the fused residual add + RMSNorm (also after a
+sandwich norm of what is added), L2 norm (two eps conventions), gated RMSNorm.
 
 All reduce over the last axis and broadcast ``weight`` [n] over the leading axes. The statistic is
 accumulated in the compute dtype (float32, or float64 for float64 inputs), as HF does after its
@@ -61,6 +61,30 @@ def add_rms_norm(x, residual, weight, eps: float, offset: float = 0.0):
     dt = compute_dtype(x, residual, weight)
     h = as_compute(x, dt) + as_compute(residual, dt)  # [..., n]
     return h, rms_norm(h, weight, eps, offset)
+
+
+def norm_add_rms_norm(x, residual, weight, next_weight, eps: float, offset: float = 0.0):
+    """A sub-block's output normed, added to the residual stream, and the sum normed: Gemma's
+    sandwich norm then the next norm, in one op (docs/backend.md, "Fused ops")::
+
+        m = rms_norm(x, weight, eps, offset)                  # post_attention / post_feedforward
+        h, normed = add_rms_norm(m, residual, next_weight, eps, offset)
+
+    The same calls in the same order, so the results equal the written-out three steps bit for
+    bit. The CuPy twin is one launch (one block per row) where the pair of norms and the add took
+    two.
+
+    Args:
+        x: [..., n] a sub-block's output, before its norm.
+        residual: [..., n] the residual stream.
+        weight: [n] the sub-block's post norm; next_weight: [n] the norm of the sum.
+        eps, offset: as in :func:`rms_norm`, shared by both norms.
+    Returns:
+        (m, h, normed): [..., n] each, in the compute dtype.
+    """
+    m = rms_norm(x, weight, eps, offset)  # [..., n]
+    h, normed = add_rms_norm(m, residual, next_weight, eps, offset)
+    return m, h, normed
 
 
 def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> np.ndarray:

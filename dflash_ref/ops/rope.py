@@ -1,4 +1,5 @@
-"""Rotary position embedding, NEOX (rotate-half) style, absolute positions, partial rotary.
+"""Rotary position embedding, NEOX (rotate-half) style, absolute positions, partial rotary; and
+:func:`qk_norm_rope`, the q/k norms and RoPE of an attention layer as one op.
 
 As HF and z-lab/dflash ``dflash/model.py`` (docs/backend.md):
 ``inv_freq_i = theta^(-2i/rd)`` for i = 0..rd/2-1 where rd is the rotary dimension
@@ -23,6 +24,7 @@ import functools
 import numpy as np
 
 from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops.norm import rms_norm
 
 
 @functools.lru_cache(maxsize=64)
@@ -84,3 +86,44 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None,
     out[..., : rd // 2] = x1 * cos - x2 * sin
     out[..., rd // 2 : rd] = x2 * cos + x1 * sin
     return out
+
+
+def qk_norm_rope(q, k, positions, q_weight, k_weight, eps: float, offset: float, theta: float,
+                 rotary_dim: int | None = None, factor: float = 1.0):
+    """The per-head q and k RMSNorms, then RoPE of both: four steps of an attention layer as one
+    op (docs/backend.md, "Fused ops")::
+
+        q' = rope(rms_norm(q, q_weight, eps, offset), positions, theta, rotary_dim, factor)
+        k' = rope(rms_norm(k, k_weight, eps, offset), positions, theta, rotary_dim, factor)
+
+    This reference is that composition of :func:`~dflash_ref.ops.norm.rms_norm` and
+    :func:`rope`, so it equals the four calls bit for bit. A weight of None skips that norm (a
+    layer without q/k norms; Qwen3 and Gemma norm both, Llama-style layers neither). The norm is
+    over each head's d channels; RoPE as :func:`rope` (partial ``rotary_dim``, linear
+    ``factor``). The CuPy twin is one launch reading q and k in place: rows and heads may be
+    strided (the column slices of a stacked q/k/v product, a [q | gate] head), the channels
+    contiguous.
+
+    Args:
+        q: [T, nq, d] queries (projected, before their norm), or None: keys only, and q' is
+            None (the drafter's context keys).
+        k: [T, nk, d] keys.
+        positions: [T] integer absolute positions.
+        q_weight, k_weight: [d] per-channel scales as stored, or None (no norm).
+        eps, offset: as in :func:`~dflash_ref.ops.norm.rms_norm` (offset 1.0: the (1 + w) form).
+        theta, rotary_dim, factor: as in :func:`rope`.
+    Returns:
+        (q', k'): [T, nq, d] and [T, nk, d] in the compute dtype.
+    """
+    if np.ndim(k) != 3 or (q is not None and np.ndim(q) != 3):
+        raise ValueError(f"qk_norm_rope expects q [T, nq, d] (or None) and k [T, nk, d], got "
+                         f"shapes {np.shape(q) if q is not None else None} and {np.shape(k)}")
+    if q is not None and (np.shape(q)[0] != np.shape(k)[0] or np.shape(q)[2] != np.shape(k)[2]):
+        raise ValueError(f"qk_norm_rope: q {np.shape(q)} and k {np.shape(k)} must have the same "
+                         f"number of tokens T and head dim d (axes 0 and 2)")
+    k = k if k_weight is None else rms_norm(k, k_weight, eps, offset)  # [T, nk, d]
+    k = rope(k, positions, theta, rotary_dim, factor)
+    if q is None:
+        return None, k
+    q = q if q_weight is None else rms_norm(q, q_weight, eps, offset)  # [T, nq, d]
+    return rope(q, positions, theta, rotary_dim, factor), k

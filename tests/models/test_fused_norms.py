@@ -12,10 +12,12 @@ The expected counts are by hand from each family's layer order (dflash_ref/model
 docs/backend.md "Fused ops"): every residual add that a norm of the sum follows is one
 ``add_rms_norm`` (the pre-MLP norm; the next layer's input norm; the final norm after the last
 layer), so a forward over L layers makes 2L fused calls and only layer 0's input norm runs alone.
-Gemma 3 also norms each sub-block's output before its add (sandwich norms: 2L plain norms);
-Gemma 4's layer scalar (and per-layer input) sit between a layer's last add and the next norm,
-so there only the pre-MLP add is fused. Logits are unchanged bit for bit: every model test and
-the golden cases (tests/oracle/test_golden_cases.py) run through the fused path.
+Gemma 3 also norms each sub-block's output before its add (sandwich norms): that norm joins the
+fused call (``norm_add_rms_norm``: post norm, add, next norm); Gemma 4's layer scalar (and
+per-layer input) sit between a layer's last add and the next norm, so there only the pre-MLP
+add is fused (with the post-attention norm) and the post-feedforward norm runs alone. Logits
+are unchanged bit for bit: every model test and the golden cases
+(tests/oracle/test_golden_cases.py) run through the fused path.
 """
 
 from __future__ import annotations
@@ -42,13 +44,18 @@ HF_CASES = ["qwen35_moe", "gemma4_dense", "gemma4_ple_kvshare", "gemma4_moe"]
 
 
 def counting_ops_backend(calls: Counter, hidden: int) -> Backend:
-    """The NumPy backend, counting ``add_rms_norm`` calls and ``rms_norm`` calls over the
-    residual stream's width ([T, hidden]; the per-head q / k / v norms are [T, h, d])."""
+    """The NumPy backend, counting ``add_rms_norm`` and ``norm_add_rms_norm`` calls and
+    ``rms_norm`` calls over the residual stream's width ([T, hidden]; the per-head q / k / v
+    norms are [T, h, d])."""
     ref = get_backend("numpy")
 
     def add_rms_norm(*args, **kwargs):
         calls["add_rms_norm"] += 1
         return ref.ops.add_rms_norm(*args, **kwargs)
+
+    def norm_add_rms_norm(*args, **kwargs):
+        calls["norm_add_rms_norm"] += 1
+        return ref.ops.norm_add_rms_norm(*args, **kwargs)
 
     def stream_rms_norm(x, *args, **kwargs):
         if x.ndim == 2 and x.shape[-1] == hidden:
@@ -56,7 +63,7 @@ def counting_ops_backend(calls: Counter, hidden: int) -> Backend:
         return ref.ops.rms_norm(x, *args, **kwargs)
 
     ops = SimpleNamespace(**{**vars(ref.ops), "add_rms_norm": add_rms_norm,
-                             "rms_norm": stream_rms_norm})
+                             "norm_add_rms_norm": norm_add_rms_norm, "rms_norm": stream_rms_norm})
     return Backend("numpy", np, ops)
 
 
@@ -84,9 +91,10 @@ def test_one_fused_call_replaces_each_add_then_norm(family, n_layers, sandwich):
     model = TargetModel(cfg, weights, backend=counting_ops_backend(calls, cfg.hidden_size))
     L = n_layers
     # 2L fused: L pre-MLP norms, L - 1 next-layer input norms, the final norm. Alone: layer 0's
-    # input norm, plus Gemma's post-attention and post-feedforward norms of the sub-block outputs.
-    assert counts_of_one_forward(model, calls) == Counter(
-        {"add_rms_norm": 2 * L, "rms_norm": 1 + (2 * L if sandwich else 0)})
+    # input norm. Gemma's post-attention and post-feedforward norms of the sub-block outputs are
+    # fused too: each add is then a norm_add_rms_norm (post norm, add, next norm).
+    fused = "norm_add_rms_norm" if sandwich else "add_rms_norm"
+    assert counts_of_one_forward(model, calls) == Counter({fused: 2 * L, "rms_norm": 1})
 
 
 @pytest.mark.parametrize("case", ["qwen35_moe", "gemma4_dense", "gemma4_ple_kvshare"])
@@ -98,9 +106,10 @@ def test_fused_calls_on_the_hf_fixtures(case):
     L = cfg.num_hidden_layers
     if case == "qwen35_moe":  # as Qwen3: nothing between a layer's last add and the next norm
         expected = {"add_rms_norm": 2 * L, "rms_norm": 1}
-    else:  # Gemma 4: the layer scalar follows the last add: the L input norms and the final
-        # norm run alone, as do the 2L sandwich norms; only the pre-MLP norm is fused
-        expected = {"add_rms_norm": L, "rms_norm": L + 1 + 2 * L}
+    else:  # Gemma 4: the layer scalar follows the last add: the L input norms, the final
+        # norm and the L post-feedforward norms run alone; the post-attention norm, its add and
+        # the pre-MLP norm are one norm_add_rms_norm
+        expected = {"norm_add_rms_norm": L, "rms_norm": L + 1 + L}
         if case == "gemma4_ple_kvshare":  # + each layer's post_per_layer_input_norm [T, H]
             expected["rms_norm"] += L
     assert counts_of_one_forward(model, calls) == Counter(expected)

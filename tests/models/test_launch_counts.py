@@ -7,15 +7,25 @@ op call, the kernels its CuPy twin starts (``TWIN_LAUNCHES``), plus every array 
 and assignment that would start one. The per-layer count is the difference between two depths
 (what the embedding, the final norm and the head add cancels).
 
-The ceilings are the counts of this tree, worked out by hand from the layer's code: a Qwen3
-decode layer is the stacked q/k/v product, q and k norms, two RoPEs, the two K/V writes, the
-attention and its combine, o_proj, two add+norms, the stacked gate/up product, SwiGLU and
-down_proj: 15 (18 before the stacking). A verify of 16 rows adds 8: the column slices of a
-stacked product are strided when there is more than one row, and the twins of the norms, RoPE
-and SwiGLU copy their inputs contiguous first (q, k, gate, up, and RoPE's inputs). Issue 27's
-goal is about 10 for a Qwen3 decode: the q/k norms and RoPE fused with the K/V write, and twins
-that read strided rows, are the next steps (docs/performance.md). A count that grows fails here:
-a new per-layer launch must be a decision, not an accident.
+The ceilings are the counts of this tree, worked out by hand from the layer's code: a Qwen3 decode
+layer is the stacked q/k/v product, the q/k norms and both RoPEs as one ``qk_norm_rope``
+(models/fused.py ``FusedNormRope``), the two K/V writes, the attention and its combine, o_proj, two
+add+norms, the stacked gate/up product, SwiGLU and down_proj: 12 (15 before the fused q/k op, 18
+before the stacking). The twins of ``qk_norm_rope``, ``swiglu`` and ``geglu`` read the stacked
+products' column slices in place (``READS_STRIDED_ROWS``), so a verify of 16 rows adds only what
+the KV cache's growth launches here (``KVCache._reserve``: two zero-filled allocations and two
+copies when the rows outgrow the capacity, which doubles; issue 27 item 5's fixed-capacity stores
+remove them): 16. Gemma 3 runs the same count: its sandwich norms join the fused adds
+(``norm_add_rms_norm``: post norm, add, next norm) and its GeGLU is one ``geglu`` launch where the
+NumPy expression was nine (26 before). A drafter layer: the input norm, the stacked q/k/v product,
+``qk_norm_rope``, the cache's growth and the block's K/V writes into its spare rows, the attention
+(2), o_proj, the fused add + post-attention norm, gate/up, SwiGLU, down_proj and the residual add:
+17. A Qwen3.5 GDN layer's gates are one ``gdn_gates`` launch (eleven array operations before) and
+its full-attention layers' output gate one ``sigmoid_gate`` (five), its q and k heads one
+``l2_norm``: 13 per layer over the 3:1 hybrid (23.25 before). Issue 27's goal is about 10 for a
+Qwen3 decode; what remains is the K/V write (two copies, one kernel at most, in the stores of item
+5) and the attention's split combine. A count that grows fails here: a new per-layer launch must be
+a decision, not an accident.
 """
 
 from __future__ import annotations
@@ -34,10 +44,9 @@ from tests.models.test_batch_arrays import tiny_model
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
 # family -> (decode, 16-row verify) kernels per layer (the hybrid: per 4 layers / 4)
-CEILINGS = {"qwen3": (15, 23), "gemma3": (26, 32), "qwen3_5": (23.25, 30.25)}
-# Gemma's GeGLU is an elementwise chain in NumPy terms (8 kernels), not one op like SwiGLU.
-DRAFT_PER_LAYER = 25  # a drafter layer's kernels for one block (context K/V written by extend)
-FIXTURE_DECODE = {"gemma4_dense": 227, "gemma4_ple_kvshare": 296, "qwen35_moe": 280}
+CEILINGS = {"qwen3": (12, 16), "gemma3": (12, 16), "qwen3_5": (13, 17.75)}
+DRAFT_PER_LAYER = 17  # a drafter layer's kernels for one block (context K/V written by extend)
+FIXTURE_DECODE = {"gemma4_dense": 155, "gemma4_ple_kvshare": 227, "qwen35_moe": 242}
 
 
 def launches(fn, *args) -> list[str]:

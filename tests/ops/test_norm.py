@@ -1,4 +1,5 @@
-"""rms_norm, add_rms_norm, l2_norm, gated_rms_norm: hand-checked values, properties, NumPy vs CuPy.
+"""rms_norm, add_rms_norm, norm_add_rms_norm, l2_norm, gated_rms_norm: hand-checked values,
+properties, NumPy vs CuPy.
 
 Reading order for a newcomer: dflash_ref/ops/norm.py (the spec) -> kernels_cupy/norm.py and
 kernels_cupy/cuda/norm.cu (the twin) -> this file (unit, property, gpu).
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ref.ops.norm import add_rms_norm, gated_rms_norm, l2_norm, rms_norm
+from dflash_ref.ops.norm import add_rms_norm, gated_rms_norm, l2_norm, norm_add_rms_norm, rms_norm
 from dflash_ref.testing import assert_close
 from tests.gpu import check_twin
 from tests.strategies import f32_arrays, rows_and_width
@@ -125,6 +126,32 @@ def test_add_rms_norm_is_the_add_then_rms_norm_bit_for_bit(data, offset):
     np.testing.assert_array_equal(y, rms_norm(x + res, w, 1e-6, offset))
 
 
+def test_norm_add_rms_norm_hand_values():
+    # x = [3, 4] (rms sqrt(12.5)), post weight [1, 1]: m = [3, 4] / sqrt(12.5); the stream
+    # [1 - m0, 2 - m1] makes h = [1, 2] (rms sqrt(2.5)), next weight [2, 1]: [2, 2] / sqrt(2.5).
+    r = np.sqrt(12.5)
+    m, h, y = norm_add_rms_norm(np.array([3.0, 4.0]), np.array([1 - 3 / r, 2 - 4 / r]),
+                                np.ones(2), np.array([2.0, 1.0]), eps=0.0)
+    assert_close(m, [3 / r, 4 / r], "float64", op="norm_add_rms_norm", tensor="m")
+    assert_close(h, [1.0, 2.0], "float64", op="norm_add_rms_norm", tensor="h")
+    assert_close(y, [2 / np.sqrt(2.5), 2 / np.sqrt(2.5)], "float64", op="norm_add_rms_norm",
+                 tensor="normed")
+
+
+@given(st.data(), st.sampled_from([0.0, 1.0]))
+def test_norm_add_rms_norm_is_the_three_steps_bit_for_bit(data, offset):
+    # Gemma's post norm, the add, the next norm (dflash_ref/models/fused.py ``add_normed``): a
+    # fused op that added the raw x, normed with the wrong weight, or handed back the
+    # pre-add stream fails here.
+    rows, n = data.draw(rows_and_width())
+    x, res = data.draw(f32_arrays((rows, n))), data.draw(f32_arrays((rows, n)))
+    w, w2 = data.draw(f32_arrays((n,), -1.0, 1.0)), data.draw(f32_arrays((n,), -1.0, 1.0))
+    m, h, y = norm_add_rms_norm(x, res, w, w2, 1e-6, offset)
+    np.testing.assert_array_equal(m, rms_norm(x, w, 1e-6, offset))
+    np.testing.assert_array_equal(h, m + res)
+    np.testing.assert_array_equal(y, rms_norm(m + res, w2, 1e-6, offset))
+
+
 @given(st.data())
 def test_l2_norm_unit_and_modes_agree_away_from_zero(data):
     rows, n = data.draw(rows_and_width())
@@ -132,6 +159,16 @@ def test_l2_norm_unit_and_modes_agree_away_from_zero(data):
     a, b = l2_norm(x, 1e-12, "sqrt_eps"), l2_norm(x, 1e-12, "floor")
     assert_close(np.linalg.norm(a, axis=-1), np.ones(rows), "float64", op="l2_norm")
     assert_close(a, b, "float64", op="l2_norm", case="modes agree for |x| >> eps")
+
+
+def test_l2_norm_of_q_and_k_heads_together_is_each_alone_bit_for_bit(rng):
+    # The GDN layer norms q's and k's heads in one call over the conv output's [T, 2H, dk] view
+    # (dflash_ref/models/gdn_layer.py ``split_qkv``): each row is normed alone, so the halves
+    # equal separate calls exactly.
+    conv = rng.standard_normal((5, 2 * 3 * 16 + 40)).astype(np.float32)  # [T, q | k | v]
+    qk = l2_norm(conv[:, :96].reshape(5, 6, 16), 1e-6)
+    np.testing.assert_array_equal(qk[:, :3], l2_norm(conv[:, :48].reshape(5, 3, 16), 1e-6))
+    np.testing.assert_array_equal(qk[:, 3:], l2_norm(conv[:, 48:96].reshape(5, 3, 16), 1e-6))
 
 
 @given(st.data())
@@ -162,6 +199,18 @@ def test_rms_norm_twin(rng, shape, offset):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_norm_add_rms_norm_twin(rng, shape, offset):
+    # m and normed: rms_norm's row-sum tolerance; h = m + residual carries m's few-ulp error.
+    x = (3 * rng.standard_normal(shape)).astype(np.float32)
+    res = rng.standard_normal(shape).astype(np.float32)
+    w, w2 = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+    check_twin("norm_add_rms_norm", (x, res, w, w2, 1e-6), {"offset": offset},
+               "float32_rowsum", case=str(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_add_rms_norm_twin(rng, shape, offset):
     # h is one float32 add on both sides; normed has rms_norm's row-sum tolerance.
     x = rng.standard_normal(shape).astype(np.float32)
@@ -186,3 +235,21 @@ def test_gated_rms_norm_twin(rng, shape):
     z = (3 * rng.standard_normal(shape)).astype(np.float32)
     w = rng.standard_normal(shape[-1]).astype(np.float32)
     check_twin("gated_rms_norm", (x, z, w, 1e-6), tol="float32_rowsum", case=str(shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("mode", ["sqrt_eps", "floor"])
+def test_l2_norm_twin_reads_the_conv_outputs_heads_in_place(rng, T, mode):
+    # q's and k's heads as the GDN layer passes them: a [T, 2H, dk] view of the conv output's
+    # first 2H dk columns (row stride the conv width), normed by one launch.
+    import cupy as cp
+
+    from dflash_ref.backend import get_backend
+
+    H, dk, dv = 16, 128, 4096
+    conv = rng.standard_normal((T, 2 * H * dk + dv)).astype(np.float32)
+    want = l2_norm(conv[:, :2 * H * dk].reshape(T, 2 * H, dk), 1e-6, mode)
+    dconv = cp.asarray(conv)
+    got = get_backend("cupy").ops.l2_norm(dconv[:, :2 * H * dk].reshape(T, 2 * H, dk), 1e-6, mode)
+    assert_close(cp.asnumpy(got), want, "float32_rowsum", op="l2_norm", case=f"view T={T}")
