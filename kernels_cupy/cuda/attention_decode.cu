@@ -1,7 +1,7 @@
 // attention_decode.cu: decode / verify attention v2 (few query rows, GQA, flash-decoding).
 // Reference: dflash_ref/ops/attention.py (attention) and dflash_ref/ops/masks.py (the
-// visibility predicate; dec_key_visible below is attention.cu's att_key_visible, the same
-// lines). Plan: kernels_cupy/attention_decode.py (plan_decode); CPU emulation of this loop:
+// visibility predicate: att_key_visible of attention_mask.cuh, which _build.py prepends).
+// Plan: kernels_cupy/attention_decode.py (plan_decode); CPU emulation of this loop:
 // tests/kernels/test_attention_decode_plan.py. docs/attention.md, "The decode kernel (v2)".
 //
 // Kernels (all float32, contiguous; q [Tq, nh, d], k / v [Tk, nkv, d], q_pos [Tq] int32,
@@ -56,26 +56,6 @@
 #define DEC_MAX_SPLITS 256
 #define DEC_NEG_INF __int_as_float(0xff800000)
 #define DEC_FULL 0xffffffffu
-
-// The MaskSpec predicate (dflash_ref/ops/masks.py; attention.cu att_key_visible).
-__device__ __forceinline__ bool dec_key_visible(const int qp, const int kp,
-                                                const unsigned char* __restrict__ anc_row,
-                                                const long long j, const int causal,
-                                                const int window, const int window_mode,
-                                                const int has_base, const int base_pos,
-                                                const int has_anc) {
-    if (kp < 0) return false;  // invalid slot (free, paged out, stale)
-    bool ok;
-    if (has_base && kp < base_pos) ok = true;  // committed prefix
-    else if (has_anc) ok = anc_row[j] != 0;    // tree verify: self or ancestor
-    else if (causal) ok = kp <= qp;
-    else ok = true;                            // fully visible
-    if (ok && window > 0) {
-        const int dist = qp - kp;
-        ok = (window_mode == 0) ? (dist < window) : (abs(dist) <= window);
-    }
-    return ok;
-}
 
 __device__ __forceinline__ float dec_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(DEC_FULL, v, o));
@@ -152,7 +132,7 @@ __device__ __forceinline__ unsigned dec_tile_mask(
         bool vis = false;
         if (row_ok[s] && in) {
             const unsigned char* anc_row = has_anc ? anc + (long long)qi[s] * Tk : anc;
-            vis = dec_key_visible(qp[s], kp, anc_row, j, causal, window, window_mode, has_base,
+            vis = att_key_visible(qp[s], kp, anc_row, j, causal, window, window_mode, has_base,
                                   base_pos, has_anc);
         }
         bits[s] = __ballot_sync(DEC_FULL, vis);

@@ -1,6 +1,6 @@
 // attention_mask.cuh: the MaskSpec visibility predicate, shared by the attention families that
-// evaluate masks inline (attention.cu, attention_prefill.cu). _build.py prepends it to those
-// families' sources (FAMILY_HEADERS). Reference: dflash_ref/ops/masks.py (key_visible).
+// evaluate masks inline (attention.cu, attention_decode.cu, attention_prefill.cu). _build.py
+// prepends it to those families' sources (FAMILY_HEADERS). Reference: dflash_ref/ops/masks.py (key_visible).
 
 // The MaskSpec predicate (dflash_ref/ops/masks.py, key_visible), for query position qp and
 // key slot position kp; anc_row points at row i of the ancestor matrix (used iff has_anc).
