@@ -80,9 +80,9 @@ def gather_rows(pool, slots, out=None) -> np.ndarray:
 def scatter_rows(pool, slots, rows, checked: bool = False):
     """In place: ``pool[s, slots[i]] = rows[s, i]`` for every segment s and row i.
 
-    The one op of the project that mutates an argument: copying a whole pool to change 64 rows
-    would defeat the pager. The CuPy twin writes into the same device array, so reference and twin
-    agree on both the returned value and the argument afterwards.
+    One of the two ops that mutate an argument (with :func:`write_kv`): copying a whole pool to
+    change 64 rows would defeat the pager. The CuPy twin writes into the same device array, so
+    reference and twin agree on both the returned value and the argument afterwards.
 
     Args:
         pool: [S, P, W] C-contiguous, modified in place.
