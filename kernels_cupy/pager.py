@@ -6,7 +6,8 @@ words (float32; float16 / bfloat16 with an even row width). The argument checks 
 per-step path: the pager computes slots on the host) with the reference's own check before the
 upload, so no KV write waits for the GPU; device slots on the device, with one synchronisation
 (see :func:`_check_slots`). The kernels also skip any slot outside [0, P), so an unchecked slot
-can never read or corrupt unrelated memory.
+can never read or corrupt unrelated memory. ``write_kv`` (a KV cache's K and V rows in one
+launch) is float32, the caches' dtype, and reads its k and v rows in place.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from dflash_ref.ops.pager import check_chunk_blocks
+from dflash_ref.ops.pager import check_chunk_blocks, check_kv_args
 from dflash_ref.ops.pager import check_slots as check_host_slots
-from kernels_cupy._launch import i32, launch_elementwise
+from kernels_cupy._launch import f32_strided, i32, i64, launch_elementwise
 
 
 def _check_pool(pool, op: str) -> cp.ndarray:
@@ -177,3 +178,32 @@ def _check_device_chunk_blocks(cb: cp.ndarray, T: int, P: int) -> cp.ndarray:
     if cb.size * T > np.iinfo(np.int32).max:
         raise ValueError(f"fill_slot_pos: positions up to {cb.size * T} overflow int32")
     return cp.ascontiguousarray(cb.astype(cp.int32))
+
+
+def write_kv(kv, k, v, rows=None, start: int = 0, checked: bool = False):
+    """Twin of :func:`dflash_ref.ops.pager.write_kv`: one launch writes the batch's K and V rows
+    into ``kv`` [2, C, H, D] in place; returns ``kv``.
+
+    ``k``, ``v`` [T, H, D] are read in place with strided rows and heads (``f32_strided``: the
+    v column slice of a stacked q/k/v product costs no copy). ``rows``: host rows are checked on
+    the host and uploaded; device rows (a fixed store's positions, read by a captured step) are
+    used as they are with ``checked=True``, else checked on the device with one
+    synchronisation (:func:`_check_slots`). Without rows, ``start`` is a host int.
+    """
+    if not isinstance(kv, cp.ndarray) or kv.dtype != cp.float32:
+        raise TypeError(f"write_kv: kv must be a float32 CuPy array (it is written in place), "
+                        f"got {type(kv).__name__} {getattr(kv, 'dtype', '')}")
+    T = check_kv_args(kv, k, v, start, rows is not None)
+    k, (ks_r, ks_h, _) = f32_strided(k, "write_kv", "k")
+    v, (vs_r, vs_h, _) = f32_strided(v, "write_kv", "v")
+    _, C, H, D = kv.shape
+    strides = (i32(T), i32(C), i32(H), i32(D), i64(ks_r), i64(ks_h), i64(vs_r), i64(vs_h))
+    if rows is None:
+        launch_elementwise("pager", "write_kv_from_f32", 2 * T * H * D,
+                           (kv, k, v, i32(start), *strides))
+        return kv
+    rows = _check_slots(rows, C, "write_kv", distinct=True, checked=checked)
+    if rows.size != T:
+        raise ValueError(f"write_kv: {rows.size} rows for {T} K/V rows; give one row each")
+    launch_elementwise("pager", "write_kv_rows_f32", 2 * T * H * D, (kv, k, v, rows, *strides))
+    return kv

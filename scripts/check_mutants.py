@@ -140,8 +140,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '11 drafter staging: the block\'s K/V written one row into the committed ones',
         'dflash_ref/models/cache.py',
-        'self._k[self.length : end] = k',
-        'self._k[self.length - 1 : end - 1] = k',
+        'self.be.ops.write_kv(self._kv, k, v, start=self.length)  # rows len..end-1, K and V',
+        'self.be.ops.write_kv(self._kv, k, v, start=self.length - 1)  # rows len..end-1, K and V',
         'tests/models/test_drafter.py',
     ),
     # ---- issue 26: the oracle's blind spots (each killed without torch)

@@ -132,14 +132,15 @@ LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to
 
 # Kernels the CuPy twin of each op starts for one call in a decode / verify / draft step (read from
 # kernels_cupy/<family>.py; an op absent here starts one). Attention: the key-split kernel and its
-# combine (a decode step's grid splits the keys to fill the GPU). The chunked GDN is a prefill op
+# combine (a decode step's grid splits the keys to fill the GPU); write_kv: K and V in one kernel
+# (listed, though one is the default, because it replaced two). The chunked GDN is a prefill op
 # (three kernels per block of chunks, kernels_cupy/gdn.py) and is not on a step's path.
-TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2}
+TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2, "write_kv": 1}
 # Ops whose twins read an array of these many axes in place when its last axis is contiguous
 # (rows, and heads, may be strided: ``kernels_cupy._launch.f32_strided``); any other
 # non-contiguous argument costs a copy.
 READS_STRIDED_ROWS = {"swiglu": (2,), "geglu": (2,), "qk_norm_rope": (3,), "gdn_gates": (2,),
-                      "sigmoid_gate": (2, 3), "l2_norm": (3,)}
+                      "sigmoid_gate": (2, 3), "l2_norm": (3,), "write_kv": (3,)}
 # NumPy functions that start no kernel on CuPy: views, shapes, dtype and host-side queries.
 _NO_KERNEL = frozenset({"reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
                         "broadcast_to", "result_type", "shape", "ndim", "size", "may_share_memory",

@@ -16,17 +16,18 @@ from dflash_ref.errors import ConfigError
 class KVCache:
     """Keys and values of one attention layer for positions 0..len-1, in position order.
 
-    Storage grows by doubling, so it usually has spare rows after the committed ones; ``k``/``v``
-    return views of the committed part: ``[len, n_kv_heads, head_dim]`` each (post-norm,
-    post-RoPE keys, as attention consumes them). :meth:`stage` writes rows into the spare part
-    without committing them (the drafter's block K/V, docs/drafter.md, "Draft cache").
+    K and V live in one storage ``[2, capacity, n_kv_heads, head_dim]`` (K rows, then V rows),
+    so a batch's keys and values are one ``write_kv`` (one kernel on CuPy). Storage grows by
+    doubling, so it usually has spare rows after the committed ones; ``k``/``v`` return views of
+    the committed part: ``[len, n_kv_heads, head_dim]`` each (post-norm, post-RoPE keys, as
+    attention consumes them). :meth:`stage` writes rows into the spare part without committing
+    them (the drafter's block K/V, docs/drafter.md, "Draft cache").
     """
 
     def __init__(self, be: Backend, n_kv_heads: int, head_dim: int, dtype="float32"):
         self.be = be
         self.n_kv_heads, self.head_dim, self.dtype = n_kv_heads, head_dim, dtype
-        self._k = be.xp.zeros((0, n_kv_heads, head_dim), dtype=dtype)
-        self._v = be.xp.zeros((0, n_kv_heads, head_dim), dtype=dtype)
+        self._kv = be.xp.zeros((2, 0, n_kv_heads, head_dim), dtype=dtype)  # [2, cap, Hkv, D]
         self.length = 0
 
     def append(self, k, v):
@@ -42,11 +43,14 @@ class KVCache:
                 f"[T, {self.n_kv_heads}, {self.head_dim}] each"
             )
         end = self.length + T
-        self._reserve(end)
-        self._k[self.length : end] = k
-        self._v[self.length : end] = v
+        if end > self._kv.shape[1]:  # grow: capacity at least doubles (amortised O(1))
+            cap = max(end, 2 * self._kv.shape[1], 16)
+            kv = self.be.xp.zeros((2, cap, self.n_kv_heads, self.head_dim), dtype=self._kv.dtype)
+            kv[:, : self.length] = self._kv[:, : self.length]  # K and V rows in one copy
+            self._kv = kv
+        self.be.ops.write_kv(self._kv, k, v, start=self.length)  # rows len..end-1, K and V
         self.length = end
-        return self._k[:end], self._v[:end]
+        return self._kv[0, :end], self._kv[1, :end]
 
     def stage(self, k, v, start: int = 0):
         """Write ``k``, ``v`` [T, n_kv_heads, head_dim] after the committed rows, uncommitted:
@@ -63,22 +67,13 @@ class KVCache:
         self.length -= k.shape[0]
         return keys[start:], values[start:]
 
-    def _reserve(self, rows: int) -> None:
-        """Make room for ``rows`` rows; capacity at least doubles, so growth is amortised O(1)."""
-        if rows > self._k.shape[0]:
-            cap, xp = max(rows, 2 * self._k.shape[0], 16), self.be.xp
-            k = xp.zeros((cap, self.n_kv_heads, self.head_dim), dtype=self._k.dtype)
-            v = xp.zeros((cap, self.n_kv_heads, self.head_dim), dtype=self._v.dtype)
-            k[: self.length], v[: self.length] = self._k[: self.length], self._v[: self.length]
-            self._k, self._v = k, v
-
     @property
     def k(self):
-        return self._k[: self.length]
+        return self._kv[0, : self.length]
 
     @property
     def v(self):
-        return self._v[: self.length]
+        return self._kv[1, : self.length]
 
     def keep_rows(self, start: int, rows) -> None:
         """Keep rows < start, then the rows at indices ``rows`` (>= start) in that order.
@@ -87,9 +82,9 @@ class KVCache:
         branch keeps exactly the path's rows, which then sit at positions start, start+1, ...
         """
         rows = self.be.xp.asarray(rows)
-        k, v = self._k[rows].copy(), self._v[rows].copy()
+        kv = self._kv[:, rows].copy()  # [2, n, Hkv, D]
         self.truncate(start)
-        self.append(k, v)
+        self.append(kv[0], kv[1])
 
     def truncate(self, n_keep: int) -> None:
         """Drop positions >= n_keep (rejected drafts). Keeping more than present is an error."""

@@ -81,8 +81,9 @@ class FixedDraftCache(DraftCache):
     """:class:`DraftCache` in fixed rows, its draft step captured as a CUDA graph per row count
     (models/graphs.py; what a target state made with ``graphs=True`` drafts with).
 
-    Each layer keeps ``[2, capacity + B, Hkv * D]`` rows: context position p in row p (written
-    by :meth:`extend`, eagerly), the block's K/V in rows ``capacity ..`` (written by the step).
+    Each layer keeps ``[2, capacity + B, Hkv, D]`` rows (K, then V): context position p in row
+    p (written by :meth:`extend`, eagerly), the block's K/V in rows ``capacity ..`` (written by
+    the step); each write is one ``write_kv``.
     The step reads one persistent int32 buffer per row count n, written once per draft::
 
         [ids (n); noise positions (n); key positions (capacity + n)]
@@ -106,9 +107,9 @@ class FixedDraftCache(DraftCache):
                               "run it with a target state made without graphs=True (or "
                               "drafter.new_cache() without a capacity)")
         cfg, xp = drafter.config, drafter.be.xp
-        self.capacity, self.rows = int(capacity), cfg.num_key_value_heads * cfg.head_dim
-        self.kv = [xp.zeros((2, self.capacity + drafter.block_size, self.rows), xp.float32)
-                   for _ in range(cfg.num_hidden_layers)]
+        self.capacity = int(capacity)
+        shape = (2, self.capacity + drafter.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv = [xp.zeros(shape, xp.float32) for _ in range(cfg.num_hidden_layers)]
         self.graphs = StepGraphs(drafter.be, enabled=graphs)
 
     def extend(self, features, positions) -> None:
@@ -125,7 +126,7 @@ class FixedDraftCache(DraftCache):
         c = d.encode(xp.asarray(features, dtype=xp.float32))
         for i, kv in enumerate(self.kv):
             k, v = d.context_kv(i, c, positions)  # [n, Hkv, D] each
-            kv[0, a:b], kv[1, a:b] = k.reshape(b - a, -1), v.reshape(b - a, -1)
+            d.be.ops.write_kv(kv, k, v, start=a)  # rows a..b-1
         self.length = b
 
     def crop(self, n_keep: int) -> None:
@@ -156,7 +157,7 @@ class FixedDraftCache(DraftCache):
             if d.embedding_scale != 1.0:
                 h = h * d.be.xp.float32(d.embedding_scale)
             for i, kv in enumerate(self.kv):
-                join_kv = functools.partial(_join_block, kv, C)
+                join_kv = functools.partial(_join_block, d.be, kv, C)
                 h = d.decoder_layer(i, h, join_kv, buf[2 * n: 2 * n + C], buf[n: 2 * n])
             return d.head(h, with_hidden)
 
@@ -164,9 +165,10 @@ class FixedDraftCache(DraftCache):
         return tuple(x.copy() for x in out) if with_hidden else out.copy()
 
 
-def _join_block(kv, C: int, nk, nv):
-    """A fixed cache's ``join_kv``: the block's K/V [n, Hkv, D] into rows C..C+n-1 of ``kv``;
-    returns rows 0..C+n-1 (context rows, then the block) as [C + n, Hkv, D] views."""
+def _join_block(be, kv, C: int, nk, nv):
+    """A fixed cache's ``join_kv``: the block's K/V [n, Hkv, D] into rows C..C+n-1 of ``kv``
+    (one ``write_kv``; C is the same at every step, so the call replays); returns rows
+    0..C+n-1 (context rows, then the block) as [C + n, Hkv, D] views."""
     n = nk.shape[0]
-    kv[0, C:C + n], kv[1, C:C + n] = nk.reshape(n, -1), nv.reshape(n, -1)
-    return tuple(kv[j, :C + n].reshape(C + n, *nk.shape[1:]) for j in (0, 1))
+    be.ops.write_kv(kv, nk, nv, start=C)
+    return kv[0, :C + n], kv[1, :C + n]

@@ -113,13 +113,13 @@ class FixedKV(_Remember):
     """A chain batch over a fixed-capacity store (models/stores.py ``FixedCacheStore``; the
     shape of a CUDA-graph step, models/graphs.py).
 
-    The batch's K/V rows are written at the rows of their device positions (one
-    ``scatter_rows``); the queries read all C rows, slot j holding position j, under the causal
-    rule ``j <= q`` (and the window): rows past the queries (never written, or rejected drafts
-    of an earlier step) stay hidden, so nothing here reads a host length.
+    The batch's K/V rows are written at the rows of their device positions (one ``write_kv``:
+    K and V in one kernel); the queries read all C rows, slot j holding position j, under the
+    causal rule ``j <= q`` (and the window): rows past the queries (never written, or rejected
+    drafts of an earlier step) stay hidden, so nothing here reads a host length.
 
     Args:
-        kv: the store's [2, C, Hkv * D] rows (K, then V), updated in place.
+        kv: the store's [2, C, Hkv, D] rows (K, then V), updated in place.
         k_pos: [C] the slots' positions 0..C-1 on the backend (made once with the store).
         arrays: the batch's BatchArrays (device positions, checked < C by the store).
         window: the layer's sliding window W, or None for full attention.
@@ -129,12 +129,9 @@ class FixedKV(_Remember):
         self.be, self.kv, self.k_pos, self.arrays, self.window = be, kv, k_pos, arrays, window
 
     def update(self, k, v):
-        T, C = k.shape[0], self.kv.shape[1]
-        rows = self.be.xp.stack([k.reshape(T, -1), v.reshape(T, -1)])  # [2, T, Hkv * D]
-        self.be.ops.scatter_rows(self.kv, self.arrays.positions, rows, checked=True)
-        keys, values = (self.kv[i].reshape(C, *k.shape[1:]) for i in (0, 1))  # [C, Hkv, D]
-        self.last = keys, values, self.arrays.causal_over(self.k_pos, self.window)
-        return self.last
+        self.be.ops.write_kv(self.kv, k, v, rows=self.arrays.positions, checked=True)
+        self.last = self.kv[0], self.kv[1], self.arrays.causal_over(self.k_pos, self.window)
+        return self.last  # keys, values [C, Hkv, D]: views of the store
 
 
 class PooledKVStore(_Remember):

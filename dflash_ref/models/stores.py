@@ -154,9 +154,8 @@ class FixedCacheStore(Store):
                               f"will hold), got {capacity!r}")
         xp = be.xp
         self.be, self.layers, self.window, self.capacity = be, (layer,), window, int(capacity)
-        self.kv = xp.zeros((2, self.capacity, n_kv_heads * head_dim), dtype=xp.float32)
+        self.kv = xp.zeros((2, self.capacity, n_kv_heads, head_dim), dtype=xp.float32)
         self.k_pos = xp.arange(self.capacity, dtype=xp.int32)  # [C] slot j holds position j
-        self.shape = (n_kv_heads, head_dim)
 
     @classmethod
     def with_capacity(cls, capacity: int):
@@ -187,8 +186,7 @@ class FixedCacheStore(Store):
 
     def snapshot(self, n: int) -> dict:
         """Layer id -> (k, v) [n, Hkv, D], copies of rows 0..n-1."""
-        k, v = (self.kv[i, :n].reshape(n, *self.shape).copy() for i in (0, 1))
-        return {self.layers[0]: (k, v)}
+        return {self.layers[0]: (self.kv[0, :n].copy(), self.kv[1, :n].copy())}
 
     def restore(self, length: int, pieces: dict) -> None:
         if length > self.capacity:
@@ -196,8 +194,7 @@ class FixedCacheStore(Store):
                              f"state's kv_capacity={self.capacity}; make it with a larger one")
         if length:
             k, v = pieces[self.layers[0]]
-            self.kv[0, :length] = k.reshape(length, -1)
-            self.kv[1, :length] = v.reshape(length, -1)
+            self.kv[0, :length], self.kv[1, :length] = k, v
 
 
 class PoolStore(Store):

@@ -17,6 +17,6 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
     "dequant": ("dequantize_q8_0", "dequantize_q4_k", "dequantize_q6_k"),
     "gdn": ("gdn_recurrent", "gdn_chunked", "causal_conv1d"),
     "gdn_tree": ("causal_conv1d_tree", "gdn_tree_recurrent"),
-    "pager": ("gather_rows", "scatter_rows", "fill_slot_pos"),
+    "pager": ("gather_rows", "scatter_rows", "fill_slot_pos", "write_kv"),
     "linear": ("linear",),
 }

@@ -8,7 +8,10 @@ These ops are the only array work the pager does, so they are the ones with CuPy
 - :func:`scatter_rows`: copy rows into chosen slots of a pool **in place** (KV writes, page-in);
 - :func:`fill_slot_pos`: the absolute position held by every slot, -1 for free slots, the
   ``k_pos`` array that the attention masks consume (docs/kvflash.md, "The validity rule and the
-  decode mask").
+  decode mask");
+- :func:`write_kv`: a batch's K and V rows into a layer's ``[2, C, H, D]`` storage **in place**,
+  both in one call (one kernel on CuPy: the KV caches' write, models/cache.py and
+  models/kv_store.py).
 
 The pool of a pager is one array ``[S, P, W]``: S segments (one per (layer, K|V) pair), P slots,
 W = n_kv_heads * head_dim elements per row. Copies are bit moves: any dtype, no arithmetic, so a
@@ -77,9 +80,9 @@ def gather_rows(pool, slots, out=None) -> np.ndarray:
 def scatter_rows(pool, slots, rows, checked: bool = False):
     """In place: ``pool[s, slots[i]] = rows[s, i]`` for every segment s and row i.
 
-    The one op of the project that mutates an argument: copying a whole pool to change 64 rows
-    would defeat the pager. The CuPy twin writes into the same device array, so reference and twin
-    agree on both the returned value and the argument afterwards.
+    One of the two ops that mutate an argument (with :func:`write_kv`): copying a whole pool to
+    change 64 rows would defeat the pager. The CuPy twin writes into the same device array, so
+    reference and twin agree on both the returned value and the argument afterwards.
 
     Args:
         pool: [S, P, W] C-contiguous, modified in place.
@@ -149,3 +152,62 @@ def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> np.ndarra
     offsets = np.arange(T, dtype=np.int64)  # [T]
     out.reshape(n_blocks, T)[blocks] = resident[:, None] * T + offsets  # [r, T] positions
     return out
+
+
+def write_kv(kv, k, v, rows=None, start: int = 0, checked: bool = False):
+    """In place: ``kv[0, r_i] = k[i]`` and ``kv[1, r_i] = v[i]`` for every row i of the batch,
+    where ``r_i = rows[i]``, or ``start + i`` when ``rows`` is None.
+
+    One layer's K/V storage holds K in ``kv[0]`` and V in ``kv[1]``, so a batch's keys and
+    values are one write (on CuPy one kernel, where two assignments or a stack and a scatter
+    were two): the growing cache appends at ``start`` = its length (a host int, that cache is
+    never captured), a fixed-capacity store writes at the batch's device positions (``rows``,
+    what a captured step reads: models/graphs.py).
+
+    Args:
+        kv: [2, C, H, D] C-contiguous, modified in place (K rows, then V rows).
+        k, v: [T, H, D] the batch's keys and values (post-norm, post-RoPE keys); any strides,
+            cast to kv's dtype.
+        rows: [T] distinct integer rows in [0, C), or None: rows ``start .. start+T-1``.
+        start: the first row when ``rows`` is None (0 <= start, start + T <= C); must stay 0
+            when ``rows`` is given.
+        checked: the caller has checked device ``rows`` already (a store checks a forward's
+            positions on the host once); the CuPy twin then skips its synchronising check. The
+            reference checks anyway (on the host it costs nothing).
+    Returns:
+        ``kv`` itself.
+    """
+    T = check_kv_args(kv, k, v, start, rows is not None)
+    if rows is None:
+        at = slice(start, start + T)  # rows start..start+T-1
+    else:
+        at = check_slots(rows, kv.shape[1], "write_kv", distinct=True)  # [T]
+        if at.size != T:
+            raise ValueError(f"write_kv: {at.size} rows for {T} K/V rows; give one row each")
+    kv[0, at] = k  # [T, H, D] -> rows r_i of the K half
+    kv[1, at] = v  # [T, H, D] -> rows r_i of the V half
+    return kv
+
+
+def check_kv_args(kv, k, v, start, with_rows: bool) -> int:
+    """The argument checks of :func:`write_kv` but the rows' own (the twin runs them too):
+    shapes, a contiguous ``kv``, and ``start`` (rows start..start+T-1 within the C rows, or
+    0 beside ``rows``). Returns T."""
+    if kv.ndim != 4 or kv.shape[0] != 2:
+        raise ValueError(f"write_kv: kv has shape {tuple(kv.shape)}; expected [2, C, H, D] "
+                         f"(K rows, then V rows, of one layer)")
+    if not kv.flags.c_contiguous:
+        raise ValueError("write_kv: kv must be C-contiguous (it is updated in place; a strided "
+                         "view would be written through a copy on the GPU)")
+    want = tuple(kv.shape[2:])
+    if k.ndim != 3 or tuple(k.shape[1:]) != want or tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"write_kv: k {tuple(k.shape)} / v {tuple(v.shape)}, expected "
+                         f"[T, {want[0]}, {want[1]}] each (kv's heads and head dim)")
+    T, C = k.shape[0], kv.shape[1]
+    if with_rows and start != 0:
+        raise ValueError(f"write_kv: give rows or start, not both (got start={start} with "
+                         f"rows); rows are absolute")
+    if not with_rows and (int(start) != start or start < 0 or start + T > C):
+        raise ValueError(f"write_kv: rows {start}..{start + T - 1} do not fit the storage's "
+                         f"{C} rows; make room first (a larger capacity)")
+    return T

@@ -141,8 +141,8 @@ def test_the_step_body_is_graph_safe_on_the_recording_backend():
 
 
 def test_the_tape_sees_a_moving_slice_bound():
-    # What the tape test would catch: the growing cache's append writes rows[len:len + T], a
-    # host bound that moves every step.
+    # What the tape test would catch: the growing cache's append writes at rows len..len+T-1
+    # (``write_kv(..., start=len)``), a host value that moves every step.
     be = counting_backend()
     model = tiny_model("qwen3", 2, be)
     state = model.new_state()
@@ -154,7 +154,8 @@ def test_the_tape_sees_a_moving_slice_bound():
     tapes = [rec.tape for rec in LEDGER.steps]
     assert len(tapes) == 3
     moved = [(a, b) for a, b in zip(tapes[0], tapes[1]) if a != b]
-    assert moved and moved[0][0][0] == "setitem"  # KVCache.append's rows[len:len + 1]
+    assert moved and moved[0][0][0] == "op write_kv"  # KVCache.append's start=len
+    assert dict(moved[0][0][1][1])["start"] + 1 == dict(moved[0][1][1][1])["start"]
     LEDGER.reset()
     state.graphs = StepGraphs(be, enabled=False)
     n = state.length

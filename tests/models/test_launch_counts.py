@@ -9,23 +9,26 @@ and assignment that would start one. The per-layer count is the difference betwe
 
 The ceilings are the counts of this tree, worked out by hand from the layer's code: a Qwen3 decode
 layer is the stacked q/k/v product, the q/k norms and both RoPEs as one ``qk_norm_rope``
-(models/fused.py ``FusedNormRope``), the two K/V writes, the attention and its combine, o_proj, two
-add+norms, the stacked gate/up product, SwiGLU and down_proj: 12 (15 before the fused q/k op, 18
-before the stacking). The twins of ``qk_norm_rope``, ``swiglu`` and ``geglu`` read the stacked
+(models/fused.py ``FusedNormRope``), the K/V write as one ``write_kv`` (K and V in one storage
+``[2, C, Hkv, D]``, models/cache.py), the attention and its combine, o_proj, two add+norms, the
+stacked gate/up product, SwiGLU and down_proj: 11 (12 before the one K/V write, 15 before the
+fused q/k op, 18 before the stacking); a captured decode step over the fixed-capacity stores
+(``FixedKV``: ``write_kv`` at the device positions, where a stack and a scatter were two) the
+same 11. The twins of ``qk_norm_rope``, ``swiglu``, ``geglu`` and ``write_kv`` read the stacked
 products' column slices in place (``READS_STRIDED_ROWS``), so a verify of 16 rows adds only what
-the KV cache's growth launches here (``KVCache._reserve``: two zero-filled allocations and two
-copies when the rows outgrow the capacity, which doubles; issue 27 item 5's fixed-capacity stores
-remove them): 16. Gemma 3 runs the same count: its sandwich norms join the fused adds
-(``norm_add_rms_norm``: post norm, add, next norm) and its GeGLU is one ``geglu`` launch where the
-NumPy expression was nine (26 before). A drafter layer: the input norm, the stacked q/k/v product,
-``qk_norm_rope``, the cache's growth and the block's K/V writes into its spare rows, the attention
-(2), o_proj, the fused add + post-attention norm, gate/up, SwiGLU, down_proj and the residual add:
-17. A Qwen3.5 GDN layer's gates are one ``gdn_gates`` launch (eleven array operations before) and
-its full-attention layers' output gate one ``sigmoid_gate`` (five), its q and k heads one
-``l2_norm``: 13 per layer over the 3:1 hybrid (23.25 before). Issue 27's goal is about 10 for a
-Qwen3 decode; what remains is the K/V write (two copies, one kernel at most, in the stores of item
-5) and the attention's split combine. A count that grows fails here: a new per-layer launch must be
-a decision, not an accident.
+the KV cache's growth launches here (``KVCache.append``: one zero-filled allocation and one copy
+of the K and V rows when the rows outgrow the capacity, which doubles; the fixed-capacity stores
+of issue 27 item 5 remove them): 13. Gemma 3 runs the same count: its sandwich norms join the
+fused adds (``norm_add_rms_norm``: post norm, add, next norm) and its GeGLU is one ``geglu``
+launch where the NumPy expression was nine (26 before). A drafter layer: the input norm, the
+stacked q/k/v product, ``qk_norm_rope``, the cache's growth (2) and the block's K/V write into
+its spare rows (1), the attention (2), o_proj, the fused add + post-attention norm, gate/up,
+SwiGLU, down_proj and the residual add: 14. A Qwen3.5 GDN layer's gates are one ``gdn_gates``
+launch (eleven array operations before) and its full-attention layers' output gate one
+``sigmoid_gate`` (five), its q and k heads one ``l2_norm``: 12.75 per layer over the 3:1 hybrid
+(23.25 before). Issue 27's goal is about 10 for a Qwen3 decode; what remains is the attention's
+split combine. A count that grows fails here: a new per-layer launch must be a decision, not an
+accident.
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ from tests.models.test_batch_arrays import tiny_model
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
 # family -> (decode, 16-row verify) kernels per layer (the hybrid: per 4 layers / 4)
-CEILINGS = {"qwen3": (12, 16), "gemma3": (12, 16), "qwen3_5": (13, 17.75)}
-DRAFT_PER_LAYER = 17  # a drafter layer's kernels for one block (context K/V written by extend)
-FIXTURE_DECODE = {"gemma4_dense": 155, "gemma4_ple_kvshare": 227, "qwen35_moe": 242}
+CEILINGS = {"qwen3": (11, 13), "gemma3": (11, 13), "qwen3_5": (12.75, 17)}
+DRAFT_PER_LAYER = 14  # a drafter layer's kernels for one block (context K/V written by extend)
+FIXTURE_DECODE = {"gemma4_dense": 137, "gemma4_ple_kvshare": 215, "qwen35_moe": 236}
+GRAPHED_DECODE = 11  # a Qwen3 decode layer in a captured step (fixed-capacity stores)
 
 
 def launches(fn, *args) -> list[str]:
@@ -108,3 +112,21 @@ def test_kernels_per_drafter_layer_of_a_draft_step(tmp_path):
         cache.extend(be.to_backend(np.ones((12, width), np.float32)), np.arange(12))
         counts[n] = len(launches(cache.forward_block, 7, 12))
     assert (counts[3] - counts[1]) / 2 <= DRAFT_PER_LAYER
+
+
+def test_a_graphed_qwen3_decode_layer_writes_its_k_and_v_in_one_launch():
+    # The captured step of a state made with kv_capacity: FixedKV writes K and V with one
+    # write_kv at the device positions (a stack and a scatter_rows before: 12).
+    be, counts = counting_backend(), {}
+    for n in (2, 4):
+        model = tiny_model("qwen3", n, be)
+        state = model.new_state(kv_capacity=64, graphs=True)
+        model.forward(np.arange(3, 15), state, logits_rows=slice(-1, None))  # prefill: eager
+        model.forward([5], state)  # captures the 1-row step
+        LEDGER.reset()
+        model.forward([6], state)  # replays it
+        (step,) = LEDGER.steps
+        counts[n] = step.launches
+        assert sum("op write_kv" in s for s in step.launches) == n
+        assert not [s for s in step.launches if "scatter_rows" in s or "xp.stack" in s]
+    assert (len(counts[4]) - len(counts[2])) / 2 <= GRAPHED_DECODE

@@ -1,4 +1,5 @@
-"""gather_rows, scatter_rows, fill_slot_pos: hand-checked values, properties, NumPy vs CuPy.
+"""gather_rows, scatter_rows, fill_slot_pos, write_kv: hand-checked values, properties, NumPy vs
+CuPy.
 
 Reading order: dflash_ref/ops/pager.py (the spec) -> kernels_cupy/pager.py and
 kernels_cupy/cuda/pager.cu (the twin) -> this file. The pager that uses them is tested in
@@ -13,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
-from dflash_ref.ops.pager import fill_slot_pos, gather_rows, scatter_rows
+from dflash_ref.ops.pager import fill_slot_pos, gather_rows, scatter_rows, write_kv
 from dflash_ref.testing import assert_close
 from tests.gpu import check_twin
 
@@ -39,6 +40,70 @@ def test_scatter_rows_writes_in_place_and_returns_the_pool():
     assert out is pool
     assert_close(pool[:, :, 0], np.array([[0, 7, 0, 5], [0, 70, 0, 50]], np.float32), "exact",
                  op="scatter_rows")
+
+
+def test_write_kv_hand_values_at_rows_and_from_start():
+    # kv [2, C=5, H=2, D=1] of NaN (an unwritten element shows); k rows 1, 2, v rows -1, -2,
+    # head h adds 10 h. At rows [4, 0]: K row 4 = [1, 11], K row 0 = [2, 12], V likewise negated.
+    kv = np.full((2, 5, 2, 1), np.nan, np.float32)
+    k = np.array([[[1], [11]], [[2], [12]]], np.float32)  # [T=2, H=2, D=1]
+    v = -k
+    assert write_kv(kv, k, v, rows=np.array([4, 0])) is kv
+    nan = np.nan
+    np.testing.assert_array_equal(kv[0, :, :, 0], [[2, 12], [nan, nan], [nan, nan], [nan, nan],
+                                                   [1, 11]])
+    np.testing.assert_array_equal(kv[1, :, :, 0], [[-2, -12], [nan, nan], [nan, nan],
+                                                   [nan, nan], [-1, -11]])
+    write_kv(kv, k, v, start=2)  # rows 2, 3
+    np.testing.assert_array_equal(kv[0, 2:4, :, 0], [[1, 11], [2, 12]])
+    np.testing.assert_array_equal(kv[1, 2:4, :, 0], [[-1, -11], [-2, -12]])
+    np.testing.assert_array_equal(kv[0, 4, :, 0], [1, 11])  # rows outside 2..3 untouched
+    write_kv(kv, k[:0], v[:0], start=5)  # no rows: nothing to do, even at the end
+
+
+def test_write_kv_reads_a_strided_v_column_slice():
+    # The v of a stacked q/k/v product: [T, H, D] view with row stride > H D. Values = their
+    # own flat addresses, so the expected rows are read off by hand from the addresses.
+    T, H, D, width = 3, 2, 2, 11
+    qkv = np.arange(T * width, dtype=np.float32).reshape(T, width)
+    v = qkv[:, 5:9].reshape(T, H, D)  # columns 5..8 of each row
+    assert not v.flags.c_contiguous
+    kv = np.zeros((2, 4, H, D), np.float32)
+    write_kv(kv, np.zeros((T, H, D), np.float32), v, rows=[3, 1, 2])
+    np.testing.assert_array_equal(kv[1, 3].ravel(), [5, 6, 7, 8])
+    np.testing.assert_array_equal(kv[1, 1].ravel(), [16, 17, 18, 19])
+    np.testing.assert_array_equal(kv[1, 2].ravel(), [27, 28, 29, 30])
+    assert not kv[1, 0].any() and not kv[0].any()
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: write_kv(np.zeros((3, 4, 2, 2)), np.zeros((1, 2, 2)), np.zeros((1, 2, 2))),
+         r"\[2, C, H, D\]"),
+        (lambda: write_kv(np.zeros((2, 4, 2, 2)), np.zeros((1, 2, 3)), np.zeros((1, 2, 3))),
+         r"\[T, 2, 2\]"),
+        (lambda: write_kv(np.zeros((2, 4, 2, 2)), np.zeros((1, 2, 2)), np.zeros((2, 2, 2))),
+         r"\[T, 2, 2\]"),
+        (lambda: write_kv(np.zeros((2, 4, 2, 4))[..., ::2], np.zeros((1, 2, 2)),
+                          np.zeros((1, 2, 2))), "C-contiguous"),
+        (lambda: write_kv(np.zeros((2, 4, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)),
+                          start=3), "do not fit"),
+        (lambda: write_kv(np.zeros((2, 4, 1, 1)), np.zeros((1, 1, 1)), np.zeros((1, 1, 1)),
+                          start=-1), "do not fit"),
+        (lambda: write_kv(np.zeros((2, 4, 1, 1)), np.zeros((1, 1, 1)), np.zeros((1, 1, 1)),
+                          rows=[0], start=1), "not both"),
+        (lambda: write_kv(np.zeros((2, 4, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)),
+                          rows=[1, 1]), "distinct"),
+        (lambda: write_kv(np.zeros((2, 4, 1, 1)), np.zeros((1, 1, 1)), np.zeros((1, 1, 1)),
+                          rows=[4]), r"\[0, 4\)"),
+        (lambda: write_kv(np.zeros((2, 4, 1, 1)), np.zeros((2, 1, 1)), np.zeros((2, 1, 1)),
+                          rows=[1]), "one row each"),
+    ],
+)
+def test_write_kv_bad_arguments_are_explained(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_fill_slot_pos_hand_values():
@@ -122,6 +187,23 @@ def test_fill_slot_pos_inverts_the_mapping(T, n_blocks, data):
         assert (out[b * T : (b + 1) * T] == -1).all()
 
 
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 5), st.data())
+def test_write_kv_equals_two_assignments_and_leaves_other_rows(C, H, D, data):
+    # The op's meaning, against the plain NumPy writes of the K and the V rows.
+    rows = np.array(data.draw(st.lists(st.integers(0, C - 1), max_size=C, unique=True)), np.int64)
+    T = rows.size
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    kv = rng.standard_normal((2, C, H, D)).astype(np.float32)
+    k, v = (rng.standard_normal((T, H, D)).astype(np.float32) for _ in range(2))
+    expected = kv.copy()
+    expected[0][rows], expected[1][rows] = k, v
+    np.testing.assert_array_equal(write_kv(kv.copy(), k, v, rows=rows), expected)
+    start = data.draw(st.integers(0, C - T))
+    expected = kv.copy()
+    expected[0][start:start + T], expected[1][start:start + T] = k, v
+    np.testing.assert_array_equal(write_kv(kv.copy(), k, v, start=start), expected)
+
+
 # ---------------------------------------------------------------- NumPy vs CuPy (gpu)
 
 POOLS = [(1, 1, 1), (2, 7, 3), (4, 64, 128), (6, 300, 96), (32, 513, 256)]
@@ -182,3 +264,45 @@ def test_twins_reject_bad_slots_instead_of_corrupting_memory():
         cp_be.ops.scatter_rows(pool, cp_be.xp.asarray([1, 1]), cp_be.xp.zeros((1, 2, 2)))
     with pytest.raises(TypeError, match="multiple of 4 bytes"):
         cp_be.ops.gather_rows(cp_be.xp.zeros((1, 4, 3), dtype=cp_be.xp.float16), [0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("T", "C", "H", "D"), [(1, 1, 1, 1), (1, 64, 8, 128), (5, 33, 3, 66),
+                                                (16, 300, 4, 256), (513, 600, 2, 64)])
+@pytest.mark.parametrize("form", ["rows", "start"])
+def test_write_kv_twin(rng, T, C, H, D, form):
+    # Not check_twin: the op mutates kv, so each side gets its own copy. v is the column slice
+    # of a stacked product on both sides (the twin reads it in place, strided).
+    kv = rng.standard_normal((2, C, H, D)).astype(np.float32)
+    k = rng.standard_normal((T, H, D)).astype(np.float32)
+    qkv = rng.standard_normal((T, 3 * H * D + 7)).astype(np.float32)
+    rows = rng.permutation(C)[:T] if form == "rows" else None
+    start = 0 if form == "rows" else C - T
+    v = qkv[:, 2 * H * D + 3: 3 * H * D + 3].reshape(T, H, D)
+    expected = write_kv(kv.copy(), k, v, rows=rows, start=start)
+    cp_be = get_backend("cupy")
+    dev_kv = cp_be.to_backend(kv)
+    dev_v = cp_be.to_backend(qkv)[:, 2 * H * D + 3: 3 * H * D + 3].reshape(T, H, D)
+    assert not dev_v.flags.c_contiguous or T == 1
+    dev_rows = None if rows is None else cp_be.to_backend(rows.astype(np.int32))
+    out = cp_be.ops.write_kv(dev_kv, cp_be.to_backend(k), dev_v, rows=dev_rows, start=start,
+                             checked=True)
+    assert out is dev_kv
+    assert_close(out, expected, "exact", op="write_kv", case=f"{form} T={T} C={C} H={H} D={D}")
+    host_rows = cp_be.ops.write_kv(cp_be.to_backend(kv), cp_be.to_backend(k), dev_v,
+                                   rows=rows, start=start)  # host rows: checked, uploaded
+    assert_close(host_rows, expected, "exact", op="write_kv", case=f"host rows, {form}")
+
+
+@pytest.mark.gpu
+def test_write_kv_twin_rejects_bad_rows():
+    cp_be = get_backend("cupy")
+    xp = cp_be.xp
+    kv, k = xp.zeros((2, 4, 1, 2), xp.float32), xp.ones((2, 1, 2), xp.float32)
+    with pytest.raises(ValueError, match="distinct"):
+        cp_be.ops.write_kv(kv, k, k, rows=xp.asarray([1, 1], xp.int32))
+    with pytest.raises(ValueError, match="do not fit"):
+        cp_be.ops.write_kv(kv, k, k, start=3)
+    with pytest.raises(TypeError, match="float32"):
+        cp_be.ops.write_kv(kv.astype(xp.float64), k, k, start=0)
+    assert not kv.any()
