@@ -250,18 +250,11 @@ def _emulate_prefill(q, k, v, spec, scale, softcap, plan):
     return out, barriers, tiles, loaded
 
 
-@pytest.mark.parametrize(("Tq", "nh", "nkv", "d", "Tk", "kind", "limit", "softcap"), [
-    (100, 4, 2, 8, 100, "causal", SHARED_LIMIT, None),  # GQA, partial query and key tiles
-    (70, 2, 1, 8, 300, "window", SHARED_LIMIT, None),  # a prefix, sliding window: skipped tiles
-    (65, 2, 2, 4, 97, "tree", SHARED_LIMIT, None),  # ancestors over a committed prefix
-    (40, 2, 1, 256, 130, "causal", SHARED_LIMIT, None),  # d = 256: BQ 32, V reuses K's buffer
-    (64, 2, 1, 128, 100, "causal", 64 * 1024, None),  # d = 128 under 64 KiB: one buffer
-    (70, 3, 1, 66, 90, "none", SHARED_LIMIT, None),  # scalar kernel (ld = d + 1), g = 3
-    (80, 2, 1, 16, 120, "causal", SHARED_LIMIT, 5.0),  # softcap
-    (64, 1, 1, 8, 64, "empty", SHARED_LIMIT, None),  # no visible key at all -> zeros
-])
-def test_tile_loop_matches_the_reference(rng, Tq, nh, nkv, d, Tk, kind, limit, softcap):
-    from dflash_ref.ops.attention import attention
+def masked_case(rng, Tq, nh, nkv, d, Tk, kind):
+    """float64 q [Tq, nh, d], k / v [Tk, nkv, d] and a MaskSpec of ``kind`` for the tile-loop
+    emulations (v1 here, v2 in test_attention_prefill_v2.py): the queries are the last Tq
+    positions, about 10% of the key slots are invalid (-1) and hold NaN, which must never reach
+    the output; "none" makes every slot visible and real."""
     from dflash_ref.ops.masks import MaskSpec
 
     q = rng.standard_normal((Tq, nh, d))
@@ -281,6 +274,23 @@ def test_tile_loop_matches_the_reference(rng, Tq, nh, nkv, d, Tk, kind, limit, s
     }[kind]
     if kind == "none":  # every slot visible: real values everywhere
         k, v = rng.standard_normal((Tk, nkv, d)), rng.standard_normal((Tk, nkv, d))
+    return q, k, v, spec
+
+
+@pytest.mark.parametrize(("Tq", "nh", "nkv", "d", "Tk", "kind", "limit", "softcap"), [
+    (100, 4, 2, 8, 100, "causal", SHARED_LIMIT, None),  # GQA, partial query and key tiles
+    (70, 2, 1, 8, 300, "window", SHARED_LIMIT, None),  # a prefix, sliding window: skipped tiles
+    (65, 2, 2, 4, 97, "tree", SHARED_LIMIT, None),  # ancestors over a committed prefix
+    (40, 2, 1, 256, 130, "causal", SHARED_LIMIT, None),  # d = 256: BQ 32, V reuses K's buffer
+    (64, 2, 1, 128, 100, "causal", 64 * 1024, None),  # d = 128 under 64 KiB: one buffer
+    (70, 3, 1, 66, 90, "none", SHARED_LIMIT, None),  # scalar kernel (ld = d + 1), g = 3
+    (80, 2, 1, 16, 120, "causal", SHARED_LIMIT, 5.0),  # softcap
+    (64, 1, 1, 8, 64, "empty", SHARED_LIMIT, None),  # no visible key at all -> zeros
+])
+def test_tile_loop_matches_the_reference(rng, Tq, nh, nkv, d, Tk, kind, limit, softcap):
+    from dflash_ref.ops.attention import attention
+
+    q, k, v, spec = masked_case(rng, Tq, nh, nkv, d, Tk, kind)
     plan = plan_prefill(Tq, nh, nkv, d, Tk, limit)
     out, barriers, tiles, loaded = _emulate_prefill(q, k, v, spec, 0.3, softcap, plan)
     expected = attention(q, k, v, spec, scale=0.3, softcap=softcap)  # float64 reference

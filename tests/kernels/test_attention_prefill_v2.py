@@ -20,6 +20,7 @@ import pytest
 
 from kernels_cupy import _build
 from kernels_cupy import attention_prefill as kpf
+from tests.kernels.test_attention_prefill import masked_case
 
 SM80 = (166912, 167936)  # (opt-in per block, per SM) bytes, CUDA programming guide
 SM86 = (101376, 102400)
@@ -186,25 +187,8 @@ CASES = [
 @pytest.mark.parametrize(("Tq", "nh", "nkv", "d", "Tk", "kind", "softcap"), CASES)
 def test_step_loop_matches_the_reference(rng, stages, Tq, nh, nkv, d, Tk, kind, softcap):
     from dflash_ref.ops.attention import attention
-    from dflash_ref.ops.masks import MaskSpec
 
-    q = rng.standard_normal((Tq, nh, d))
-    k = rng.standard_normal((Tk, nkv, d))
-    v = rng.standard_normal((Tk, nkv, d))
-    k_pos = np.arange(Tk)
-    k_pos[rng.random(Tk) < 0.1] = -1  # invalid slots ...
-    k[k_pos < 0], v[k_pos < 0] = np.nan, np.nan  # ... holding garbage, which must stay out
-    q_pos = np.arange(Tk - Tq, Tk)
-    spec = {
-        "causal": MaskSpec(q_pos, k_pos, causal=True),
-        "window": MaskSpec(q_pos, k_pos, causal=True, window=40),
-        "tree": MaskSpec(q_pos, k_pos, causal=False, base_pos=Tk - Tq,
-                         ancestors=rng.random((Tq, Tk)) < 0.5),
-        "none": MaskSpec(q_pos, np.abs(k_pos), causal=False),
-        "empty": MaskSpec(q_pos, np.full(Tk, -1), causal=True),
-    }[kind]
-    if kind == "none":  # every slot visible: real values everywhere
-        k, v = rng.standard_normal((Tk, nkv, d)), rng.standard_normal((Tk, nkv, d))
+    q, k, v, spec = masked_case(rng, Tq, nh, nkv, d, Tk, kind)
     plan = kpf.plan_prefill_v2(Tq, nh, nkv, d, 10**6, 10**7)  # the deepest ring ...
     plan = {**plan, "stages": stages,  # ... then each depth, with its own shared memory
             "shared_mem": kpf.prefill_v2_shared_bytes(d, stages)}
