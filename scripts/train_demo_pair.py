@@ -190,11 +190,17 @@ class Drafter(nn.Module):
         Block k sits at positions s_k..s_k+B-1 and sees context positions < s_k plus its own
         rows. Returns logits [b, K, B, V] through the target's (tied) lm_head ``embed``.
         """
+        return self.blocks(feats, embed[block_ids], anchors, embed)
+
+    def blocks(self, feats, x, anchors, head):
+        """:meth:`forward` from the block's input embeddings ``x`` [b, K, B, H], with logits
+        over the rows of ``head`` [V', H] (the Gemma recipe scales its embeddings and trains
+        over a candidate vocabulary: scripts/train_gemma3_drafter.py)."""
         eps = self.c["rms_norm_eps"]
         b, L, _ = feats.shape
-        _, K, B = block_ids.shape
+        _, K, B, _ = x.shape
         ctx = rms_norm(self.fc(feats), self.hidden_norm.weight, eps)  # [b, L, H]
-        h = embed[block_ids].reshape(b, K * B, -1)
+        h = x.reshape(b, K * B, -1)
         npos = (anchors[:, :, None] + torch.arange(B)).reshape(b, K * B)
         ncos, nsin = self.cos[npos][:, None], self.sin[npos][:, None]  # [b, 1, KB, d/2]
         ccos, csin = self.cos[:L], self.sin[:L]
@@ -220,7 +226,7 @@ class Drafter(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
             h = h + a.o_proj(o.transpose(1, 2).reshape(b, K * B, a.nh * a.d))
             h = h + lay.mlp(rms_norm(h, lay.post_attention_layernorm.weight, eps))
-        return (rms_norm(h, self.norm.weight, eps) @ embed.T).view(b, K, B, -1)
+        return (rms_norm(h, self.norm.weight, eps) @ head.T).view(b, K, B, -1)
 
 
 def round_bf16_(module: nn.Module) -> None:

@@ -50,9 +50,7 @@ from gemma3_corpus import (  # noqa: E402
 )
 from train_demo_pair import (  # noqa: E402
     Drafter,
-    apply_rope,
     cosine_lr,
-    rms_norm,
     round_bf16_,
     save_safetensors,
 )
@@ -176,35 +174,7 @@ class GemmaDrafter(Drafter):
     ``emb_in`` (already scaled) and the logits are over the rows of ``head``."""
 
     def forward(self, feats, block_ids, anchors, emb_in, head):  # noqa: D102
-        eps = self.c["rms_norm_eps"]
-        b, L, _ = feats.shape
-        _, K, B = block_ids.shape
-        ctx = rms_norm(self.fc(feats), self.hidden_norm.weight, eps)
-        h = emb_in[block_ids].reshape(b, K * B, -1)
-        npos = (anchors[:, :, None] + torch.arange(B)).reshape(b, K * B)
-        ncos, nsin = self.cos[npos][:, None], self.sin[npos][:, None]
-        ccos, csin = self.cos[:L], self.sin[:L]
-        blk = torch.arange(K).repeat_interleave(B)
-        s_row = anchors.repeat_interleave(B, dim=1)
-        see_ctx = torch.arange(L)[None, None, :] < s_row[:, :, None]
-        see_noise = (blk[:, None] == blk[None, :]).expand(b, K * B, K * B)
-        mask = torch.cat([see_ctx, see_noise], dim=2)[:, None]
-        for lay in self.layers:
-            a = lay.self_attn
-            u = rms_norm(h, lay.input_layernorm.weight, eps)
-            q = a.q_proj(u).view(b, K * B, a.nh, a.d).transpose(1, 2)
-            q = apply_rope(rms_norm(q, a.q_norm.weight, eps), ncos, nsin)
-            ck = a.k_proj(ctx).view(b, L, a.nkv, a.d).transpose(1, 2)
-            nk = a.k_proj(u).view(b, K * B, a.nkv, a.d).transpose(1, 2)
-            ck = apply_rope(rms_norm(ck, a.k_norm.weight, eps), ccos, csin)
-            nk = apply_rope(rms_norm(nk, a.k_norm.weight, eps), ncos, nsin)
-            cv = a.v_proj(ctx).view(b, L, a.nkv, a.d).transpose(1, 2)
-            nv = a.v_proj(u).view(b, K * B, a.nkv, a.d).transpose(1, 2)
-            k, v = torch.cat([ck, nk], 2), torch.cat([cv, nv], 2)  # context FIRST
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            h = h + a.o_proj(o.transpose(1, 2).reshape(b, K * B, a.nh * a.d))
-            h = h + lay.mlp(rms_norm(h, lay.post_attention_layernorm.weight, eps))
-        return (rms_norm(h, self.norm.weight, eps) @ head.T).view(b, K, B, -1)
+        return self.blocks(feats, emb_in[block_ids], anchors, head)
 
 
 def train(k: dict, cache: Path, out: Path) -> None:
