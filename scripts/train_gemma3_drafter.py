@@ -281,6 +281,18 @@ def drafter_config() -> dict:
 
 # ---------------------------------------------------------------------------------- 3. eval
 
+def plain_and_speculative(tm, dm, prompt, n: int):
+    """Greedy ``generate`` of ``n`` tokens, plain then with drafter ``dm``: (plain, speculative,
+    plain seconds, speculative seconds)."""
+    from dflash_ref.spec_decode.loop import generate
+
+    t0 = time.time()
+    plain = generate(tm, None, prompt, n)
+    t1 = time.time()
+    spec = generate(tm, dm, prompt, n)
+    return plain, spec, t1 - t0, time.time() - t1
+
+
 def evaluate(k: dict, out: Path) -> dict:
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
@@ -295,18 +307,14 @@ def evaluate(k: dict, out: Path) -> dict:
                           ("out_of_domain", ood_prompts(k["eval_ood"]))):
         taus, taus_zero, same, t_plain, t_spec = [], [], True, 0.0, 0.0
         for p in prompts:
-            t0 = time.time()
-            plain = generate(tm, None, p, k["eval_new_tokens"])
-            t1 = time.time()
-            spec = generate(tm, dm, p, k["eval_new_tokens"])
-            t2 = time.time()
-            t_plain, t_spec = t_plain + t1 - t0, t_spec + t2 - t1
+            plain, spec, tp, ts = plain_and_speculative(tm, dm, p, k["eval_new_tokens"])
+            t_plain, t_spec = t_plain + tp, t_spec + ts
             same &= spec.tokens == plain.tokens
             taus.append(spec.tau)
             taus_zero.append(generate(tm, zeroed, p, k["eval_new_tokens"]).tau)
             print(f"{name}: tau {spec.tau:.2f} zeroed {taus_zero[-1]:.2f} "
-                  f"same {spec.tokens == plain.tokens}  plain {t1 - t0:.1f} s  speculative "
-                  f"{t2 - t1:.1f} s", flush=True)
+                  f"same {spec.tokens == plain.tokens}  plain {tp:.1f} s  speculative "
+                  f"{ts:.1f} s", flush=True)
         result[name] = {"prompts": len(prompts), "new_tokens": k["eval_new_tokens"],
                         "lossless": bool(same), "tau": round(float(np.mean(taus)), 3),
                         "tau_min": round(float(np.min(taus)), 3),
@@ -343,7 +351,6 @@ def evaluate_candidate_head(k: dict, out: Path, cache: Path) -> dict:
     """Plain vs speculative with :func:`candidate_head`, on the in-domain prompts."""
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
-    from dflash_ref.spec_decode.loop import generate
 
     ids, _ = load_data(cache)
     cand = np.unique(np.concatenate([ids.numpy().ravel(), [MASK]]))
@@ -352,16 +359,12 @@ def evaluate_candidate_head(k: dict, out: Path, cache: Path) -> dict:
     candidate_head(dm, cand)
     taus, same, t_plain, t_spec = [], True, 0.0, 0.0
     for p in held_out_prompts(k["eval_prompts"]):
-        t0 = time.time()
-        plain = generate(tm, None, p, k["eval_new_tokens"])
-        t1 = time.time()
-        spec = generate(tm, dm, p, k["eval_new_tokens"])
-        t2 = time.time()
-        t_plain, t_spec = t_plain + t1 - t0, t_spec + t2 - t1
+        plain, spec, tp, ts = plain_and_speculative(tm, dm, p, k["eval_new_tokens"])
+        t_plain, t_spec = t_plain + tp, t_spec + ts
         same &= spec.tokens == plain.tokens
         taus.append(spec.tau)
         print(f"candidate head: tau {spec.tau:.2f} same {spec.tokens == plain.tokens}  plain "
-              f"{t1 - t0:.1f} s  speculative {t2 - t1:.1f} s", flush=True)
+              f"{tp:.1f} s  speculative {ts:.1f} s", flush=True)
     result = {"candidates": int(cand.size), "prompts": len(taus),
               "new_tokens": k["eval_new_tokens"], "lossless": bool(same),
               "tau": round(float(np.mean(taus)), 3), "plain_s": round(t_plain, 1),
