@@ -350,6 +350,14 @@ def _device_op(name: str, fn):
     return op
 
 
+def counted(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` with a fresh :data:`LEDGER`: (its result, and the uploads,
+    downloads and launches that call made, each a list of "what at file:line")."""
+    LEDGER.reset()
+    out = fn(*args, **kwargs)
+    return out, list(LEDGER.uploads), list(LEDGER.downloads), list(LEDGER.launches)
+
+
 def counting_backend() -> Backend:
     """A fresh backend: NumPy's ops and results, with :data:`LEDGER` keeping the books (and
     the replays of captured steps: :func:`capture_recorded`)."""

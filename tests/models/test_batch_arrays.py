@@ -23,7 +23,7 @@ from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import tree_mask, visible
 from dflash_ref.tiny import tiny_target_config, tiny_weights
-from tests.device_counter import LEDGER, counting_backend
+from tests.device_counter import counted, counting_backend
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 PACK = "batch_arrays.py"  # where the one upload of a forward is made
@@ -39,13 +39,6 @@ def tiny_model(family: str, n_layers: int, backend, seed: int = 5) -> TargetMode
     cfg = TargetConfig.from_hf(tiny_target_config(family, **over))
     weights = tiny_weights(expected_tensors(cfg), seed, cfg.norm_offset)
     return TargetModel(cfg, weights, backend=backend, target_layer_ids=[0])
-
-
-def counted(fn, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)`` with a fresh ledger; return (result, uploads, downloads)."""
-    LEDGER.reset()
-    out = fn(*args, **kwargs)
-    return out, list(LEDGER.uploads), list(LEDGER.downloads)
 
 
 def assert_one_pack(uploads, downloads, what: str) -> None:
@@ -68,14 +61,14 @@ def test_a_decode_step_copies_one_array_to_the_device_whatever_the_depth(family,
         ref = tiny_model(family, n_layers, "numpy")
         state, ref_state = model.new_state(), ref.new_state()
         prompt = np.arange(3, 15)
-        out, up, down = counted(model.forward, prompt, state, logits_rows=slice(-1, None))
+        out, up, down, _ = counted(model.forward, prompt, state, logits_rows=slice(-1, None))
         assert_one_pack(up, down, f"{family} x{n_layers} prefill, last row only")
         np.testing.assert_array_equal(  # the emulation changes no number
             be.to_numpy(out.logits), ref.forward(prompt, ref_state, logits_rows=[-1]).logits)
         for t in range(3):
-            _, up, down = counted(model.forward, [20 + t], state)
+            _, up, down, _ = counted(model.forward, [20 + t], state)
             assert_one_pack(up, down, f"{family} x{n_layers} decode step {t}")
-        _, up, down = counted(model.forward, np.arange(40, 56), state)
+        _, up, down, _ = counted(model.forward, np.arange(40, 56), state)
         assert_one_pack(up, down, f"{family} x{n_layers} 16-row verify")
 
 
@@ -93,7 +86,7 @@ def test_gemma4_decode_copies_one_array_and_builds_one_proportional_table(monkey
     model.forward(np.arange(3, 20), state)
     for step in range(2):
         calls.clear()
-        _, up, down = counted(model.forward, [30 + step], state)
+        _, up, down, _ = counted(model.forward, [30 + step], state)
         assert_one_pack(up, down, f"{case} decode step {step}")
         assert len(calls) == 1, f"{len(calls)} proportional tables for one batch"
 
@@ -125,7 +118,7 @@ def test_pooled_decode_copies_the_pack_and_the_slot_table_once_per_new_chunk():
         model.forward(np.arange(3, 13), state)
         for _ in range(9):
             opens_chunk = state.length % 4 == 0
-            _, up, down = counted(model.forward, [5], state)
+            _, up, down, _ = counted(model.forward, [5], state)
             assert PACK in up[0] and down == [], (up, down)
             assert len(up) == 1 + opens_chunk, f"x{n_layers} at {state.length - 1}: {up}"
             if opens_chunk:
@@ -140,9 +133,9 @@ def test_a_tree_verify_copies_one_array_and_its_commit_one_more(pooled):
         pager = KVFlashPager(128, chunk_tokens=4, sink_chunks=1, tail_window_chunks=1)
         state = model.new_state(pager=pager if pooled else None)
         model.forward(np.arange(3, 12), state)
-        _, up, down = counted(model.forward_tree, [1, 2, 3, 4, 5], [-1, 0, 0, 1, 3], state)
+        _, up, down, _ = counted(model.forward_tree, [1, 2, 3, 4, 5], [-1, 0, 0, 1, 3], state)
         assert_one_pack(up, down, f"tree verify x{n_layers}")
-        _, up, down = counted(state.commit_path, [0, 1, 3, 4])
+        _, up, down, _ = counted(state.commit_path, [0, 1, 3, 4])
         # the path's node indices; a pooled commit also uploads the slots it writes
         assert len(up) == 1 + pooled and down == [], (up, down)
 

@@ -41,7 +41,7 @@ import pytest
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
-from tests.device_counter import LEDGER, counting_backend
+from tests.device_counter import LEDGER, counted, counting_backend
 from tests.models.test_batch_arrays import tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
@@ -53,12 +53,6 @@ FIXTURE_DECODE = {"gemma4_dense": 137, "gemma4_ple_kvshare": 215, "qwen35_moe": 
 GRAPHED_DECODE = 11  # a Qwen3 decode layer in a captured step (fixed-capacity stores)
 
 
-def launches(fn, *args) -> list[str]:
-    LEDGER.reset()
-    fn(*args)
-    return list(LEDGER.launches)
-
-
 def per_layer(family: str, rows: int) -> float:
     """Kernels per layer of one forward of ``rows`` new tokens after a 12-token prompt."""
     be, counts = counting_backend(), {}
@@ -67,7 +61,7 @@ def per_layer(family: str, rows: int) -> float:
         model = tiny_model(family, n, be)
         state = model.new_state()
         model.forward(np.arange(3, 15), state)
-        counts[n] = len(launches(model.forward, np.arange(20, 20 + rows), state))
+        counts[n] = len(counted(model.forward, np.arange(20, 20 + rows), state)[3])
     (a, ca), (b, cb) = counts.items()
     return (cb - ca) / (b - a)
 
@@ -85,7 +79,7 @@ def test_a_qwen3_decode_layer_runs_one_product_per_stacked_projection():
     model = tiny_model("qwen3", 3, be)
     state = model.new_state()
     model.forward(np.arange(3, 15), state)
-    seen = launches(model.forward, [20], state)
+    seen = counted(model.forward, [20], state)[3]
     linear = [s for s in seen if s.startswith("op linear")]
     assert len(linear) == 3 * 4 + 1, linear  # per layer qkv, o, gate_up, down; then lm_head
     assert not [s for s in seen if "matmul" in s], "a projection bypassed ops.linear"
@@ -97,7 +91,7 @@ def test_fixture_families_decode_launches(case):
     model = TargetModel.from_pretrained(FIXTURES / case, backend=counting_backend())
     state = model.new_state()
     model.forward(np.arange(3, 20), state)
-    assert len(launches(model.forward, [30], state)) <= FIXTURE_DECODE[case]
+    assert len(counted(model.forward, [30], state)[3]) <= FIXTURE_DECODE[case]
 
 
 def test_kernels_per_drafter_layer_of_a_draft_step(tmp_path):
@@ -110,7 +104,7 @@ def test_kernels_per_drafter_layer_of_a_draft_step(tmp_path):
         cache = drafter.new_cache()
         width = drafter.fc.shape[1]
         cache.extend(be.to_backend(np.ones((12, width), np.float32)), np.arange(12))
-        counts[n] = len(launches(cache.forward_block, 7, 12))
+        counts[n] = len(counted(cache.forward_block, 7, 12)[3])
     assert (counts[3] - counts[1]) / 2 <= DRAFT_PER_LAYER
 
 
