@@ -110,6 +110,13 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'tests/models/test_gemma3_conventions.py',
     ),
     (
+        '8c RoPE linear scaling ignored (the fused q/k norm + RoPE)',
+        'dflash_ref/models/fused.py',
+        '                                             r.factor)',
+        '                                             1.0)',
+        'tests/models/test_gemma3_conventions.py',
+    ),
+    (
         '9a hard floor at 0.4 margin',
         'dflash_ref/spec_decode/gate.py',
         'self.ema < 0.5 * self.margin',
