@@ -63,8 +63,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '3 drafter RoPE base hard-wired 1e6',
         'dflash_ref/models/drafter.py',
-        'positions, r.theta,',
-        'positions, 1e6,',
+        '0.0, r.theta,',
+        '0.0, 1e6,',
         'tests/models/test_drafter_rope.py',
     ),
     (
