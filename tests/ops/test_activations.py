@@ -70,6 +70,18 @@ def test_sigmoid_gate_hand_values_and_shapes():
         sigmoid_gate(np.zeros((2, 3)), np.zeros((3, 2)))
 
 
+@given(st.data())
+def test_sigmoid_gate_matches_float64_closed_form_and_bounds(data):
+    # |x * sigmoid(gate)| <= |x|, with the sign of x; equal to the float64 closed form.
+    rows, n = data.draw(rows_and_width())
+    x = data.draw(f32_arrays((rows, n), -50, 50))
+    gate = data.draw(f32_arrays((rows, n), -80, 80))
+    y = sigmoid_gate(x, gate)
+    assert np.all(np.abs(y) <= np.abs(x)) and np.all(y * x >= 0)
+    x64, g64 = x.astype(np.float64), gate.astype(np.float64)
+    assert_close(y, x64 / (1 + np.exp(-g64)), "float32_elementwise", op="sigmoid_gate")
+
+
 def test_softmax_hand_values():
     # [0, ln 3] -> [1/4, 3/4]; a large common offset changes nothing.
     x = np.array([0.0, np.log(3.0)])

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dflash_ref.backend import get_backend
 from dflash_ref.ops.activations import SOFTPLUS_THRESHOLD, gdn_gates
 from dflash_ref.testing import assert_close
 from tests.gpu import check_twin
+from tests.strategies import f32_arrays, rows_and_width
 
 
 def test_hand_values():
@@ -33,6 +36,26 @@ def test_matches_the_float64_closed_form(rng):
     assert_close(beta, 1 / (1 + np.exp(-b)), "float32_vs_float64", op="gdn_gates", tensor="beta")
     assert_close(g, A * np.log1p(np.exp(a + dt_bias)), "float32_vs_float64", op="gdn_gates",
                  tensor="g")
+
+
+@given(st.data())
+def test_properties_and_the_float64_closed_form(data):
+    # beta in [0, 1]; g <= 0 (A < 0, softplus >= 0); g never increases as a grows (A < 0); both
+    # the float64 closed forms (softplus(u) = u past the threshold, where log1p(exp(u)) = u).
+    T, HV = data.draw(rows_and_width())
+    b = data.draw(f32_arrays((T, HV), -60, 60))
+    a = data.draw(f32_arrays((T, HV), -60, 60))
+    A = -np.exp(data.draw(f32_arrays((HV,), -3, 3)))
+    dt_bias = data.draw(f32_arrays((HV,), -3, 3))
+    beta, g = gdn_gates(b, a, A, dt_bias)
+    assert np.all((beta >= 0) & (beta <= 1)) and np.all(g <= 0)
+    _, g_up = gdn_gates(b, a + np.float32(1.0), A, dt_bias)
+    assert np.all(g_up <= g)
+    b64, u64, A64 = b.astype(np.float64), (a + dt_bias).astype(np.float64), A.astype(np.float64)
+    softplus = np.where(u64 > SOFTPLUS_THRESHOLD, u64, np.log1p(np.exp(np.minimum(u64, 30.0))))
+    assert_close(beta, 1 / (1 + np.exp(-b64)), "float32_vs_float64", op="gdn_gates",
+                 tensor="beta")
+    assert_close(g, A64 * softplus, "float32_vs_float64", op="gdn_gates", tensor="g")
 
 
 def test_extremes_stay_finite_and_the_threshold_is_linear():
