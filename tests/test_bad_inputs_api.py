@@ -13,6 +13,7 @@ The expected behaviour comes from the issue's statement of each case, not from t
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from importlib.resources import files
@@ -244,14 +245,27 @@ def test_convert_drafter_with_a_binary_target_file_names_it(tmp_path, head):
     assert not (tmp_path / "out.gguf").exists()
 
 
-def _poison(d, name):
-    """Set the first value of tensor ``name`` to NaN (through torch: the weights are bf16)."""
-    from safetensors.torch import load_file, save_file
+def _header(path):
+    """The safetensors header (the format's spec: 8-byte little-endian length, then JSON)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8:8 + n]), 8 + n
 
-    weights = load_file(d / "model.safetensors")
-    weights[name] = weights[name].clone()
-    weights[name].view(-1)[0] = float("nan")
-    save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
+
+def _poison(d, name):
+    """Set the first value of tensor ``name`` to NaN, in place in the file's bytes.
+
+    Written from the format's spec alone (no torch, no project code): the tensor's data starts
+    at ``data_offsets[0]`` after the header; a bf16 quiet NaN is 0x7FC0, an f32 one 0x7FC00000.
+    """
+    path = d / "model.safetensors"
+    header, base = _header(path)
+    entry = header[name]
+    nan = {"BF16": b"\xc0\x7f", "F16": b"\x00\x7e", "F32": b"\x00\x00\xc0\x7f"}[entry["dtype"]]
+    start = base + entry["data_offsets"][0]
+    with path.open("r+b") as f:
+        f.seek(start)
+        f.write(nan)
 
 
 def test_nan_weight_is_named_by_check_finite(tmp_path, demo_pair):
@@ -261,9 +275,7 @@ def test_nan_weight_is_named_by_check_finite(tmp_path, demo_pair):
         TargetModel.from_pretrained(d, check_finite=True)
     _assert_typed(info, FormatError, ["model.norm.weight (1 values)", "NaN or inf"])
     dd = _checkpoint_copy(tmp_path, "drafter")
-    from safetensors.torch import load_file
-
-    first = sorted(load_file(dd / "model.safetensors"))[0]
+    first = sorted(k for k in _header(dd / "model.safetensors")[0] if k != "__metadata__")[0]
     _poison(dd, first)
     with pytest.raises(FormatError, match=f"{first} \\(1 values\\)"):
         DFlashDrafter.from_pretrained(dd, demo_pair[0], check_finite=True)

