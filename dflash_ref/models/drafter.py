@@ -395,6 +395,11 @@ class DFlashDrafter:
 
     # ------------------------------------------------------------------ cached form
 
+    def cache_for(self, state) -> DraftCache:
+        """An empty draft cache for drafting over the target ``state`` (the one a graphed state
+        replays its draft step through, else a plain one)."""
+        return self.new_cache() if state.graphs is None else state.graphs.draft_cache(self)
+
     def new_cache(self, window=None, capacity=None, graphs: bool = True) -> DraftCache:
         """An empty draft cache; with ``window`` it drafts over the last W context positions;
         with ``capacity``: fixed rows, each draft a CUDA graph (``FixedDraftCache``)."""

@@ -110,9 +110,7 @@ class Decoding:
                              f"proper prefix of the {prompt.size}-token prompt")
         self.prompt, self.s = prompt, prompt.size  # s: position of the anchor
         self.to_prefill = prompt[n:]  # the prompt tokens the prefill runs
-        graphs = self.state.graphs  # a graphed state drafts through its own graphed cache
-        self.draft_cache = None if drafter is None or B == 1 else (
-            drafter.new_cache() if graphs is None else graphs.draft_cache(drafter))
+        self.draft_cache = None if drafter is None or B == 1 else drafter.cache_for(self.state)
         if self.draft_cache is not None and self.state.features is None:
             raise ConfigError("the target captures no features; bind the drafter first "
                               "(DFlashDrafter.from_pretrained(path, target) sets "

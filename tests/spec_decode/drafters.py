@@ -27,6 +27,9 @@ class ScriptedDrafter:
     def new_cache(self, window=None):
         return _ScriptedCache(self)
 
+    def cache_for(self, state):
+        return self.new_cache()
+
     def draft_tokens(self, logits):
         return np.argmax(self.target.be.to_numpy(logits)[1:], axis=-1).astype(np.int64)
 
