@@ -12,6 +12,7 @@ One step, with the anchor t_s (the newest token, emitted but not yet run by the 
 
 Shapes: n rows, H hidden, nh / nkv heads of size d, V vocabulary, C captured layers: a feature is
 the raw (un-normed) output of a layer in ``target_layer_ids`` (docs/conventions.md, "Layer ids").
+``w`` holds a checkpoint's tensors by their HF names; ``p`` is a layer's name prefix.
 """
 
 import functools
