@@ -12,6 +12,12 @@ a module imports only parts of a lower rank, or its own part::
 loop and the pager receive the objects they work on). ``dflash_ref/__init__.py`` is the
 package's front door and may import anything. Function-level imports count.
 
+**Beside the order.** ``minimal`` (``dflash_ref/minimal.py``, DFlash in one page: the independent
+oracle the package is tested against) ranks just above ``io`` but imports only the loaders it
+names in ``BESIDE``, and no part imports it. Its functions carry the package's names on purpose
+(``rms_norm``, ``rope``, ``generate``, ...): the one-definition rule below is for the parts in the
+order.
+
 **Private names** (``_x``) are never imported from another part. **A public name** (a top-level
 function or class without a leading underscore) is defined in one module only.
 """
@@ -30,7 +36,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvflash", "spec_decode"), ("tiny",), ("cli_args",), ("oracle",), ("demo_text",),
     ("diagnose",), ("cli_generate",), ("cli",),
 )
+# part -> (the part it ranks just above, the only dflash_ref modules it may import)
+BESIDE = {"minimal": ("io", ("dflash_ref.io.safetensors_io", "dflash_ref.io.tokenizer"))}
 RANK = {part: r for r, parts in enumerate(LAYERS) for part in parts}
+RANK.update({part: RANK[below] + 0.5 for part, (below, _) in BESIDE.items()})
 NEVER = {("kvflash", "models"), ("spec_decode", "models")}  # besides the order
 
 
@@ -80,7 +89,15 @@ def _imports(tree: ast.Module, name: str, path: Path):
 
 
 def _allowed(src: str, dst: str) -> bool:
+    if src in BESIDE or dst in BESIDE:  # a part beside the order: its imports are checked alone
+        return src == dst or src in BESIDE
     return src == dst or ((src, dst) not in NEVER and RANK[dst] < RANK[src])
+
+
+def _beside_allows(src: str, target: str) -> bool:
+    """A part beside the order imports of dflash_ref (the front door included) only its list."""
+    inside = target == "dflash_ref" or target.startswith("dflash_ref.")
+    return src not in BESIDE or not inside or target in BESIDE[src][1]
 
 
 def layout_report() -> LayoutReport:
@@ -88,7 +105,7 @@ def layout_report() -> LayoutReport:
     defined = defaultdict(list)
     for name, path in modules().items():
         tree = ast.parse(path.read_text())
-        for node in tree.body:
+        for node in tree.body if part(name) not in BESIDE else ():
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
                 defined[node.name].append(name)
         src = part(name)
@@ -98,6 +115,8 @@ def layout_report() -> LayoutReport:
             unranked.append(name)
             continue
         for target, names in _imports(tree, name, path):
+            if not _beside_allows(src, target):
+                order.append(f"{name} imports {target}")
             dst = part(target) if target.startswith("dflash_ref.") else None
             if dst is None or dst not in RANK:
                 continue

@@ -7,7 +7,9 @@
   (``spec/*.md`` files or their bare section marks), which a reader who clones it cannot open;
 - the public entry points import from the top;
 - the documented layer order holds (which part may import which), no private name is imported
-  from another part, and each public name is defined once (tests/layout_rules.py).
+  from another part, and each public name is defined once (tests/layout_rules.py);
+- the one page, ``dflash_ref/minimal.py``, imports only the checkpoint loaders, and nothing
+  imports it.
 """
 
 from __future__ import annotations
@@ -188,3 +190,31 @@ def test_the_rules_catch_planted_violations(tmp_path, monkeypatch):
     assert report.private_imports == ["dflash_ref.models.d imports dflash_ref.ops.c._g"]
     assert report.duplicate_names == {"f": ["dflash_ref.models.a", "dflash_ref.ops.c"]}
     assert part("dflash_ref.models.a") == "models" and part("dflash_ref") is None
+
+
+def test_the_one_page_imports_only_the_loaders(tmp_path, monkeypatch):
+    # dflash_ref/minimal.py is tested against the package, so it must not run the package's
+    # code: of dflash_ref it imports the loaders BESIDE names and nothing else (not even the
+    # front door), and no part imports it. Planted in a hand-made package, each is reported.
+    import tests.layout_rules as rules
+
+    assert rules.BESIDE["minimal"][0] == "io" and RANK["io"] < RANK["minimal"] < RANK["models"]
+    pkg = tmp_path / "dflash_ref"
+    for sub in ("io", "models"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "io" / "safetensors_io.py").write_text("def load_checkpoint():\n    pass\n")
+    (pkg / "io" / "other.py").write_text("")
+    (pkg / "minimal.py").write_text(
+        "from dflash_ref.io.safetensors_io import load_checkpoint\n"
+        "from dflash_ref.io import other\n"
+        "def f():\n    import dflash_ref\n    from dflash_ref.models import x\n")
+    (pkg / "models" / "m.py").write_text("from dflash_ref.minimal import f\n")
+    monkeypatch.setattr(rules, "ROOT", tmp_path)
+    report = rules.layout_report()
+    assert sorted(report.order_violations) == [
+        "dflash_ref.minimal imports dflash_ref", "dflash_ref.minimal imports dflash_ref.io",
+        "dflash_ref.minimal imports dflash_ref.models",
+        "dflash_ref.models.m imports dflash_ref.minimal"]
+    assert not report.unranked and not report.duplicate_names
