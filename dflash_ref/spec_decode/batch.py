@@ -59,12 +59,12 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
     runs = [Decoding(target, drafter, p, block_size, max_new_tokens, law, verifier,
                      stops=stop_token_ids)
             for (p, block_size, verifier), law in zip(checked, laws)]
-    outs = target.forward_batch([r.to_prefill for r in runs],
+    outs = target.forward_batch([r.cursor.prompt[r.state.length:] for r in runs],
                                 [r.state for r in runs])  # 1. one prefill for all
     for r, out in zip(runs, outs):
         r.sample_next(out)
     while True:
-        active = [r for r in runs if not r.done]
+        active = [r for r in runs if not r.cursor.done]
         if not active:
             break
         t0 = [r.clock.now() for r in active]

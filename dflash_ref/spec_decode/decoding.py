@@ -82,6 +82,7 @@ class TokenCursor:
         prompt: [N] the prompt ids.
         max_new_tokens: tokens wanted in all.
         stops: the stop ids (generation stops just after the first).
+        position: s; before the first commit N - 1, the last prompt token's.
         remaining: tokens still wanted (``max_new_tokens`` less those emitted).
         emitted: the committed tokens, in order.
         from_draft: one flag per emitted token: True for an accepted draft.
@@ -91,21 +92,17 @@ class TokenCursor:
     prompt: np.ndarray
     max_new_tokens: int
     stops: frozenset
+    position: int
+    remaining: int
     anchor: int = -1
     anchor_logits: object = None
-    position: int = -1
-    remaining: int = 0
     emitted: list[int] = field(default_factory=list)
     from_draft: list[bool] = field(default_factory=list)
     done: bool = False
 
-    def __post_init__(self):
-        self.position = self.prompt.size - 1  # the last prompt token's: the first commit is at N
-        self.remaining = self.max_new_tokens
-
     def cut(self, tokens) -> list[int]:
         """``tokens`` up to and including the first stop id (all of them without one)."""
-        tokens = [int(t) for t in tokens]
+        tokens = list(map(int, tokens))
         for i, t in enumerate(tokens):
             if t in self.stops:
                 return tokens[: i + 1]
@@ -116,8 +113,9 @@ class TokenCursor:
         after a stop; the last is the new anchor, chosen by the target row ``anchor_logits``.
         Returns the tokens emitted."""
         tokens = self.cut(tokens[: self.remaining])
+        n_drafts = min(n_drafts, len(tokens))
         self.emitted.extend(tokens)
-        self.from_draft.extend(i < n_drafts for i in range(len(tokens)))
+        self.from_draft.extend([True] * n_drafts + [False] * (len(tokens) - n_drafts))
         self.anchor, self.anchor_logits = tokens[-1], anchor_logits
         self.position += len(tokens)
         self.remaining -= len(tokens)
@@ -172,6 +170,11 @@ class RecordedGate:
 class Decoding:
     """One request: each method is one step of the loop (module docstring).
 
+    It holds the ``target`` and its ``state``, the ``cursor`` (:class:`TokenCursor`), the
+    ``sampler``, the ``verifier``, the ``proposer`` (None for plain decoding), the ``gate`` (a
+    :class:`RecordedGate`, or ``ALWAYS_SPECULATE``), the ``observer``, the ``clock`` and the
+    ``result``.
+
     Args:
         target, drafter: the models (drafter None: plain decoding).
         prompt: [N] the prompt ids; a given ``state`` must hold a proper prefix of them.
@@ -205,21 +208,12 @@ class Decoding:
         if n >= prompt.size or (n and not np.array_equal(self.state.tokens, prompt[:n])):
             raise StateError(f"generate(state=...): the state holds {n} tokens that are not a "
                              f"proper prefix of the {prompt.size}-token prompt")
-        self.cursor = TokenCursor(prompt, max_new_tokens, frozenset(int(t) for t in stops or ()))
+        self.cursor = TokenCursor(prompt, max_new_tokens, frozenset(int(t) for t in stops or ()),
+                                  position=prompt.size - 1, remaining=max_new_tokens)
         self.clock = Clock(target.be, cost_model)
         self.proposer = None if drafter is None or block_size == 1 else Proposer(
             drafter, self.state, block_size, self.observer, self.clock)
         self.observer.on_start(self.state)
-
-    @property
-    def done(self) -> bool:
-        """No token is wanted any more, or a stop token was emitted."""
-        return self.cursor.done
-
-    @property
-    def to_prefill(self) -> np.ndarray:
-        """[n] the prompt tokens the state does not hold yet (what the prefill runs)."""
-        return self.cursor.prompt[self.state.length:]
 
     # ------------------------------------------------------------------ the steps
 
@@ -229,7 +223,8 @@ class Decoding:
         Only that row's logits are computed (``logits_rows``) unless the observer asks for every
         row: the other N-1 rows would be N x vocab floats that nothing reads."""
         every_row = self.observer.full_prefill_logits
-        out, _ = self.run_target(ChainBlock(self.to_prefill), "prefill",
+        to_prefill = self.cursor.prompt[self.state.length:]  # [n] what the state lacks
+        out, _ = self.run_target(ChainBlock(to_prefill), "prefill",
                                  logits_rows=None if every_row else slice(-1, None))
         self.sample_next(out)
 
@@ -239,7 +234,7 @@ class Decoding:
         n = self.gate.start_turn(self.cursor.max_new_tokens, not self.sampler.law.greedy)
         if self.proposer is None or not n:
             return
-        walls = [self.plain_step() for _ in range(n) if not self.done]
+        walls = [self.plain_step() for _ in range(n) if not self.cursor.done]
         cost = self.clock.cost
         self.gate.end_warmup([cost.t_ar] * len(walls) if cost else walls)
 
@@ -294,7 +289,7 @@ class Decoding:
         row = out.logits[-1:]
         self.commit([self.sampler.sample(self.target.be, row)], 0, row)
 
-    # ------------------------------------------------------------------ commit and finish
+    # ------------------------------------------------------------------ forward, commit, finish
 
     def run_target(self, block, phase: str, logits_rows=None):
         """The target's forward over ``block`` at its positions, timed as ``phase`` and
@@ -315,7 +310,7 @@ class Decoding:
         self.observer.on_commit(list(tokens))
         self.observer.on_emit(list(tokens))
         pager = self.state.pager
-        if pager is not None and pager.scorer is not None and not self.done:
+        if pager is not None and pager.scorer is not None and not self.cursor.done:
             # KVFlash relevance (docs/kvflash.md): rescore and re-page when the cadence
             # max(tau, history // 45) is due.
             with self.clock.phase("reselect"):

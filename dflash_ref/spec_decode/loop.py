@@ -129,7 +129,7 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
                    observer=observer, cost_model=gating.cost_model)
     run.prefill()  # 1.
     run.warm_up()  # the gate's plain steps before it judges (none without a gate)
-    while not run.done:
+    while not run.cursor.done:
         if run.speculates():  # 2a. the gate, until it floors
             run.spec_step()  # 2b-d. draft, verify, commit
         else:
