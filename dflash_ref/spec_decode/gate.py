@@ -131,9 +131,10 @@ def p1_from_logits(be: Backend | str, logits_row) -> float:
 class AlwaysSpeculate:
     """The gate of a run given none: it needs no warm-up, never floors and learns nothing.
 
-    The loop asks it as it asks any gate; what it answers is no judgement (reason "always"), and
-    nothing records it: a run given no gate reports no gate decisions. The analogue of
-    ``observe.UNWATCHED`` for the observer.
+    The loop asks it as it asks any gate, so it has no branch on whether a gate exists (the
+    analogue of ``observe.UNWATCHED`` for the observer). What it answers is no judgement (reason
+    "always") and a run given no gate records none of it (no ``gate_decisions``, no
+    ``on_gate``); passed explicitly as ``gate=``, it is recorded like any gate.
     """
 
     SPECULATE = GateDecision(False, "always", 0, 0.0, 0)

@@ -91,10 +91,11 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
         sampling: :class:`~dflash_ref.ops.sampling.SamplingParams` (temperature, top_p, top_k,
             seed); None is greedy. At T > 0 a seed is required and chain verify is lossless
             (docs/spec_decode.md, "Sampling").
-        block_size: drafter block size B (default: the drafter's); 1 means plain decoding. A B
-            above the drafter's trained block size needs a chain verifier with
-            ``draft_rows="verify"``: the drafter then drafts block positions it was never
-            trained on (still lossless; the end-to-end notebook shows what that does to tau).
+        block_size: the block size B, the step's rows (default: the drafter's trained block
+            size); 1 means plain decoding. A block size above the trained one needs a chain
+            verifier with ``draft_rows="verify"``: the drafter then drafts block positions it
+            was never trained on (still lossless; the end-to-end notebook shows what that does
+            to tau).
         verify: "chain", "tree" (DDTree when greedy; sampled: drawn children and recursive
             rejection sampling, lossless), or a
             :class:`~dflash_ref.spec_decode.verifiers.Verifier` (e.g.

@@ -151,10 +151,11 @@ class ChainVerifier(Verifier):
     """Greedy chain verify: argmax drafts, accept the prefix the target's argmax agrees with.
 
     Attributes:
-        draft_rows: "trained" drafts B rows (B at most the drafter's trained block size);
-            "verify" drafts exactly the verify block, ``min(B, remaining + 1)`` rows, as the
-            release's ``verify_size`` (acceptance lengths then match the release's; a B above
-            the trained block size drafts positions never trained on, still lossless).
+        draft_rows: "trained" drafts ``block_size`` rows (at most the drafter's
+            ``trained_block_size``); "verify" drafts exactly the verify block,
+            ``min(block_size, remaining + 1)`` rows, as the release's ``verify_size``
+            (acceptance lengths then match the release's; a ``block_size`` above the trained
+            one drafts positions never trained on, still lossless).
     """
 
     draft_rows: str = "trained"
