@@ -84,8 +84,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '6 entropy gate fed the last verify row',
         'dflash_ref/spec_decode/decoding.py',
-        'self.last_logits = out.logits[res.bonus_row: res.bonus_row + 1]',
-        'self.last_logits = out.logits[-1:]',
+        'row = out.logits[res.bonus_row: res.bonus_row + 1]',
+        'row = out.logits[-1:]',
         'tests/spec_decode/test_gate_wiring.py',
     ),
     (
@@ -132,9 +132,9 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     ),
     (
         'F zeroed features into the drafter',
-        'dflash_ref/spec_decode/decoding.py',
-        'features, positions = self.state.features.rows(cache.length, s),',
-        'features, positions = self.state.features.rows(cache.length, s) * 0,',
+        'dflash_ref/spec_decode/drafting.py',
+        'features = self.state.features.rows(start, position)',
+        'features = self.state.features.rows(start, position) * 0',
         'tests/spec_decode/test_feature_drafter.py',
     ),
     (
@@ -267,8 +267,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '19b tree step: the commit-EMA gate told the verify width is B',
         'dflash_ref/spec_decode/decoding.py',
-        'return self._commit(res, width=len(block.tokens), step_t0=step_t0)',
-        'return self._commit(res, width=self.B, step_t0=step_t0)',
+        'self.step_observation(len(tokens), len(block.tokens), step_t0)',
+        'self.step_observation(len(tokens), ctx.block_size, step_t0)',
         'tests/spec_decode/test_gate_wiring_tree.py',
     ),
     (

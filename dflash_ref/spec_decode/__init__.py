@@ -1,15 +1,18 @@
 """Speculative decoding: the loop and the parts it calls.
 
 - :mod:`~dflash_ref.spec_decode.loop`: ``generate`` (prefill, then gate -> draft -> verify ->
-  commit); :mod:`~dflash_ref.spec_decode.decoding`: one request's steps and its result;
-  :mod:`~dflash_ref.spec_decode.batch`: ``generate_batch``.
+  commit); :mod:`~dflash_ref.spec_decode.decoding`: one request's steps, its token cursor and
+  its result; :mod:`~dflash_ref.spec_decode.drafting`: the drafting context a verifier drafts
+  from and the proposer (the drafter and its cache); :mod:`~dflash_ref.spec_decode.batch`:
+  ``generate_batch``.
 - :mod:`~dflash_ref.spec_decode.verifiers`: the verify rules as objects (chain greedy, chain
   sampled with rejection sampling, chain with greedy drafts and sampled rows, DDTree);
   :mod:`~dflash_ref.spec_decode.verify`: chain verify, greedy and sampled (docs/spec_decode.md);
   :mod:`~dflash_ref.spec_decode.ddtree`: DDTree build, ancestor visibility, tree verify
   (liranringel/ddtree ``ddtree.py``, with the lucebox port's choices as options).
 - :mod:`~dflash_ref.spec_decode.gate`: the entropy gate and the commit-EMA gate behind one
-  protocol; :mod:`~dflash_ref.spec_decode.cost`: the cost model and a modelled gated run.
+  protocol, and ``ALWAYS_SPECULATE``, the gate of a run given none;
+  :mod:`~dflash_ref.spec_decode.cost`: the cost model and a modelled gated run.
 - :mod:`~dflash_ref.spec_decode.observe`: the observer protocol (timing, progress, streaming,
   recording).
 - :mod:`~dflash_ref.spec_decode.stats`: tau, acceptance rate, per-position acceptance.
@@ -41,7 +44,9 @@ from dflash_ref.spec_decode.ddtree import (
     topk_log_probs,
     verify_tree,
 )
+from dflash_ref.spec_decode.drafting import DraftingContext
 from dflash_ref.spec_decode.gate import (
+    ALWAYS_SPECULATE,
     COMMIT_EMA_VERSIONS,
     CommitEmaGate,
     EntropyGate,
@@ -76,6 +81,7 @@ from dflash_ref.spec_decode.verify import (
 )
 
 __all__ = [
+    "ALWAYS_SPECULATE",
     "COMMIT_EMA_VERSIONS",
     "AcceptanceStats",
     "ChainVerifier",
@@ -86,6 +92,7 @@ __all__ = [
     "DDTree",
     "DDTreeOptions",
     "DraftProposal",
+    "DraftingContext",
     "EntropyGate",
     "GateDecision",
     "GateObservation",

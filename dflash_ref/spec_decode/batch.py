@@ -3,9 +3,10 @@
 :func:`generate_batch` is :func:`~dflash_ref.spec_decode.loop.generate` for a list of prompts.
 Each sequence keeps its own state, drafter cache, acceptance and finish time; per step::
 
-    blocks = [run.verifier.draft(run) for run in active]      # the drafter, per sequence
+    ctxs   = [run.drafting_context() for run in active]       # each step's data
+    blocks = [run.verifier.draft(ctx) for ...]                # the drafter, per sequence
     outs   = target.forward_batch(ids, states)                # ONE target forward for all
-    for run, block, out in ...: run.accept(block, out)        # verify, rollback, emit
+    for run, ctx, block, out in ...: run.accept(ctx, block, out)  # verify, rollback, emit
 
 Sequences of different lengths sit at their own positions (ragged), and a sequence that has
 finished leaves the batch. Each sequence emits exactly the tokens and acceptance lengths of its
@@ -55,25 +56,27 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
     laws = [dataclasses.replace(sampling, seed=seed) for seed in seeds]
     checked = [check_arguments(target, drafter, p, max_new_tokens, law, block_size, "chain")
                for p, law in zip(prompts, laws)]
-    runs = [Decoding(target, drafter, p, B, max_new_tokens, law, verifier, stops=stop_token_ids)
-            for (p, B, verifier), law in zip(checked, laws)]
-    outs = target.forward_batch([r.to_prefill for r in runs],
+    runs = [Decoding(target, drafter, p, block_size, max_new_tokens, law, verifier,
+                     stops=stop_token_ids)
+            for (p, block_size, verifier), law in zip(checked, laws)]
+    outs = target.forward_batch([r.cursor.prompt[r.state.length:] for r in runs],
                                 [r.state for r in runs])  # 1. one prefill for all
     for r, out in zip(runs, outs):
         r.sample_next(out)
     while True:
-        active = [r for r in runs if not r.done]
+        active = [r for r in runs if not r.cursor.done]
         if not active:
             break
         t0 = [r.clock.now() for r in active]
-        blocks = [r.verifier.draft(r) if r.draft_cache is not None else None
-                  for r in active]  # 2b. per sequence; None: a plain step
-        ids = [b.tokens if b is not None else np.array([r.anchor]) for r, b in zip(active,
-                                                                                    blocks)]
+        ctxs = [r.drafting_context() if r.proposer is not None else None
+                for r in active]  # None: a plain step
+        blocks = [r.verifier.draft(c) if c is not None else None for r, c in zip(active, ctxs)]
+        ids = [b.tokens if b is not None else np.array([r.cursor.anchor])
+               for r, b in zip(active, blocks)]  # 2b. per sequence
         outs = target.forward_batch(ids, [r.state for r in active])  # 2c. one verify
-        for r, block, out, t in zip(active, blocks, outs, t0):
+        for r, ctx, block, out, t in zip(active, ctxs, blocks, outs, t0):
             if block is not None:
-                r.accept(block, out, t)  # 2d. keep rows 0..a, emit a + 1 tokens
+                r.accept(ctx, block, out, t)  # 2d. keep rows 0..a, emit a + 1 tokens
             else:
                 r.sample_next(out)
     return [r.finish() for r in runs]

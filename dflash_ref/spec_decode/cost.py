@@ -12,7 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dflash_ref.spec_decode.gate import CommitEmaGate, GateDecision
+from dflash_ref.spec_decode.gate import (
+    CommitEmaGate,
+    GateDecision,
+    GateObservation,
+    StepObservation,
+)
 
 
 @dataclass(frozen=True)
@@ -70,25 +75,28 @@ def simulate_gated_decode(gate: CommitEmaGate, commits: Sequence[int], cost: Cos
                           block_size: int, verify_width: int | None = None) -> GatedRun:
     """A modelled turn: spec steps committing ``commits[i]`` tokens until the gate floors.
 
-    The turn produces ``sum(commits)`` tokens. Each spec step costs ``cost.spec_step`` and feeds
-    the gate ``(commit_n, t_ar = cost.t_ar, step_wall = cost.spec_step)``; once the gate floors,
-    the tokens of the remaining steps are decoded by AR at ``t_ar`` each. Plain AR decoding of
-    the same tokens takes ``sum(commits) * t_ar``. (The v2 t_ar warmup tokens are AR in both runs
-    and left out.) Not the loop: no model runs, only the gate and the cost model.
+    The gate is driven by the loop's protocol: ``start_turn``, then per step ``check`` at the
+    top (a decision point without a logits row) and ``observe`` after the commit. The turn
+    produces ``sum(commits)`` tokens. Each spec step costs ``cost.spec_step`` and feeds the gate
+    ``StepObservation(commit_n, step_wall = cost.spec_step, t_ar = cost.t_ar)``; once the gate
+    floors, the tokens of the remaining steps are decoded by AR at ``t_ar`` each. Plain AR
+    decoding of the same tokens takes ``sum(commits) * t_ar``. (The v2 t_ar warmup tokens are AR
+    in both runs and left out: the warm-up ``start_turn`` asks for is not run.) Not the loop: no
+    model runs, only the gate and the cost model.
     """
-    gate.begin_turn()
     t_ar = cost.t_ar
     step = cost.spec_step(block_size, verify_width)
     n_tokens = int(sum(commits))
+    gate.start_turn(n_tokens, sampled=False)
     time, done, floored_after = 0.0, 0, None
     for i, c in enumerate(commits):
-        if gate.decide().floor:
+        if gate.check(GateObservation(None, None, done)).floor:
             floored_after = i
             time += (n_tokens - done) * t_ar
             break
         time += step
         done += int(c)
-        gate.record_step(int(c), t_ar, step)
+        gate.observe(StepObservation(commit_n=int(c), step_wall=step, t_ar=t_ar))
     spec_steps = floored_after if floored_after is not None else len(commits)
     return GatedRun(time=time, ar_time=n_tokens * t_ar, n_tokens=n_tokens, spec_steps=spec_steps,
                     floored_after=floored_after, decisions=list(gate.decisions))

@@ -1,11 +1,13 @@
 """One request's decoding: the steps :func:`~dflash_ref.spec_decode.loop.generate` strings.
 
-:class:`Decoding` holds what changes while a request runs (the target state, the drafter's
-cache, the anchor and its position, the emitted tokens, the statistics) and does each step of
-the loop's docstring: the prefill, a plain step, a speculative step (its verifier drafts, the
-target runs the block, the verifier decides and keeps), the commit. It is also the ``run`` a
-verifier sees (:mod:`dflash_ref.spec_decode.verifiers`, "The interface"). Everything a caller
-may watch goes through one observer (:mod:`dflash_ref.spec_decode.observe`).
+:class:`Decoding` holds the request (the target and its state, a :class:`TokenCursor` over the
+emitted tokens, the sampler, the verifier, the drafter's proposer, the gate, the observer, the
+clock, the result) and does each step of the loop's docstring: the prefill, the gate's warm-up,
+a plain step, a speculative step, the finish. A speculative step is one way: the request builds
+a :class:`~dflash_ref.spec_decode.drafting.DraftingContext`, the verifier drafts from it, the
+target runs the block, the verifier decides on its logits and keeps the accepted rows in the
+state, and the cursor commits the tokens; no role calls back into the request. Everything a
+caller may watch goes through one observer (:mod:`dflash_ref.spec_decode.observe`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dflash_ref.errors import ConfigError, StateError
-from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_tokens
-from dflash_ref.spec_decode.gate import GateObservation, StepObservation
+from dflash_ref.ops.sampling import SamplingParams, sample_tokens
+from dflash_ref.spec_decode.drafting import DraftingContext, Proposer
+from dflash_ref.spec_decode.gate import ALWAYS_SPECULATE, GateObservation, StepObservation
 from dflash_ref.spec_decode.observe import UNWATCHED, Clock
 from dflash_ref.spec_decode.stats import acceptance_rate as _acceptance_rate
 from dflash_ref.spec_decode.verifiers import ChainBlock
@@ -67,38 +70,135 @@ class GenerationResult:
         return _acceptance_rate([n - 1 for n in self.acceptance_lengths], self.drafted)
 
 
+@dataclass
+class TokenCursor:
+    """Where a request stands in its tokens: the anchor, its position, what is still wanted.
+
+    ``anchor`` is the newest emitted token t_s at ``position`` s (not yet run by the target);
+    ``anchor_logits`` [1, V] is the target row that chose it (what a gate reads). Tokens enter
+    through :meth:`commit` only, cut by :meth:`cut`, the one stop cut (the finish uses it too).
+
+    Attributes:
+        prompt: [N] the prompt ids.
+        max_new_tokens: tokens wanted in all.
+        stops: the stop ids (generation stops just after the first).
+        position: s; before the first commit N - 1, the last prompt token's.
+        remaining: tokens still wanted (``max_new_tokens`` less those emitted).
+        emitted: the committed tokens, in order.
+        from_draft: one flag per emitted token: True for an accepted draft.
+        done: True once none are wanted or a stop token was emitted.
+    """
+
+    prompt: np.ndarray
+    max_new_tokens: int
+    stops: frozenset
+    position: int
+    remaining: int
+    anchor: int = -1
+    anchor_logits: object = None
+    emitted: list[int] = field(default_factory=list)
+    from_draft: list[bool] = field(default_factory=list)
+    done: bool = False
+
+    def cut(self, tokens) -> list[int]:
+        """``tokens`` up to and including the first stop id (all of them without one)."""
+        tokens = list(map(int, tokens))
+        for i, t in enumerate(tokens):
+            if t in self.stops:
+                return tokens[: i + 1]
+        return tokens
+
+    def commit(self, tokens, n_drafts: int, anchor_logits) -> list[int]:
+        """Emit ``tokens`` (the first ``n_drafts`` accepted drafts) cut at ``remaining`` and
+        after a stop; the last is the new anchor, chosen by the target row ``anchor_logits``.
+        Returns the tokens emitted."""
+        tokens = self.cut(tokens[: self.remaining])
+        n_drafts = min(n_drafts, len(tokens))
+        self.emitted.extend(tokens)
+        self.from_draft.extend([True] * n_drafts + [False] * (len(tokens) - n_drafts))
+        self.anchor, self.anchor_logits = tokens[-1], anchor_logits
+        self.position += len(tokens)
+        self.remaining -= len(tokens)
+        self.done = self.remaining <= 0 or tokens[-1] in self.stops
+        return tokens
+
+    def tokens(self) -> list[int]:
+        """The result's tokens: at most ``max_new_tokens``, cut after the first stop id."""
+        return self.cut(self.emitted[: self.max_new_tokens])
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """The request's sampling law and the generator of its draws (None when greedy: greedy
+    draws nothing)."""
+
+    law: SamplingParams
+    rng: np.random.Generator | None
+
+    def sample(self, be, logits) -> int:
+        """One token from the last row of ``logits`` [1, V] (the argmax when greedy)."""
+        return int(sample_tokens(be, logits, self.law, self.rng)[0])
+
+
+class RecordedGate:
+    """A given gate, with its decisions recorded: in the result (``gate_decisions``,
+    ``floored_at``) and by the observer (``on_gate``). A run given no gate holds
+    :data:`~dflash_ref.spec_decode.gate.ALWAYS_SPECULATE` instead, whose answers nobody records."""
+
+    def __init__(self, gate, observer, result: GenerationResult):
+        self.gate, self.observer, self.result = gate, observer, result
+
+    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
+        return self.gate.start_turn(max_new_tokens, sampled)
+
+    def end_warmup(self, walls) -> None:
+        self.gate.end_warmup(walls)
+
+    def check(self, observation: GateObservation):
+        """The gate's decision, recorded; a floor is recorded at the tokens generated so far."""
+        decision = self.gate.check(observation)
+        self.observer.on_gate(observation, decision)
+        self.result.gate_decisions.append(decision)
+        if decision.floor:
+            self.result.floored_at = observation.n_generated
+        return decision
+
+    def observe(self, step: StepObservation) -> None:
+        self.gate.observe(step)
+
+
 class Decoding:
     """One request: each method is one step of the loop (module docstring).
 
-    ``anchor`` is the newest emitted token t_s at position ``s`` (not yet run by the target);
-    ``last_logits`` [1, V] is the target row that produced it (what a gate looks at).
-    ``remaining`` counts the tokens still wanted and ``done`` turns True once none are, or a stop
-    token was emitted (both kept by :meth:`_emit`).
+    It holds the ``target`` and its ``state``, the ``cursor`` (:class:`TokenCursor`), the
+    ``sampler``, the ``verifier``, the ``proposer`` (None for plain decoding), the ``gate`` (a
+    :class:`RecordedGate`, or ``ALWAYS_SPECULATE``), the ``observer``, the ``clock`` and the
+    ``result``.
 
     Args:
         target, drafter: the models (drafter None: plain decoding).
         prompt: [N] the prompt ids; a given ``state`` must hold a proper prefix of them.
-        B: the block size (1 without a drafter).
+        block_size: the step's block size (1 without a drafter: plain decoding).
         sampling: the run's :class:`~dflash_ref.ops.sampling.SamplingParams`.
         verifier: the verify rule (:mod:`~dflash_ref.spec_decode.verifiers`; None without a
             drafter).
+        gate: a gate (:mod:`~dflash_ref.spec_decode.gate`), or None: always speculate.
         pager, stops, state: as for ``generate`` (``stops``: its stop_token_ids).
         observer: an :class:`~dflash_ref.spec_decode.observe.Observer`, or None: the events then
             go to :data:`~dflash_ref.spec_decode.observe.UNWATCHED` (one no-op).
         cost_model: modelled times for a gate and ``modelled_time`` (or None).
     """
 
-    def __init__(self, target, drafter, prompt, B: int, max_new_tokens: int,
-                 sampling: SamplingParams, verifier, pager=None, stops=None, state=None,
-                 observer=None, cost_model=None):
-        self.target, self.drafter, self.B, self.be = target, drafter, B, target.be
-        self.max_new_tokens, self.sampling, self.verifier = max_new_tokens, sampling, verifier
-        self.rng = None if sampling.greedy else sampling.generator()  # greedy draws nothing
-        self.pager, self.cost = pager, cost_model
-        self.stops = {int(t) for t in (stops or ())}
+    def __init__(self, target, drafter, prompt, block_size: int, max_new_tokens: int,
+                 sampling: SamplingParams, verifier, gate=None, pager=None, stops=None,
+                 state=None, observer=None, cost_model=None):
+        self.target, self.verifier = target, verifier
+        self.sampler = Sampler(sampling, None if sampling.greedy else sampling.generator())
         self.observer = UNWATCHED if observer is None else observer
         self.result = GenerationResult(tokens=[])
-        self.result.per_position_accepted = np.zeros(max(B - 1, 0), dtype=np.int64)
+        self.result.per_position_accepted = np.zeros(max(block_size - 1, 0), dtype=np.int64)
+        self.gate = ALWAYS_SPECULATE if gate is None else RecordedGate(gate, self.observer,
+                                                                       self.result)
         if state is not None and state.pager is not pager:
             raise ConfigError("generate(state=...): the state was made with another pager; pass "
                               "the pager it holds (or none)")
@@ -108,41 +208,88 @@ class Decoding:
         if n >= prompt.size or (n and not np.array_equal(self.state.tokens, prompt[:n])):
             raise StateError(f"generate(state=...): the state holds {n} tokens that are not a "
                              f"proper prefix of the {prompt.size}-token prompt")
-        self.prompt, self.s = prompt, prompt.size  # s: position of the anchor
-        self.to_prefill = prompt[n:]  # the prompt tokens the prefill runs
-        self.draft_cache = None if drafter is None or B == 1 else drafter.cache_for(self.state)
-        if self.draft_cache is not None and self.state.features is None:
-            raise ConfigError("the target captures no features; bind the drafter first "
-                              "(DFlashDrafter.from_pretrained(path, target) sets "
-                              "target_layer_ids)")
-        self.emitted: list[int] = []
-        self.emitted_from_draft: list[bool] = []
-        self.remaining, self.done = max_new_tokens, False
-        self.clock = Clock(self.be, cost_model)
+        self.cursor = TokenCursor(prompt, max_new_tokens, frozenset(int(t) for t in stops or ()),
+                                  position=prompt.size - 1, remaining=max_new_tokens)
+        self.clock = Clock(target.be, cost_model)
+        self.proposer = None if drafter is None or block_size == 1 else Proposer(
+            drafter, self.state, block_size, self.observer, self.clock)
         self.observer.on_start(self.state)
 
-    # ------------------------------------------------------------------ bookkeeping
+    # ------------------------------------------------------------------ the steps
 
-    def observation(self) -> GateObservation:
-        return GateObservation(self.be, self.last_logits[-1], len(self.emitted))
+    def prefill(self) -> None:
+        """1. Run the prompt (capture on); sample the first token from its last row.
 
-    def _emit(self, tokens: list[int], n_drafts: int = 0) -> None:
-        """Append committed tokens (the first ``n_drafts`` are accepted drafts); report them
-        (cut at max_new_tokens), update ``remaining`` and ``done``, and re-page KVFlash."""
-        n_new = min(len(tokens), max(0, self.remaining))
-        self.emitted.extend(tokens)
-        self.emitted_from_draft.extend(i < n_drafts for i in range(len(tokens)))
-        self.anchor = tokens[-1]
-        self.remaining -= len(tokens)
-        self.done = self.done or self.remaining <= 0 or any(t in self.stops for t in tokens)
-        self.observer.on_commit(list(tokens))
-        self.observer.on_emit([int(t) for t in tokens[:n_new]])
-        if self.pager is not None and self.pager.scorer is not None and not self.done:
-            # KVFlash relevance (docs/kvflash.md): rescore and re-page when the cadence
-            # max(tau, history // 45) is due.
-            with self.clock.phase("reselect"):
-                history = np.concatenate([self.prompt, self.emitted])
-                self.pager.maybe_reselect(history, len(self.emitted), len(tokens))
+        Only that row's logits are computed (``logits_rows``) unless the observer asks for every
+        row: the other N-1 rows would be N x vocab floats that nothing reads."""
+        every_row = self.observer.full_prefill_logits
+        to_prefill = self.cursor.prompt[self.state.length:]  # [n] what the state lacks
+        out, _ = self.run_target(ChainBlock(to_prefill), "prefill",
+                                 logits_rows=None if every_row else slice(-1, None))
+        self.sample_next(out)
+
+    def warm_up(self) -> None:
+        """Begin the gate's turn; run the plain steps it asks for before it can judge (the
+        commit-EMA gate's t_ar), and hand it their times (modelled with a cost model)."""
+        n = self.gate.start_turn(self.cursor.max_new_tokens, not self.sampler.law.greedy)
+        if self.proposer is None or not n:
+            return
+        walls = [self.plain_step() for _ in range(n) if not self.cursor.done]
+        cost = self.clock.cost
+        self.gate.end_warmup([cost.t_ar] * len(walls) if cost else walls)
+
+    def speculates(self) -> bool:
+        """2a. Whether this step drafts: with a drafter, until the gate floors; the gate judges
+        at the top of every step before that (``RecordedGate`` records its decision)."""
+        if self.proposer is None or self.result.floored_at is not None:
+            return False
+        c = self.cursor
+        observation = GateObservation(self.target.be, c.anchor_logits[-1], len(c.emitted))
+        return not self.gate.check(observation).floor
+
+    def plain_step(self) -> float:
+        """One plain decode step: run the anchor, sample the next token. Returns the forward's
+        wall seconds (a gate's t_ar)."""
+        out, wall = self.run_target(ChainBlock(np.array([self.cursor.anchor], np.int64)),
+                                    "plain")
+        if self.clock.cost is not None:
+            self.clock.modelled += self.clock.cost.t_ar
+        self.sample_next(out)
+        return wall
+
+    def spec_step(self) -> None:
+        """2b-d: the verifier drafts a block from the step's context, the target runs it, the
+        verifier decides and keeps, the cursor commits; the gate observes the step."""
+        step_t0 = self.clock.now()
+        ctx = self.drafting_context()
+        block = self.verifier.draft(ctx)  # b. the proposer drafts
+        out, _ = self.run_target(block, "verify")  # c. positions s..
+        self.accept(ctx, block, out, step_t0)  # d.
+
+    def drafting_context(self) -> DraftingContext:
+        """2b. What the verifier drafts from: the anchor, its position, the block size, the
+        tokens still wanted, the sampling law and its generator, the backend, the proposer."""
+        c, p = self.cursor, self.proposer
+        return DraftingContext(c.anchor, c.position, p.block_size, c.remaining, self.sampler.law,
+                               self.sampler.rng, self.target.be, p)
+
+    def accept(self, ctx: DraftingContext, block, out, step_t0: float) -> None:
+        """2c-d. The verifier's decision on the block's logits; keep its rows, commit its
+        tokens; the gate observes the step."""
+        res = self.verifier.verify(block, out.logits, ctx)
+        self.verifier.keep(self.state, ctx.position, res)  # d. KV, features, GDN
+        row = out.logits[res.bonus_row: res.bonus_row + 1]  # the bonus token's row
+        tokens = self.commit(res.committed, res.a, row)
+        self.gate.observe(self.step_observation(len(tokens), len(block.tokens), step_t0))
+
+    def sample_next(self, out) -> None:
+        """After a forward that ends at the anchor (the prefill, a plain step): the next token,
+        sampled from the last row, is committed; it is the new anchor."""
+        self.result.target_forward_passes += 1
+        row = out.logits[-1:]
+        self.commit([self.sampler.sample(self.target.be, row)], 0, row)
+
+    # ------------------------------------------------------------------ forward, commit, finish
 
     def run_target(self, block, phase: str, logits_rows=None):
         """The target's forward over ``block`` at its positions, timed as ``phase`` and
@@ -156,113 +303,44 @@ class Decoding:
         self.observer.after_forward(out.logits)
         return out, lap.seconds
 
-    # ------------------------------------------------------------------ the steps
+    def commit(self, tokens, n_drafts: int, row) -> list[int]:
+        """Commit ``tokens`` through the cursor (cut at max_new_tokens and after a stop
+        token), report them and re-page KVFlash. Returns the tokens committed."""
+        tokens = self.cursor.commit(tokens, n_drafts, row)
+        self.observer.on_commit(list(tokens))
+        self.observer.on_emit(list(tokens))
+        pager = self.state.pager
+        if pager is not None and pager.scorer is not None and not self.cursor.done:
+            # KVFlash relevance (docs/kvflash.md): rescore and re-page when the cadence
+            # max(tau, history // 45) is due.
+            with self.clock.phase("reselect"):
+                history = np.concatenate([self.cursor.prompt, self.cursor.emitted])
+                pager.maybe_reselect(history, len(self.cursor.emitted), len(tokens))
+        return tokens
 
-    def prefill(self) -> None:
-        """1. Run the prompt (capture on); sample the first token from its last row.
-
-        Only that row's logits are computed (``logits_rows``) unless the observer asks for every
-        row: the other N-1 rows would be N x vocab floats that nothing reads."""
-        every_row = self.observer.full_prefill_logits
-        out, _ = self.run_target(ChainBlock(self.to_prefill), "prefill",
-                                 logits_rows=None if every_row else slice(-1, None))
-        self.sample_next(out)
-
-    def sample_next(self, out) -> None:
-        """After a forward that ends at the anchor (the prefill, a plain step): the next token,
-        sampled from the last row, is emitted; it is the anchor at ``s``, the state's length."""
-        self.result.target_forward_passes += 1
-        self.last_logits = out.logits[-1:]
-        self.s = self.state.length
-        self._emit([int(sample_tokens(self.be, self.last_logits, self.sampling, self.rng)[0])])
-
-    def plain_step(self) -> float:
-        """One plain decode step: run the anchor, sample the next token. Returns the forward's
-        wall seconds (a gate's t_ar)."""
-        out, wall = self.run_target(ChainBlock(np.array([self.anchor], np.int64)), "plain")
-        if self.cost is not None:
-            self.clock.modelled += self.cost.t_ar
-        self.sample_next(out)
-        return wall
-
-    def spec_step(self) -> StepObservation:
-        """2b-d: the verifier drafts a block, the target runs it, the verifier decides."""
-        step_t0 = self.clock.now()
-        block = self.verifier.draft(self)  # b. (calls back propose or draft_logits)
-        out, _ = self.run_target(block, "verify")  # c. positions s..
-        return self.accept(block, out, step_t0)
-
-    def accept(self, block, out, step_t0: float) -> StepObservation:
-        """2c-d. The verifier's decision on the block's logits; keep its rows, emit its tokens."""
-        res = self.verifier.verify(block, out.logits, self)
-        self.verifier.keep(self.state, self.s, res)  # d. KV, features, GDN
-        self.last_logits = out.logits[res.bonus_row: res.bonus_row + 1]  # the bonus token's row
-        return self._commit(res, width=len(block.tokens), step_t0=step_t0)
-
-    # ------------------------------------------------------------------ what a verifier calls
-
-    def propose(self, n_rows: int, law: SamplingParams | None) -> DraftProposal:
-        """2b. The drafter's proposal for ``[anchor, d_1 .. d_{n-1}]`` at positions s..s+n-1:
-        greedy drafts for ``law=None``, else sampled from ``law``."""
-        with self.clock.phase("draft"):
-            self._extend_draft_cache()
-            logits, hidden = self.draft_cache.forward_block(self.anchor, self.s, n_rows=n_rows,
-                                                            with_hidden=True)
-            proposal = self.drafter.propose(hidden, logits, self.anchor, law, self.rng)
-        self.observer.on_draft(self.anchor, self.s + np.arange(n_rows), logits, proposal)
-        return proposal
-
-    def draft_logits(self):
-        """2b. The drafter's logits [Bd, V] over its trained block ``[anchor, MASK x (Bd-1)]``."""
-        with self.clock.phase("draft"):
-            self._extend_draft_cache()
-            logits = self.draft_cache.forward_block(self.anchor, self.s)
-        self.observer.on_draft(self.anchor, self.s + np.arange(logits.shape[0]), logits, None)
-        return logits
-
-    def _extend_draft_cache(self) -> None:
-        """The features of positions committed since the last draft join its context."""
-        cache, s = self.draft_cache, self.s
-        features, positions = self.state.features.rows(cache.length, s), np.arange(cache.length, s)
-        self.observer.on_draft_context(features, positions)
-        cache.extend(features, positions)
-
-    # ------------------------------------------------------------------ commit and finish
-
-    def _commit(self, res, width: int, step_t0: float) -> StepObservation:
-        """2d. Emit the a + 1 tokens (accepted drafts + bonus) the step produced; record it.
+    def step_observation(self, produced: int, width: int, step_t0: float) -> StepObservation:
+        """Record a speculative step that produced ``produced`` tokens from a ``width``-row
+        block, and what the gate sees of it.
 
         As the release counts: a step cut by max_new_tokens or by a stop token produces (and
         counts in acceptance_lengths) only the tokens up to the cut, the stop token included.
         """
         self.result.target_forward_passes += 1
-        tokens = [int(t) for t in res.committed][: self.remaining]
-        for i, t in enumerate(tokens):
-            if t in self.stops:
-                tokens = tokens[: i + 1]
-                break
-        produced = len(tokens)
-        self.s += produced
-        self._emit(tokens, n_drafts=min(res.a, produced))
         self.result.per_position_accepted[: produced - 1] += 1
         self.result.acceptance_lengths.append(produced)
         self.result.drafted.append(width - 1)
         wall = self.clock.now() - step_t0  # the gate's step_wall, not a phase of its own
-        if self.cost is None:
+        cost = self.clock.cost
+        if cost is None:
             return StepObservation(commit_n=produced, step_wall=wall)
-        modelled = self.cost.spec_step(self.B, width)
+        modelled = cost.spec_step(self.proposer.block_size, width)
         self.clock.modelled += modelled
-        return StepObservation(commit_n=produced, step_wall=modelled, t_ar=self.cost.t_ar)
+        return StepObservation(commit_n=produced, step_wall=modelled, t_ar=cost.t_ar)
 
     def finish(self) -> GenerationResult:
-        """3. Cut after max_new_tokens and after the first stop token."""
-        tokens = self.emitted[: self.max_new_tokens]
-        for i, t in enumerate(tokens):
-            if t in self.stops:
-                tokens = tokens[: i + 1]
-                break
-        self.result.tokens = [int(t) for t in tokens]
-        self.result.from_draft = self.emitted_from_draft[: len(tokens)]
+        """3. The tokens (cut after max_new_tokens and after the first stop token), timings."""
+        self.result.tokens = self.cursor.tokens()
+        self.result.from_draft = self.cursor.from_draft[: len(self.result.tokens)]
         self.clock.finish(self.result)  # timings and modelled time
         self.observer.on_finish(self.result)
         return self.result

@@ -21,7 +21,7 @@ source); a gate built without it judges a sampled run like a greedy one. A
 :class:`~dflash_ref.spec_decode.cost.CostModel` replaces wall times with modelled ones so that a
 loop (or :func:`~dflash_ref.spec_decode.cost.simulate_gated_decode`) runs deterministically.
 
-The protocol both gates implement, and all the loop knows of a gate (it never checks a class)::
+The protocol every gate implements, and all the loop knows of a gate (it never checks a class)::
 
     n_warmup = gate.start_turn(max_new_tokens, sampled)  # AR tokens to run before speculating
     gate.end_warmup(walls)                    # their wall times (or modelled ones)
@@ -33,7 +33,9 @@ The protocol both gates implement, and all the loop knows of a gate (it never ch
 
 Each gate takes from the observations what its rule needs: the entropy gate the target's p1 at
 the decision point, the commit-EMA gate the tokens a step committed and its time. Warm-up (the
-commit-EMA gate's t_ar measurement) is the gate's own business.
+commit-EMA gate's t_ar measurement) is the gate's own business. A run without a gate holds
+:data:`ALWAYS_SPECULATE` (as an unwatched run holds ``observe.UNWATCHED``): no warm-up, never a
+floor, nothing learnt.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class GateDecision:
         floor: True: stop speculating, AR-decode the rest of the turn.
         reason: why: "disabled", "sampled", "floored" (already floored this turn), "no-logits"
             (entropy gate without p1), "probe" (too few spec steps to judge), "tie" / "streak" /
-            "hard" (the floor rule that fired), "spec" (keep speculating).
+            "hard" (the floor rule that fired), "spec" (keep speculating), "always"
+            (:data:`ALWAYS_SPECULATE`, which judges nothing).
         n_draft_steps: spec steps taken this turn before this decision.
         ema: the gate's EMA after this decision's update (ema_p1 or the commit-ratio EMA).
         streak: the low streak after this decision's update.
@@ -79,7 +82,8 @@ class GateObservation:
         be: the Backend of ``logits_row``.
         logits_row: [V] the target's logits row that produced the newest token: the prefill's
             last row, a plain step's row, or the verify row of the bonus token (row a of a
-            chain verify, the path's last node of a tree verify).
+            chain verify, the path's last node of a tree verify); None where there is none
+            (a modelled turn, :func:`~dflash_ref.spec_decode.cost.simulate_gated_decode`).
         n_generated: tokens emitted so far this turn.
     """
 
@@ -88,8 +92,11 @@ class GateObservation:
     n_generated: int
 
     @property
-    def p1(self) -> float:
-        """The target's top-1 probability at this point (host float64; syncs the device)."""
+    def p1(self) -> float | None:
+        """The target's top-1 probability at this point (host float64; syncs the device), or
+        None without a logits row."""
+        if self.logits_row is None:
+            return None
         return p1_from_logits(self.be, self.logits_row)
 
 
@@ -121,6 +128,33 @@ def p1_from_logits(be: Backend | str, logits_row) -> float:
     return float(top1_prob_rows(host.reshape(-1)))
 
 
+class AlwaysSpeculate:
+    """The gate of a run given none: it needs no warm-up, never floors and learns nothing.
+
+    The loop asks it as it asks any gate, so it has no branch on whether a gate exists (the
+    analogue of ``observe.UNWATCHED`` for the observer). What it answers is no judgement (reason
+    "always") and a run given no gate records none of it (no ``gate_decisions``, no
+    ``on_gate``); passed explicitly as ``gate=``, it is recorded like any gate.
+    """
+
+    SPECULATE = GateDecision(False, "always", 0, 0.0, 0)
+
+    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
+        return 0
+
+    def end_warmup(self, walls: Sequence[float]) -> None:
+        """Nothing to calibrate."""
+
+    def check(self, obs: GateObservation) -> GateDecision:
+        return self.SPECULATE
+
+    def observe(self, step: StepObservation) -> None:
+        """Nothing to learn."""
+
+
+ALWAYS_SPECULATE = AlwaysSpeculate()
+
+
 # ---------------------------------------------------------------------------------------------
 # Entropy gate.
 # ---------------------------------------------------------------------------------------------
@@ -139,8 +173,8 @@ class EntropyGate:
 
     (n_draft_steps >= 1 is the one-step probe; the streak is the hysteresis.) Defaults are the
     source's: DFLASH_ENTROPY_AR_P1 = 0.90, DFLASH_ENTROPY_TIE_P1 = 0.45, DFLASH_ENTROPY_SUSTAIN = 2.
-    A decision without p1 (the source only evaluates when logits are valid) updates nothing and
-    does not floor.
+    A decision without p1 (no logits row; the source only evaluates when logits are valid)
+    updates nothing and does not floor.
 
     p1 is a proxy for acceptance, not a measurement of speed: this gate has no guarantee against
     AR (a confident target with a poor drafter never floors).
@@ -156,17 +190,27 @@ class EntropyGate:
         self.ar_p1, self.tie_p1, self.sustain = float(ar_p1), float(tie_p1), int(sustain)
         self.enabled, self.sampled = enabled, sampled
         self.decisions: list[GateDecision] = []
-        self.begin_turn()
+        self._reset_turn()
 
-    def begin_turn(self) -> None:
-        """Reset the per-turn state (the source keeps it in do_spec_decode's locals)."""
+    def _reset_turn(self) -> None:
+        """The per-turn state (the source keeps it in do_spec_decode's locals)."""
         self.ema_p1 = 1.0
         self.low_streak = 0
         self.n_draft_steps = 0
         self.floored = False
 
-    def decide(self, p1: float | None) -> GateDecision:
-        """Evaluate at the loop top with the current decision point's p1 (or None)."""
+    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
+        """Begin a turn (the per-turn state reset); the entropy gate needs no AR warm-up
+        (returns 0)."""
+        self._reset_turn()
+        return 0
+
+    def end_warmup(self, walls: Sequence[float]) -> None:
+        """Nothing to calibrate."""
+
+    def check(self, obs: GateObservation) -> GateDecision:
+        """Evaluate at the loop top with the decision point's p1 (None: no logits row)."""
+        p1 = obs.p1
         reason = self._blocked()
         tie = False
         if reason is None and p1 is None:
@@ -190,27 +234,9 @@ class EntropyGate:
         self.decisions.append(d)
         return d
 
-    def record_step(self, *_args, **_kwargs) -> None:
-        """Count a finished spec step (arguments accepted and ignored, for a uniform protocol)."""
-        self.n_draft_steps += 1
-
-    # -- the loop's protocol (module docstring) ----------------------------------------------
-
-    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
-        """Begin a turn; the entropy gate needs no AR warm-up (returns 0)."""
-        self.begin_turn()
-        return 0
-
-    def end_warmup(self, walls: Sequence[float]) -> None:
-        """Nothing to calibrate."""
-
-    def check(self, obs: GateObservation) -> GateDecision:
-        """:meth:`decide` on the target's p1 at this decision point."""
-        return self.decide(obs.p1)
-
     def observe(self, step: StepObservation) -> None:
-        """Count the step (:meth:`record_step`)."""
-        self.record_step()
+        """Count a finished spec step (the entropy gate reads nothing else of it)."""
+        self.n_draft_steps += 1
 
     def _blocked(self) -> str | None:
         if self.floored:
@@ -304,15 +330,15 @@ class CommitEmaGate:
         self.t_ar_log: float | None = None  # v2's 0.7 old + 0.3 new, for logging only
         self.decisions: list[GateDecision] = []
         self._reset_ema()
-        self.begin_turn()
+        self._reset_turn()
 
     def _reset_ema(self) -> None:
         self.ema = self.version.ema_init
         self.streak = 0
         self.n_ema_updates = 0
 
-    def begin_turn(self) -> None:
-        """Start a turn: n_draft_steps = 0; v1 also resets the EMA state (v2/v3 keep it)."""
+    def _reset_turn(self) -> None:
+        """n_draft_steps = 0; v1 also resets the EMA state (v2/v3 keep it)."""
         if not self.version.persistent:
             self._reset_ema()
         self.n_draft_steps = 0
@@ -352,10 +378,32 @@ class CommitEmaGate:
         self.t_ar = t
         return t
 
-    # -- the gate ---------------------------------------------------------------------------------
+    # -- the loop's protocol (module docstring) ----------------------------------------------
 
-    def decide(self) -> GateDecision:
-        """Evaluate at the loop top (before the draft)."""
+    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
+        """Begin a turn; return how many AR tokens the loop must decode before speculating.
+
+        The turn's state restarts (n_draft_steps = 0; v1 also resets the EMA, v2/v3 keep it).
+        Sampled runs skip the warm-up (the source's gate lives on the greedy path). v2/v3 decode
+        a turn of at most 3 tokens by pure AR: the warm-up then covers the whole turn.
+        Otherwise the t_ar warm-up (:data:`T_AR_WARMUP_TOKENS` tokens) runs when
+        :attr:`needs_t_ar_warmup`.
+        """
+        self._reset_turn()
+        if sampled:
+            return 0
+        if self.pure_ar_turn(max_new_tokens):
+            return max_new_tokens
+        return T_AR_WARMUP_TOKENS if self.needs_t_ar_warmup else 0
+
+    def end_warmup(self, walls: Sequence[float]) -> None:
+        """Calibrate t_ar from the warm-up tokens' times when all three ran (:meth:`set_t_ar`)."""
+        if len(walls) >= T_AR_WARMUP_TOKENS:
+            need = 1 if self.version.t_ar_per_turn else 2
+            self.set_t_ar(walls[-need:])
+
+    def check(self, obs: GateObservation) -> GateDecision:
+        """Evaluate at the loop top, before the draft (this gate reads nothing from ``obs``)."""
         if self.floored:
             reason = "floored"
         elif not self.enabled:
@@ -377,50 +425,19 @@ class CommitEmaGate:
         self.decisions.append(d)
         return d
 
-    def ratio(self, commit_n: int, t_ar: float, step_wall: float) -> float:
-        """``commit_n * t_ar / step_wall``, or the version's fallback when a time is <= 0."""
-        if t_ar <= 0 or step_wall <= 0:
-            return self.version.fallback_ratio
-        return commit_n * t_ar / step_wall
-
-    def record_step(self, commit_n: int, t_ar: float | None = None,
-                    step_wall: float = 0.0) -> float:
-        """Update after a committed spec step; returns the ratio. ``t_ar`` None: the cached one."""
-        t = (self.t_ar if self.t_ar is not None else 0.0) if t_ar is None else float(t_ar)
-        r = self.ratio(commit_n, t, float(step_wall))
+    def observe(self, step: StepObservation) -> float:
+        """Update after a committed spec step; returns its ratio. ``step.t_ar`` None: the
+        cached (measured) t_ar."""
+        t = (self.t_ar if self.t_ar is not None else 0.0) if step.t_ar is None else float(step.t_ar)
+        r = self.ratio(step.commit_n, t, float(step.step_wall))
         self.ema = 0.5 * self.ema + 0.5 * r
         self.n_ema_updates += 1
         self.streak = self.streak + 1 if self.ema < self.margin else 0
         self.n_draft_steps += 1
         return r
 
-    # -- the loop's protocol (module docstring) ----------------------------------------------
-
-    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
-        """Begin a turn; return how many AR tokens the loop must decode before speculating.
-
-        Sampled runs skip the warm-up (the source's gate lives on the greedy path). v2/v3 decode
-        a turn of at most 3 tokens by pure AR: the warm-up then covers the whole turn.
-        Otherwise the t_ar warm-up (:data:`T_AR_WARMUP_TOKENS` tokens) runs when
-        :attr:`needs_t_ar_warmup`.
-        """
-        self.begin_turn()
-        if sampled:
-            return 0
-        if self.pure_ar_turn(max_new_tokens):
-            return max_new_tokens
-        return T_AR_WARMUP_TOKENS if self.needs_t_ar_warmup else 0
-
-    def end_warmup(self, walls: Sequence[float]) -> None:
-        """Calibrate t_ar from the warm-up tokens' times when all three ran (:meth:`set_t_ar`)."""
-        if len(walls) >= T_AR_WARMUP_TOKENS:
-            need = 1 if self.version.t_ar_per_turn else 2
-            self.set_t_ar(walls[-need:])
-
-    def check(self, obs: GateObservation) -> GateDecision:
-        """:meth:`decide` (this gate reads nothing from the decision point)."""
-        return self.decide()
-
-    def observe(self, step: StepObservation) -> None:
-        """:meth:`record_step` with the step's commit count and time (t_ar: modelled or own)."""
-        self.record_step(step.commit_n, step.t_ar, step.step_wall)
+    def ratio(self, commit_n: int, t_ar: float, step_wall: float) -> float:
+        """``commit_n * t_ar / step_wall``, or the version's fallback when a time is <= 0."""
+        if t_ar <= 0 or step_wall <= 0:
+            return self.version.fallback_ratio
+        return commit_n * t_ar / step_wall

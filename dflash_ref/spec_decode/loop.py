@@ -7,7 +7,8 @@ docs/spec_decode.md) step by step:
    sampled from the last row (greedy below T = 1e-5). ``s = N`` is the anchor position: the
    newest token, emitted but not yet run through the target.
 2. Each step, with the anchor t_s:
-   a. **gate**: the gate may floor; the rest of the turn is then plain decoding;
+   a. **gate**: the gate may floor; the rest of the turn is then plain decoding (a gate may first
+      ask for a few plain steps, its warm-up; without a gate the loop always speculates);
    b. **draft**: the drafter reads the features of the committed positions 0..s-1 and the block
       [t_s, MASK x (n-1)] at positions s..s+n-1 and proposes d_1..d_{n-1};
    c. **verify**: the target runs the block [t_s, d_1..d_{n-1}] at positions s..s+n-1;
@@ -25,9 +26,13 @@ Steps b-d belong to the verify rule, an object built once from the arguments
 (:mod:`~dflash_ref.spec_decode.verifiers`): chain verify (greedy, or the release's rejection
 sampling) or tree verify (DDTree: a best-first tree over the draft log-probabilities, one target
 pass with an ancestor-only mask, the verified path's KV / features / GDN states kept;
-liranringel/ddtree ``ddtree.py``). The request's own state and steps live in
-:class:`~dflash_ref.spec_decode.decoding.Decoding`, timed by its clock; progress, streaming and
-recording watch through one observer (:mod:`~dflash_ref.spec_decode.observe`).
+liranringel/ddtree ``ddtree.py``). Data flows one way through a step: the request
+(:class:`~dflash_ref.spec_decode.decoding.Decoding`) hands the verifier a
+:class:`~dflash_ref.spec_decode.drafting.DraftingContext` (the anchor, its position, the block
+size, the sampling law, the drafter's proposer), the verifier returns the block, the target runs
+it, the verifier's decision goes back to the request's token cursor; no role calls back into the
+request. Progress, streaming and recording watch through one observer
+(:mod:`~dflash_ref.spec_decode.observe`), and the request's clock times each phase.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class GateOptions:
     Attributes:
         gate: an :class:`~dflash_ref.spec_decode.gate.EntropyGate` or
             :class:`~dflash_ref.spec_decode.gate.CommitEmaGate` (anything with their protocol),
-            or None (always speculate).
+            or None (always speculate: :data:`~dflash_ref.spec_decode.gate.ALWAYS_SPECULATE`).
         cost_model: modelled costs fed to the gate instead of wall times (so a gated run is
             deterministic), and summed into ``GenerationResult.modelled_time`` (also without a
             gate).
@@ -86,10 +91,11 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
         sampling: :class:`~dflash_ref.ops.sampling.SamplingParams` (temperature, top_p, top_k,
             seed); None is greedy. At T > 0 a seed is required and chain verify is lossless
             (docs/spec_decode.md, "Sampling").
-        block_size: drafter block size B (default: the drafter's); 1 means plain decoding. A B
-            above the drafter's trained block size needs a chain verifier with
-            ``draft_rows="verify"``: the drafter then drafts block positions it was never
-            trained on (still lossless; the end-to-end notebook shows what that does to tau).
+        block_size: the block size B, the step's rows (default: the drafter's trained block
+            size); 1 means plain decoding. A block size above the trained one needs a chain
+            verifier with ``draft_rows="verify"``: the drafter then drafts block positions it
+            was never trained on (still lossless; the end-to-end notebook shows what that does
+            to tau).
         verify: "chain", "tree" (DDTree when greedy; sampled: drawn children and recursive
             rejection sampling, lossless), or a
             :class:`~dflash_ref.spec_decode.verifiers.Verifier` (e.g.
@@ -117,42 +123,26 @@ def generate(target, drafter, prompt_ids, max_new_tokens: int, *,
     """
     sampling = sampling or GREEDY
     gating = gate if isinstance(gate, GateOptions) else GateOptions(gate)
-    prompt, B, verifier = check_arguments(target, drafter, prompt_ids, max_new_tokens, sampling,
-                                          block_size, verify)
-    run = Decoding(target, drafter, prompt, B, max_new_tokens, sampling, verifier, pager=pager,
-                   stops=stop_token_ids, state=state, observer=observer,
-                   cost_model=gating.cost_model)
+    prompt, block_size, verifier = check_arguments(target, drafter, prompt_ids, max_new_tokens,
+                                                   sampling, block_size, verify)
+    run = Decoding(target, drafter, prompt, block_size, max_new_tokens, sampling, verifier,
+                   gate=gating.gate, pager=pager, stops=stop_token_ids, state=state,
+                   observer=observer, cost_model=gating.cost_model)
     run.prefill()  # 1.
-    speculate = run.draft_cache is not None
-    gate, cost = gating.gate, gating.cost_model
-    if gate is not None:  # e.g. the commit-EMA gate's t_ar measurement
-        n_warmup = gate.start_turn(max_new_tokens, not sampling.greedy)
-        if speculate and n_warmup:
-            walls = [run.plain_step() for _ in range(n_warmup) if not run.done]
-            gate.end_warmup([cost.t_ar] * len(walls) if cost else walls)
-    while not run.done:
-        if speculate and gate is not None:  # a. gate
-            observation = run.observation()
-            decision = gate.check(observation)
-            run.observer.on_gate(observation, decision)
-            run.result.gate_decisions.append(decision)
-            if decision.floor:
-                speculate = False
-                run.result.floored_at = len(run.emitted)
-        if not speculate:
+    run.warm_up()  # the gate's plain steps before it judges (none without a gate)
+    while not run.cursor.done:
+        if run.speculates():  # 2a. the gate, until it floors
+            run.spec_step()  # 2b-d. draft, verify, commit
+        else:
             run.plain_step()
-            continue
-        step = run.spec_step()  # b-d.
-        if gate is not None:
-            gate.observe(step)
     return run.finish()  # 3.
 
 
 def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: SamplingParams,
                     block_size: int | None, verify) -> tuple[np.ndarray, int, Verifier]:
     """Refuse what the arguments cannot mean, with the fix, before anything runs; return the
-    prompt as [N] int64, the block size B and the verifier built from ``verify`` (plain
-    decoding, without a drafter: B = 1 and no verifier).
+    prompt as [N] int64, the block size and the verifier built from ``verify`` (plain
+    decoding, without a drafter: block size 1 and no verifier).
 
     Refused (:class:`~dflash_ref.errors.ConfigError`): a prompt that is not one non-empty
     sequence of integer ids in [0, vocab) (a 2-D batch goes to ``generate_batch``), a
@@ -202,9 +192,10 @@ def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: 
             raise unknown_verify_mode(verify)
         return prompt, 1, None
     verifier = make_verifier(verify, sampling)
-    B = int(drafter.block_size if block_size is None else block_size)
-    verifier.check(sampling, B, drafter.block_size)
+    trained_block_size = int(drafter.block_size)
+    block_size = trained_block_size if block_size is None else int(block_size)
+    verifier.check(sampling, block_size, trained_block_size)
     if drafter.target is not target:
         raise ConfigError("the drafter is bound to another TargetModel; load it with "
                           "DFlashDrafter.from_pretrained(path, target)")
-    return prompt, B, verifier
+    return prompt, block_size, verifier

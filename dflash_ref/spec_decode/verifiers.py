@@ -25,16 +25,18 @@ authors' options when greedy and :class:`SampledTreeVerifier` when sampled
 the loop and :mod:`dflash_ref.oracle` only call the interface below.
 
 **The interface.** A verifier is built once per ``generate`` call; per speculative step the loop
-calls ``block = v.draft(run)``, runs the target on ``block`` (``block.forward``), then
-``result = v.verify(block, logits, run)`` and ``v.keep(state, s, result)``. ``run`` is the
-request's decoding state as a verifier may use it:
+calls ``block = v.draft(ctx)``, runs the target on ``block`` (``block.forward``), then
+``result = v.verify(block, logits, ctx)`` and ``v.keep(state, ctx.position, result)``. ``ctx`` is
+the step's :class:`~dflash_ref.spec_decode.drafting.DraftingContext`, all a rule sees of the
+request (it holds no reference back to it):
 
-- ``run.anchor``, ``run.s`` (its position), ``run.B`` (the block size), ``run.remaining`` (tokens
-  still wanted), ``run.sampling`` (:class:`~dflash_ref.ops.sampling.SamplingParams`), ``run.rng``
-  (the draws' generator; None when greedy), ``run.be``;
-- ``run.propose(n_rows, law)``: the drafter's :class:`~dflash_ref.ops.sampling.DraftProposal` for
-  an ``n_rows`` block (greedy drafts for ``law=None``, else sampled from ``law``);
-- ``run.draft_logits()``: the drafter's logits over its trained block [Bd, V].
+- ``ctx.anchor``, ``ctx.position`` (its position s), ``ctx.block_size`` (the step's block
+  size), ``ctx.remaining`` (tokens still wanted), ``ctx.sampling``
+  (:class:`~dflash_ref.ops.sampling.SamplingParams`), ``ctx.rng`` (the draws' generator; None
+  when greedy), ``ctx.be``;
+- ``ctx.propose(block_size, law)``: the drafter's :class:`~dflash_ref.ops.sampling.DraftProposal`
+  for a ``block_size`` block (greedy drafts for ``law=None``, else sampled from ``law``);
+- ``ctx.draft_logits()``: the drafter's logits over its trained block [Bd, V].
 
 A result has ``a`` (accepted drafts), ``committed`` (accepted drafts then the bonus) and
 ``bonus_row`` (the verify row whose logits chose the bonus: what a gate reads next).
@@ -49,6 +51,7 @@ import numpy as np
 from dflash_ref.errors import ConfigError
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sampling_probs
 from dflash_ref.spec_decode.ddtree import DDTree, DDTreeOptions, build_ddtree, verify_tree
+from dflash_ref.spec_decode.drafting import DraftingContext
 from dflash_ref.spec_decode.tree_sampling import draw_sampled_tree, verify_tree_sampled
 from dflash_ref.spec_decode.verify import (
     ChainVerifyResult,
@@ -119,13 +122,13 @@ class Verifier:
 
     def check(self, sampling: SamplingParams, block_size: int, trained_block_size: int) -> None:
         """Refuse a run this rule cannot verify (a :class:`~dflash_ref.errors.ConfigError`
-        naming the fix). ``block_size`` B; ``trained_block_size`` the drafter's (B without one)."""
+        naming the fix). ``block_size`` the run's; ``trained_block_size`` the drafter's."""
 
-    def draft(self, run):
-        """Ask the drafter for this step's block (a :class:`ChainBlock` or :class:`TreeBlock`)."""
+    def draft(self, ctx: DraftingContext):
+        """Ask ``ctx`` for this step's block (a :class:`ChainBlock` or :class:`TreeBlock`)."""
         raise NotImplementedError
 
-    def verify(self, block, logits, run):
+    def verify(self, block, logits, ctx: DraftingContext):
         """The decision on the target's ``logits`` for ``block`` (host values)."""
         raise NotImplementedError
 
@@ -134,9 +137,10 @@ class Verifier:
         raise NotImplementedError
 
 
-def _block_too_wide(B: int, trained: int) -> ConfigError:
+def _block_too_wide(block_size: int, trained_block_size: int) -> ConfigError:
     return ConfigError(
-        f"block_size {B} exceeds the drafter's trained block size {trained}; to draft past it "
+        f"block_size {block_size} exceeds the drafter's trained block size "
+        f"{trained_block_size}; to draft past it "
         f"anyway (positions the drafter never saw in training), verify with a chain that drafts "
         f"exactly the verify block: verify=ChainVerifier(draft_rows='verify') (at temperature > "
         f"0: RejectionChainVerifier(draft_rows='verify'))")
@@ -147,10 +151,11 @@ class ChainVerifier(Verifier):
     """Greedy chain verify: argmax drafts, accept the prefix the target's argmax agrees with.
 
     Attributes:
-        draft_rows: "trained" drafts B rows (B at most the drafter's trained block size);
-            "verify" drafts exactly the verify block, ``min(B, remaining + 1)`` rows, as the
-            release's ``verify_size`` (acceptance lengths then match the release's; a B above
-            the trained block size drafts positions never trained on, still lossless).
+        draft_rows: "trained" drafts ``block_size`` rows (at most the drafter's
+            ``trained_block_size``); "verify" drafts exactly the verify block,
+            ``min(block_size, remaining + 1)`` rows, as the release's ``verify_size``
+            (acceptance lengths then match the release's; a ``block_size`` above the trained
+            one drafts positions never trained on, still lossless).
     """
 
     draft_rows: str = "trained"
@@ -175,16 +180,19 @@ class ChainVerifier(Verifier):
         if block_size > trained_block_size and self.draft_rows != "verify":
             raise _block_too_wide(block_size, trained_block_size)
 
-    def draft(self, run) -> ChainBlock:
+    def draft(self, ctx: DraftingContext) -> ChainBlock:
         """2b. ``[anchor, d_1 .. d_{n-1}]`` from the drafter's proposal under :meth:`draft_law`:
-        n = B rows, or with ``draft_rows="verify"`` the release's ``verify_size``."""
-        n = min(run.B, run.remaining + 1) if self.draft_rows == "verify" else run.B
-        proposal = run.propose(n, self.draft_law(run.sampling))
-        tokens = np.concatenate([[run.anchor], proposal.tokens[: n - 1]]).astype(np.int64)
+        n = the block size, or with ``draft_rows="verify"`` the release's ``verify_size``."""
+        block_size = ctx.block_size
+        if self.draft_rows == "verify":
+            block_size = min(block_size, ctx.remaining + 1)
+        proposal = ctx.propose(block_size, self.draft_law(ctx.sampling))
+        drafts = proposal.tokens[: block_size - 1]  # [n-1]
+        tokens = np.concatenate([[ctx.anchor], drafts]).astype(np.int64)  # [n]
         return ChainBlock(tokens, proposal)
 
-    def verify(self, block: ChainBlock, logits, run) -> ChainVerifyResult:
-        return verify_chain_greedy(run.be, block.tokens, logits)
+    def verify(self, block: ChainBlock, logits, ctx: DraftingContext) -> ChainVerifyResult:
+        return verify_chain_greedy(ctx.be, block.tokens, logits)
 
     def keep(self, state, start: int, result) -> None:
         """Rows 0..a: KV truncated, features of the kept rows, GDN rewound."""
@@ -204,9 +212,9 @@ class RejectionChainVerifier(ChainVerifier):
     def check(self, sampling, block_size, trained_block_size) -> None:
         self.check_rows(block_size, trained_block_size)
 
-    def verify(self, block: ChainBlock, logits, run) -> ChainVerifyResult:
-        return verify_chain_sampled(run.be, block.tokens, logits, block.proposal, run.sampling,
-                                    run.rng)
+    def verify(self, block: ChainBlock, logits, ctx: DraftingContext) -> ChainVerifyResult:
+        return verify_chain_sampled(ctx.be, block.tokens, logits, block.proposal, ctx.sampling,
+                                    ctx.rng)
 
 
 @dataclass(frozen=True)
@@ -219,15 +227,15 @@ class GreedyDraftChainVerifier(ChainVerifier):
     def check(self, sampling, block_size, trained_block_size) -> None:
         self.check_rows(block_size, trained_block_size)
 
-    def verify(self, block: ChainBlock, logits, run) -> ChainVerifyResult:
-        law = run.sampling
+    def verify(self, block: ChainBlock, logits, ctx: DraftingContext) -> ChainVerifyResult:
+        law = ctx.sampling
         if law.greedy:
-            return verify_chain_greedy(run.be, block.tokens, logits)
-        p = sampling_probs(run.be, logits, law.temperature, law.top_p, law.top_k)  # [n, V]
+            return verify_chain_greedy(ctx.be, block.tokens, logits)
+        p = sampling_probs(ctx.be, logits, law.temperature, law.top_p, law.top_k)  # [n, V]
         n = len(block.tokens)
         if p.shape[0] != n:
             raise ValueError(f"target_logits has {p.shape[0]} rows, block has {n}")
-        a, bonus, posterior = chain_sampled_core(block.tokens, p, run.rng.random(n))
+        a, bonus, posterior = chain_sampled_core(block.tokens, p, ctx.rng.random(n))
         a = int(a)
         return ChainVerifyResult(a=a, accepted=tuple(int(t) for t in block.tokens[1: 1 + a]),
                                  bonus=int(bonus), posterior=posterior)
@@ -253,13 +261,13 @@ class TreeVerifier(Verifier):
         if block_size > trained_block_size:
             raise _block_too_wide(block_size, trained_block_size)
 
-    def draft(self, run) -> TreeBlock:
+    def draft(self, ctx: DraftingContext) -> TreeBlock:
         """2b. The tree over the drafter's rows 1..B-1 (its trained block is drafted)."""
-        logits = run.draft_logits()
-        return TreeBlock(build_ddtree(run.be, run.anchor, logits[1:run.B], self.options))
+        rows = ctx.draft_logits()[1:ctx.block_size]  # [B-1, V]
+        return TreeBlock(build_ddtree(ctx.be, ctx.anchor, rows, self.options))
 
-    def verify(self, block: TreeBlock, logits, run):
-        return verify_tree(run.be, block.tree, logits)
+    def verify(self, block: TreeBlock, logits, ctx: DraftingContext):
+        return verify_tree(ctx.be, block.tree, logits)
 
     def keep(self, state, start: int, result) -> None:
         """The path's KV rows, features and GDN state, as if it had run as a chain."""
@@ -300,18 +308,18 @@ class SampledTreeVerifier(Verifier):
         if block_size > trained_block_size:
             raise _block_too_wide(block_size, trained_block_size)
 
-    def draft(self, run) -> SampledTreeBlock:
+    def draft(self, ctx: DraftingContext) -> SampledTreeBlock:
         """2b. The drafter's rows 1..B-1 as laws q, children drawn from them."""
-        law = run.sampling
-        q = sampling_probs(run.be, run.draft_logits()[1:run.B], law.temperature, law.top_p,
-                           law.top_k, role="draft")  # [L, V]
-        tree = draw_sampled_tree(run.anchor, q, self.widths, run.rng, self.replacement)
+        law = ctx.sampling
+        q = sampling_probs(ctx.be, ctx.draft_logits()[1:ctx.block_size], law.temperature,
+                           law.top_p, law.top_k, role="draft")  # [L, V]
+        tree = draw_sampled_tree(ctx.anchor, q, self.widths, ctx.rng, self.replacement)
         return SampledTreeBlock(tree, q)
 
-    def verify(self, block: SampledTreeBlock, logits, run):
-        law = run.sampling
-        p = sampling_probs(run.be, logits, law.temperature, law.top_p, law.top_k)  # [N, V]
-        return verify_tree_sampled(block.tree, p, block.q, run.rng, self.replacement)
+    def verify(self, block: SampledTreeBlock, logits, ctx: DraftingContext):
+        law = ctx.sampling
+        p = sampling_probs(ctx.be, logits, law.temperature, law.top_p, law.top_k)  # [N, V]
+        return verify_tree_sampled(block.tree, p, block.q, ctx.rng, self.replacement)
 
     def keep(self, state, start: int, result) -> None:
         """The path's KV rows, features and GDN state, as :class:`TreeVerifier`."""

@@ -17,21 +17,40 @@ from hypothesis import strategies as st
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError
 from dflash_ref.spec_decode.cost import CostModel, probe_steps_bound, simulate_gated_decode
-from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate, p1_from_logits
+from dflash_ref.spec_decode.gate import (
+    CommitEmaGate,
+    EntropyGate,
+    GateObservation,
+    StepObservation,
+    p1_from_logits,
+)
 
 NP = get_backend("numpy")
 T_AR, STEP, COMMIT = 0.008, 0.054, 3  # the worked trace: 3 * 8 / 54 = 4/9
+TOP = GateObservation(NP, None, 0)  # a decision point without logits (the commit-EMA gate's)
+
+
+def step(commit_n, t_ar=None, step_wall=0.0) -> StepObservation:
+    """A committed spec step as the loop reports it to ``gate.observe``."""
+    return StepObservation(commit_n=commit_n, step_wall=step_wall, t_ar=t_ar)
+
+
+def at_p1(p1: float) -> GateObservation:
+    """A decision point whose logits row has top-1 probability ``p1``: p1, then the rest spread
+    evenly over k tokens each below it (p1 / (p1 + k (1 - p1) / k) = p1)."""
+    k = int(np.ceil((1 - p1) / p1)) + 1
+    return GateObservation(NP, np.log([p1] + [(1 - p1) / k] * k), 0)
 
 
 def _run_trace(gate, step_args, n_steps):
-    """decide() then record_step(COMMIT, T_AR, STEP) until a floor; returns decisions, emas."""
+    """check() then observe(COMMIT, T_AR, STEP) until a floor; returns decisions, emas."""
     decisions, emas, streaks = [], [], []
     for _ in range(n_steps):
-        d = gate.decide()
+        d = gate.check(TOP)
         decisions.append(d)
         if d.floor:
             break
-        gate.record_step(*step_args)
+        gate.observe(step(*step_args))
         emas.append(gate.ema)
         streaks.append(gate.streak)
     return decisions, emas, streaks
@@ -88,33 +107,33 @@ def test_v3_test_c_two_slow_warmup_steps_then_winners():
         gate = CommitEmaGate(version)
         floored = False
         for i in range(30):
-            if gate.decide().floor:
+            if gate.check(TOP).floor:
                 floored = True
                 assert i == 2
                 break
-            gate.record_step(*((COMMIT, T_AR, STEP) if i < 2 else (14, T_AR, 0.012)))
+            gate.observe(step(*((COMMIT, T_AR, STEP) if i < 2 else (14, T_AR, 0.012))))
         assert floored is floors, version
 
 
 def test_timing_fallback_ratio_per_version():
     # t_ar <= 0 or step_wall <= 0: v1 uses ratio 2.0, v2/v3 1.0.
-    assert CommitEmaGate("v1").record_step(3, 0.0, STEP) == 2.0
-    assert CommitEmaGate("v2").record_step(3, T_AR, 0.0) == 1.0
-    assert CommitEmaGate("v3").record_step(3, -1.0, STEP) == 1.0
+    assert CommitEmaGate("v1").observe(step(3, 0.0, STEP)) == 2.0
+    assert CommitEmaGate("v2").observe(step(3, T_AR, 0.0)) == 1.0
+    assert CommitEmaGate("v3").observe(step(3, -1.0, STEP)) == 1.0
 
 
 def test_state_lifetime_per_version():
-    # v1 keeps its EMA in the turn's locals: begin_turn resets to 2.0. v2/v3 keep it as a backend
+    # v1 keeps its EMA in the turn's locals: start_turn resets to 2.0. v2/v3 keep it as a backend
     # member across turns; n_draft_steps always restarts (warmup counts this turn's spec steps).
     v1, v2 = CommitEmaGate("v1"), CommitEmaGate("v2")
     for g in (v1, v2):
-        g.record_step(COMMIT, T_AR, STEP)
-        g.record_step(COMMIT, T_AR, STEP)
-        g.begin_turn()
+        g.observe(step(COMMIT, T_AR, STEP))
+        g.observe(step(COMMIT, T_AR, STEP))
+        g.start_turn(64, sampled=False)
         assert g.n_draft_steps == 0 and not g.floored
     assert (v1.ema, v1.streak, v1.n_ema_updates) == (2.0, 0, 0)
     assert v2.ema == pytest.approx(1 / 3) and v2.streak == 2 and v2.n_ema_updates == 2
-    assert v2.decide().reason == "probe"  # warmup applies per turn even with a persistent EMA
+    assert v2.check(TOP).reason == "probe"  # warmup applies per turn even with a persistent EMA
 
 
 def test_disabled_sampled_and_floored():
@@ -124,7 +143,7 @@ def test_disabled_sampled_and_floored():
         assert decisions[0].reason in ("disabled", "sampled")
     gate = CommitEmaGate("v2")
     _run_trace(gate, (COMMIT, T_AR, STEP), 10)
-    assert gate.decide().reason == "floored" and gate.floored  # no way back within the turn
+    assert gate.check(TOP).reason == "floored" and gate.floored  # no way back within the turn
 
 
 def test_t_ar_measurement_protocols():
@@ -139,8 +158,8 @@ def test_t_ar_measurement_protocols():
     assert v2.set_t_ar([0.0003]) == 0.005
     assert v2.t_ar_log == pytest.approx(0.7 * 0.009 + 0.3 * 0.005)
     assert v2.needs_t_ar_warmup and v2.pure_ar_turn(3) and not v2.pure_ar_turn(4)
-    # record_step falls back to the cached t_ar: 3 * 5 ms / 54 ms.
-    assert v2.record_step(3, step_wall=STEP) == pytest.approx(15 / 54)
+    # observe falls back to the cached t_ar: 3 * 5 ms / 54 ms.
+    assert v2.observe(step(3, step_wall=STEP)) == pytest.approx(15 / 54)
     with pytest.raises(ValueError, match="2 wall times"):
         v1.set_t_ar([0.01])
 
@@ -160,11 +179,11 @@ def test_bad_config_is_explained():
 def _entropy_trace(gate, p1s):
     out = []
     for p1 in p1s:
-        d = gate.decide(p1)
+        d = gate.check(at_p1(p1))
         out.append(d)
         if d.floor:
             break
-        gate.record_step()
+        gate.observe(step(COMMIT, T_AR, STEP))
     return out
 
 
@@ -196,7 +215,7 @@ def test_entropy_gate_streak_resets():
 
 def test_entropy_gate_without_logits_and_disabled():
     g = EntropyGate()
-    d = g.decide(None)
+    d = g.check(TOP)
     assert d.reason == "no-logits" and not d.floor and g.ema_p1 == 1.0
     for gate in (EntropyGate(enabled=False), EntropyGate(sampled=True)):
         assert not any(x.floor for x in _entropy_trace(gate, [0.1] * 5))

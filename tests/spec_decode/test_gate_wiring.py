@@ -13,7 +13,12 @@ import pytest
 
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.cost import CostModel
-from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate
+from dflash_ref.spec_decode.gate import (
+    CommitEmaGate,
+    EntropyGate,
+    GateObservation,
+    StepObservation,
+)
 from dflash_ref.spec_decode.loop import GateOptions, generate
 from dflash_ref.tiny import write_tiny_target
 from tests.spec_decode.drafters import ScriptedDrafter
@@ -98,12 +103,13 @@ def test_hard_floor_threshold_is_half_margin(margin):
     # A threshold of 0.4 m misses the first, 0.6 m floors the second.
     for commits, ema_after, floors in (((6, 6), 0.45, True), ((2, 10), 0.55, False)):
         gate = CommitEmaGate("v2", margin=margin, sustain=3, warmup=2)
-        gate.begin_turn()
+        gate.start_turn(64, sampled=False)
+        top = GateObservation(None, None, 0)  # the commit-EMA gate reads nothing from it
         for c in commits:
-            assert not gate.decide().floor  # the probe
-            gate.record_step(c, margin / 10, 1.0)
+            assert not gate.check(top).floor  # the probe
+            gate.observe(StepObservation(commit_n=c, step_wall=1.0, t_ar=margin / 10))
         assert gate.ema == pytest.approx(ema_after * margin, rel=1e-12)
         assert gate.streak == 2  # both EMAs are below the margin, yet short of sustain 3
-        d = gate.decide()
+        d = gate.check(top)
         assert d.floor == floors, (commits, d)
         assert d.reason == ("hard" if floors else "spec")

@@ -168,11 +168,11 @@ def test_harness_rejects_a_stale_q():
 
 
 class _DrawsWithoutVerifiesWith(SampledTreeVerifier):
-    def verify(self, block, logits, run):
+    def verify(self, block, logits, ctx):
         from dflash_ref.ops.sampling import sampling_probs
-        law = run.sampling
-        p = sampling_probs(run.be, logits, law.temperature, law.top_p, law.top_k)
-        return verify_tree_sampled(block.tree, p, block.q, run.rng, replacement=True)
+        law = ctx.sampling
+        p = sampling_probs(ctx.be, logits, law.temperature, law.top_p, law.top_k)
+        return verify_tree_sampled(block.tree, p, block.q, ctx.rng, replacement=True)
 
 
 def test_generate_tree_at_temperature_runs_and_is_reproducible(tmp_path):

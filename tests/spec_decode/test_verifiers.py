@@ -88,12 +88,12 @@ def test_rules_refuse_what_they_cannot_run():
 class OneDraftAtMost(ChainVerifier):
     """A rule from outside the package: greedy chain verify that accepts at most one draft."""
 
-    def draft(self, run):
+    def draft(self, ctx):
         self.steps = getattr(self, "steps", 0) + 1
-        return super().draft(run)
+        return super().draft(ctx)
 
-    def verify(self, block, logits, run):
-        full = verify_chain_greedy(run.be, block.tokens, logits)
+    def verify(self, block, logits, ctx):
+        full = verify_chain_greedy(ctx.be, block.tokens, logits)
         a = min(full.a, 1)
         return type(full)(a=a, accepted=full.accepted[:a], bonus=int(full.posterior[a]),
                           posterior=full.posterior)
@@ -102,13 +102,13 @@ class OneDraftAtMost(ChainVerifier):
 class PlainOnly(Verifier):
     """A rule that is not a chain at all: the block is the anchor alone (plain decoding)."""
 
-    def draft(self, run):
+    def draft(self, ctx):
         from dflash_ref.spec_decode.verifiers import ChainBlock
 
-        return ChainBlock(np.array([run.anchor], np.int64))
+        return ChainBlock(np.array([ctx.anchor], np.int64))
 
-    def verify(self, block, logits, run):
-        return verify_chain_greedy(run.be, block.tokens, logits)
+    def verify(self, block, logits, ctx):
+        return verify_chain_greedy(ctx.be, block.tokens, logits)
 
     def keep(self, state, start, result):
         state.rollback(start + 1)

@@ -3,9 +3,10 @@ one-line mutants the harness must reject.
 
 A step is ``step(target, draft_logits [L, V], rng) -> emitted tokens``. :func:`verifier_step`
 runs a :class:`~dflash_ref.spec_decode.verifiers.Verifier` exactly as the loop does (``draft``,
-the target's rows for the block, ``verify``) with a stand-in for the loop's decoding state
-(:class:`ToyRun`): its ``propose`` is the drafter's (argmax rows, sampled rows, or a DFlash 2
-style sparse proposal), its ``draft_logits`` the toy drafter's block.
+the target's rows for the block, ``verify``) on a
+:class:`~dflash_ref.spec_decode.drafting.DraftingContext` whose proposer is a stand-in for the
+drafter (:class:`ToyProposer`): its ``propose`` gives argmax rows, sampled rows, or a DFlash 2
+style sparse proposal, its ``draft_logits`` the toy drafter's block.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dflash_ref.ops.sampling import (
     sampling_probs,
     target_probs,
 )
+from dflash_ref.spec_decode.drafting import DraftingContext
 from dflash_ref.spec_decode.verifiers import ChainBlock, TreeBlock
 from dflash_ref.spec_decode.verify import ChainVerifyResult
 from dflash_ref.testing.lossless import Law
@@ -34,25 +36,32 @@ def params(law: Law, rng) -> SamplingParams:
     return SamplingParams(law.temperature, top_p=law.top_p, top_k=law.top_k, seed=rng)
 
 
-class ToyRun:
-    """What a verifier reads of the loop's decoding state (verifiers.py, "The interface")."""
+class ToyProposer:
+    """The drafter a verifier drafts from through its context (drafting.py, ``Proposer``): the
+    block's logits are the toy drafter's, whatever the anchor and position."""
 
-    def __init__(self, draft_logits, law: Law, rng, sparse: bool = False):
-        L, V = draft_logits.shape
-        self.anchor, self.s, self.B, self.remaining, self.be = ANCHOR, 10, L + 1, 100, NP
-        self.sampling, self.rng, self.sparse = params(law, rng), rng, sparse
+    def __init__(self, draft_logits, sparse: bool = False):
+        V = draft_logits.shape[1]
+        self.sparse = sparse
         self.block_logits = np.concatenate([np.zeros((1, V)), draft_logits])  # [B, V] row 0: anchor
 
-    def draft_logits(self):
+    def draft_logits(self, anchor: int, position: int):
         return self.block_logits
 
-    def propose(self, n_rows: int, law) -> DraftProposal:
-        rows = self.block_logits[1:n_rows]  # [n-1, V]
+    def propose(self, anchor: int, position: int, block_size: int, law, rng) -> DraftProposal:
+        rows = self.block_logits[1:block_size]  # [n-1, V]
         if law is None or law.greedy:
             return DraftProposal(np.argmax(rows, axis=-1).astype(np.int64))
         if self.sparse:
-            return sparse_proposal(rows, law, self.rng)
-        return sample_rows(NP, rows, law, self.rng)
+            return sparse_proposal(rows, law, rng)
+        return sample_rows(NP, rows, law, rng)
+
+
+def toy_context(draft_logits, law: Law, rng, sparse: bool = False) -> DraftingContext:
+    """A step's context at the anchor, its block the toy drafter's L + 1 rows."""
+    return DraftingContext(anchor=ANCHOR, position=10, block_size=draft_logits.shape[0] + 1,
+                           remaining=100, sampling=params(law, rng), rng=rng, be=NP,
+                           proposer=ToyProposer(draft_logits, sparse))
 
 
 def sparse_proposal(rows, law: SamplingParams, rng) -> DraftProposal:
@@ -89,13 +98,13 @@ def verifier_step(verifier, law: Law, sparse: bool = False):
     """A harness step that runs ``verifier`` as the loop does."""
 
     def step(target, draft_logits, rng):
-        run = ToyRun(draft_logits, law, rng, sparse)
-        block = verifier.draft(run)
+        ctx = toy_context(draft_logits, law, rng, sparse)
+        block = verifier.draft(ctx)
         if isinstance(block, TreeBlock):
             logits = tree_logits(target, block.tree)
         else:
             logits = block_logits(target, block)
-        return verifier.verify(block, logits, run).committed
+        return verifier.verify(block, logits, ctx).committed
 
     return step
 
