@@ -318,7 +318,7 @@ def generate_body_lines() -> int:
 
 # ---------------------------------------------------------------- one speculative step
 
-STEP = re.compile(r"(?i)spec\w*step|step\w*spec")  # the function that runs one speculative step
+STEP = re.compile(r"_?(spec|speculative)_?step")  # the name of the function that runs one step
 COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 
@@ -340,10 +340,10 @@ def trace_steps(run, keep: int = 2):
     """Run ``run()`` under ``sys.setprofile``; return (the project calls of its ``keep``-th
     speculative step, in order, as (file, qualified name); the ``Decoding`` object it ran).
 
-    The step is the outermost call of a project function whose name matches ``STEP`` (today
-    ``Decoding.spec_step``), so the prefill and the steps before ``keep`` are not in it. The
-    ``Decoding`` object is the local of that name's class in a frame of ``spec_decode/`` (or the
-    step's ``self``)."""
+    The step is the outermost call of a function of ``spec_decode/`` whose whole name matches
+    ``STEP`` (today ``Decoding.spec_step``), so the prefill and the steps before ``keep`` are not
+    in it. The ``Decoding`` object is a local, of a class of that name, of a frame of
+    ``spec_decode/``."""
     roots = (str(ROOT / "dflash_ref"), str(ROOT / "kernels_cupy"))
     spec_dir = str(ROOT / SPEC_DIR)
     steps, calls_, found, open_step = [0], [], [], [None]
@@ -354,10 +354,10 @@ def trace_steps(run, keep: int = 2):
             open_step[0] = None
         if event != "call" or not code.co_filename.startswith(roots):
             return
-        if open_step[0] is None and STEP.search(code.co_name):
+        in_loop = code.co_filename.startswith(spec_dir)
+        if open_step[0] is None and in_loop and STEP.fullmatch(code.co_name):
             open_step[0], steps[0] = frame, steps[0] + 1
-            found.append(frame.f_locals.get("self"))
-        if code.co_filename.startswith(spec_dir):
+        if in_loop:
             found.extend(v for v in frame.f_locals.values() if type(v).__name__ == "Decoding")
         if open_step[0] is not None and steps[0] == keep and code.co_name not in COMPREHENSIONS:
             calls_.append((code.co_filename, code.co_qualname))
@@ -368,14 +368,13 @@ def trace_steps(run, keep: int = 2):
     finally:
         sys.setprofile(None)
     if steps[0] < keep:
-        raise RuntimeError(f"the demo run made {steps[0]} calls of a function named like "
-                           f"{STEP.pattern!r}; the speculative step is that function: rename the "
-                           f"pattern STEP in scripts/architecture_numbers.py")
-    decoding = [d for d in found if type(d).__name__ == "Decoding"]
-    if not decoding:
+        raise RuntimeError(f"the demo run made {steps[0]} calls of a spec_decode/ function named "
+                           f"{STEP.pattern!r}, {keep} wanted: if the speculative step has another "
+                           f"name now, change STEP in scripts/architecture_numbers.py")
+    if not found:
         raise RuntimeError("no object of class Decoding ran in spec_decode/: name the loop's "
                            "object in trace_steps (scripts/architecture_numbers.py)")
-    return calls_, decoding[-1]
+    return calls_, found[-1]
 
 
 def _docstring_lines(path: str) -> int:
