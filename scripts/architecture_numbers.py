@@ -19,13 +19,23 @@ commit that has ``dflash_ref/`` (tests/test_architecture_numbers.py checks the p
 - **a family and a verify rule**: the product files (``dflash_ref/``) whose code (names and
   strings, not comments or docstrings) names the last target family added (Gemma 4) and the last
   verify rule added (rejection sampling with the residual); and, from git history, the product
-  files the commits that added them changed (``HISTORY``; "n/a" without the history).
+  files the commits that added them changed (``HISTORY``; "n/a" without the history);
+- **the reading order** (``TIERS``): the lines of each tier and of tiers 1 + 2, and the lines of
+  the one page (``dflash_ref/minimal.py``; "absent" where it does not exist);
+- **the step's shape**: the product files whose code names the CUDA-graph concept, the attributes
+  of the live ``Decoding`` object after a speculative run, the verifier methods that receive the
+  run, the lines of ``generate()``'s body;
+- **one speculative step on the demo pair** (``dflash_ref/data/demo``, the demo's prompt, traced
+  after the prefill and one warm-up step): the project functions it calls and how often
+  consecutive calls switch files, and the share of docstring lines in the files it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import functools
+import inspect
 import json
 import re
 import subprocess
@@ -174,6 +184,245 @@ def commit_files(commit: str) -> int | str:
     return len(out.stdout.split()) if out.returncode == 0 else "n/a"
 
 
+# ---------------------------------------------------------------- the reading order in tiers
+
+# Each tier: a name and the patterns (regular expressions on the file's path from the
+# repository root) of its files, in reading order. A product file (``dflash_ref/**``,
+# ``kernels_cupy/**``, ``.py``) belongs to the first tier, 0 to 4, with a pattern that matches
+# it, so a new file lands in a tier; tier 4 ends with a pattern that takes every other file.
+# ``(.*/)?`` lets a part move into a sub-folder of its package and keep its tier.
+SPEC = r"dflash_ref/spec_decode/(.*/)?"
+MODELS = r"dflash_ref/models/(.*/)?"
+TIERS = (
+    ("the one page", (r"dflash_ref/minimal\.py",)),
+    ("the real loop", (
+        SPEC + r"loop\.py", SPEC + r"decoding\.py", SPEC + r"(cursor|context|drafting)\w*\.py",
+        SPEC + r"verifiers\.py", SPEC + r"verify\.py", r"dflash_ref/ops/sampling\.py",
+        SPEC + r"observe\.py")),
+    ("the real target, state and drafter", (
+        MODELS + r"target\.py", MODELS + r"output\.py", MODELS + r"(step_)?runners?\.py",
+        MODELS + r"assemble\.py", MODELS + r"layers\.py", MODELS + r"fused\.py",
+        MODELS + r"batch_arrays\.py", MODELS + r"kv_store\.py", MODELS + r"state\.py",
+        MODELS + r"stores\.py", MODELS + r"cache\.py", MODELS + r"drafter\.py",
+        MODELS + r"draft_cache\.py")),
+    ("the ops", (
+        r"dflash_ref/backend\.py", r"dflash_ref/ops/_dtypes\.py", r"dflash_ref/ops/linear\.py",
+        r"dflash_ref/ops/norm\.py", r"dflash_ref/ops/rope\.py", r"dflash_ref/ops/activations\.py",
+        r"dflash_ref/ops/masks\.py", r"dflash_ref/ops/attention\.py",
+        r"dflash_ref/ops/reductions\.py", r"dflash_ref/ops/pager\.py", r"dflash_ref/ops/.*")),
+    ("the extras, each optional", (
+        SPEC + r"(gate|cost)\.py",  # gates
+        SPEC + r"(ddtree|tree_sampling)\.py", r"dflash_ref/ops/gdn_tree\.py",  # trees
+        r"dflash_ref/kvflash/.*",  # the pager
+        MODELS + r"graphs\.py", SPEC + r"warmup\.py",  # CUDA graphs
+        MODELS + r"(gemma|gemma4|qwen3_5|moe|gdn_\w+)\.py",  # the other families
+        MODELS + r"dflash2\w*\.py", MODELS + r"dspark\.py",  # DFlash 2, DSpark
+        r"kernels_cupy/.*",  # the GPU twins
+        r".*")),  # batches, prompt caches, diagnose, oracle, io, config, cli, ...
+)
+
+
+def product_files() -> list[str]:
+    """Every product file (``dflash_ref/**``, ``kernels_cupy/**``, ``.py``), from the root."""
+    return sorted(str(p.relative_to(ROOT)) for d in ("dflash_ref", "kernels_cupy")
+                  for p in (ROOT / d).rglob("*.py"))
+
+
+def tier_of(path: str) -> tuple[int, int]:
+    """(tier, rank of the first pattern in it that matches ``path``)."""
+    for tier, (_, patterns) in enumerate(TIERS):
+        for rank, pattern in enumerate(patterns):
+            if re.fullmatch(pattern, path):
+                return tier, rank
+    raise AssertionError(f"{path}: in no tier (the last pattern of tier 4 takes every file)")
+
+
+def tiers() -> list[list[str]]:
+    """The files of each tier, in reading order (pattern order, then path)."""
+    ranked = sorted((tier_of(f), f) for f in product_files())
+    return [[f for (t, _), f in ranked if t == tier] for tier in range(len(TIERS))]
+
+
+def _lines(path: str) -> int:
+    return len((ROOT / path).read_text().splitlines())
+
+
+def tier_numbers() -> dict:
+    """Lines per tier (``wc -l`` of its files), tiers 1 + 2, the one page (or "absent")."""
+    lines = [sum(map(_lines, files)) for files in tiers()]
+    minimal = "dflash_ref/minimal.py"
+    return {"minimal_lines": _lines(minimal) if (ROOT / minimal).exists() else "absent",
+            "tier_lines": dict(enumerate(lines)), "tier12_lines": lines[1] + lines[2]}
+
+
+# ---------------------------------------------------------------- the step's shape
+
+SPEC_DIR = "dflash_ref/spec_decode"
+GRAPH = (re.compile(r"(?i)(?:^|_|\b)graphs?(?:$|_|\b)"), re.compile(r"(?<=[a-z])Graphs?"))
+
+
+def _names_and_strings(tree: ast.Module):
+    """``_code_words`` and the names of parameters and keyword arguments."""
+    yield from _code_words(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg):
+            yield node.arg
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg
+
+
+def graph_files() -> list[str]:
+    """Product files whose code (identifiers, parameter names, string literals; no comment, no
+    docstring) names the graph concept: graph_key, step_graphs, StepGraphs, "--graphs" count,
+    "lexicographic" does not."""
+    return [f for f in product_files()
+            if any(p.search(w) for w in _names_and_strings(ast.parse((ROOT / f).read_text()))
+                   for p in GRAPH)]
+
+
+def _verifier_classes(trees: list[ast.Module]) -> list[ast.ClassDef]:
+    """Classes named ``*Verifier`` and their subclasses (by base names, transitively)."""
+    classes = [n for t in trees for n in ast.walk(t) if isinstance(n, ast.ClassDef)]
+    names = {c.name for c in classes if c.name.endswith("Verifier")}
+    grew = True
+    while grew:
+        more = {c.name for c in classes
+                if any(isinstance(b, ast.Name) and b.id in names for b in c.bases)}
+        grew, names = not more <= names, names | more
+    return [c for c in classes if c.name in names]
+
+
+def verifiers_receiving_run() -> list[str]:
+    """Methods of the verifier classes in ``spec_decode/`` (the interface ``Verifier`` and its
+    subclasses) with a parameter named ``run``."""
+    trees = [ast.parse(p.read_text()) for p in sorted((ROOT / SPEC_DIR).rglob("*.py"))]
+    return [f"{c.name}.{m.name}" for c in _verifier_classes(trees) for m in c.body
+            if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and "run" in {a.arg for a in m.args.args + m.args.kwonlyargs}]
+
+
+
+def generate_body_lines() -> int:
+    """Lines of ``generate()``'s body: from the first statement after the docstring to the end
+    of the last (found through ``dflash_ref.generate``, wherever it is defined)."""
+    from dflash_ref import generate
+    fn = inspect.unwrap(generate)
+    tree = ast.parse(Path(inspect.getsourcefile(fn)).read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                and n.name == fn.__name__ and n.body[-1].end_lineno >= fn.__code__.co_firstlineno
+                and min([n.lineno, *(d.lineno for d in n.decorator_list)])
+                <= fn.__code__.co_firstlineno)
+    body = node.body[1:] if ast.get_docstring(node) else node.body
+    return body[-1].end_lineno - body[0].lineno + 1
+
+
+# ---------------------------------------------------------------- one speculative step
+
+STEP = re.compile(r"_?(spec|speculative)_?step")  # the name of the function that runs one step
+COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+
+
+def _demo_run():
+    """A speculative ``generate()`` on the shipped demo pair with the demo's prompt, as a
+    function of no arguments."""
+    import dflash_ref
+    from dflash_ref import demo_text
+    from dflash_ref.cli import DEMO_TEXT, demo_dirs
+
+    target_dir, drafter_dir = demo_dirs()
+    target = dflash_ref.TargetModel.from_pretrained(target_dir)
+    drafter = dflash_ref.DFlashDrafter.from_pretrained(drafter_dir, target)
+    prompt = demo_text.encode_text(DEMO_TEXT)
+    return lambda: dflash_ref.generate(target, drafter, prompt, 48)
+
+
+def trace_steps(run, keep: int = 2):
+    """Run ``run()`` under ``sys.setprofile``; return (the project calls of its ``keep``-th
+    speculative step, in order, as (file, qualified name); the ``Decoding`` object it ran).
+
+    The step is the outermost call of a function of ``spec_decode/`` whose whole name matches
+    ``STEP`` (today ``Decoding.spec_step``), so the prefill and the steps before ``keep`` are not
+    in it. The ``Decoding`` object is a local, of a class of that name, of a frame of
+    ``spec_decode/``."""
+    roots = (str(ROOT / "dflash_ref"), str(ROOT / "kernels_cupy"))
+    spec_dir = str(ROOT / SPEC_DIR)
+    steps, calls_, found, open_step = [0], [], [], [None]
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "return" and frame is open_step[0]:
+            open_step[0] = None
+        if event != "call" or not code.co_filename.startswith(roots):
+            return
+        in_loop = code.co_filename.startswith(spec_dir)
+        if open_step[0] is None and in_loop and STEP.fullmatch(code.co_name):
+            open_step[0], steps[0] = frame, steps[0] + 1
+        if in_loop:
+            found.extend(v for v in frame.f_locals.values() if type(v).__name__ == "Decoding")
+        if open_step[0] is not None and steps[0] == keep and code.co_name not in COMPREHENSIONS:
+            calls_.append((code.co_filename, code.co_qualname))
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    if steps[0] < keep:
+        raise RuntimeError(f"the demo run made {steps[0]} calls of a spec_decode/ function named "
+                           f"{STEP.pattern!r}, {keep} wanted: if the speculative step has another "
+                           f"name now, change STEP in scripts/architecture_numbers.py")
+    if not found:
+        raise RuntimeError("no object of class Decoding ran in spec_decode/: name the loop's "
+                           "object in trace_steps (scripts/architecture_numbers.py)")
+    return calls_, found[-1]
+
+
+def _docstring_lines(path: str) -> int:
+    """Lines of the module, class and function docstrings of ``path``."""
+    tree = ast.parse((ROOT / path).read_text())
+    return sum(n.body[0].end_lineno - n.body[0].lineno + 1 for n in ast.walk(tree)
+               if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef))
+               and ast.get_docstring(n, clean=False) is not None)
+
+
+@functools.cache
+def spec_step() -> tuple[list[tuple[str, str]], list[str], object]:
+    """The demo pair's traced step (``trace_steps``): its calls, the files it runs (from the
+    root), the ``Decoding`` object."""
+    calls_, decoding = trace_steps(_demo_run())
+    calls_ = [(str(Path(f).relative_to(ROOT)), name) for f, name in calls_]
+    return calls_, sorted({f for f, _ in calls_}), decoding
+
+
+def step_numbers() -> dict:
+    """One speculative step on the demo pair: calls of project functions (comprehensions not
+    counted), switches between files from one call to the next, the docstring share of the
+    files it runs; and the ``Decoding`` object's attributes after the run."""
+    calls_, files, decoding = spec_step()
+    lines = sum(map(_lines, files))
+    share = sum(map(_docstring_lines, files)) / lines
+    return {"decoding_attributes": len(vars(decoding)),
+            "spec_step_calls": (len(calls_), len(files)),
+            "spec_step_file_switches": sum(a != b for (a, _), (b, _) in zip(calls_, calls_[1:])),
+            "hot_path_docstring_share": f"{share:.0%} of {lines} lines"}
+
+
+def _print_step() -> None:
+    calls_, files, _ = spec_step()
+    for f in files:
+        names = sorted({n for g, n in calls_ if g == f})
+        print(f"tier {tier_of(f)[0]}  {f} ({sum(g == f for g, _ in calls_)} calls): "
+              f"{', '.join(names)}")
+    print(f"{len(calls_)} calls in {len(files)} files")
+
+
+def _print_tiers() -> None:
+    for tier, ((name, _), files) in enumerate(zip(TIERS, tiers())):
+        print(f"tier {tier}, {name} ({sum(map(_lines, files))} lines):")
+        for f in files:
+            print(f"  {f} ({_lines(f)})")
+
 def measure() -> dict:
     report = layout_report()
     return {
@@ -185,6 +434,11 @@ def measure() -> dict:
         "files_naming_last_family": naming_files(FAMILY),
         "files_naming_last_verify_rule": naming_files(VERIFY_RULE),
         **{key: commit_files(commit) for key, commit in HISTORY.items()},
+        **tier_numbers(),
+        "graph_files": graph_files(),
+        "verifiers_receiving_run": verifiers_receiving_run(),
+        "generate_body_lines": generate_body_lines(),
+        **step_numbers(),
     }
 
 
@@ -194,17 +448,23 @@ def cell(value) -> str:
         return f"{value[0]} in {value[1]} files"
     if isinstance(value, list):
         return str(len(value))
+    if isinstance(value, dict):  # tier -> lines
+        return " / ".join(f"{k}: {v}" for k, v in value.items())
     return str(value)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the raw numbers as JSON")
-    parser.add_argument("--list", choices=("plain", "spec"),
-                        help="list the functions the plain greedy or speculative chain path runs")
+    parser.add_argument("--list", choices=("plain", "spec", "step", "tiers"),
+                        help="list the functions the plain greedy or speculative chain path "
+                             "runs, the demo pair's speculative step, or the tiers' files")
     args = parser.parse_args(argv)
-    if args.list:
+    if args.list in ("plain", "spec"):
         path_numbers(args.list)
+        return
+    if args.list:
+        (_print_step if args.list == "step" else _print_tiers)()
         return
     numbers = measure()
     if args.json:

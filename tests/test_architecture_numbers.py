@@ -1,5 +1,6 @@
 """docs/architecture.md, "The numbers", quotes scripts/architecture_numbers.py: check every "now"
-cell against a fresh measurement, so the page cannot drift from the code it describes."""
+cell (a row's last) against a fresh measurement, and the line counts of the reading order's
+tiers, so the page cannot drift from the code it describes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW = re.compile(r"^\|[^|]*\(`(\w+)`\)[^|]*\|[^|]*\|[^|]*\|\s*([^|]+?)\s*\|$", re.M)
+ROW = re.compile(r"^\|[^|\n]*\(`(\w+)`\)[^|\n]*\|(?:[^|\n]*\|)*?\s*([^|\n]+?)\s*\|$", re.M)
+TIER = re.compile(r"^### Tier (\d): [^\n]*\((absent|\d+ lines)\)$", re.M)
 
 
 def _script():
@@ -19,11 +21,14 @@ def _script():
     return module
 
 
-def _quoted() -> dict[str, str]:
+def _section(title: str) -> str:
     doc = (ROOT / "docs/architecture.md").read_text()
-    section = doc[doc.index("## The numbers"):]
-    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
-    return dict(ROW.findall(section))
+    section = doc[doc.index(f"## {title}"):]
+    return section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+
+
+def _quoted() -> dict[str, str]:
+    return dict(ROW.findall(_section("The numbers")))
 
 
 def test_the_page_quotes_every_measured_number():
@@ -42,3 +47,14 @@ def test_the_row_pattern_reads_a_hand_made_table():
     table = ("| measure | a | b | now |\n|---|---|---|---|\n"
              "| functions (`plain_greedy`) | 69 in 16 files | 91 in 20 files | 60 in 15 files |\n")
     assert ROW.findall(table) == [("plain_greedy", "60 in 15 files")]
+    table = ("| measure | a | b | c | now |\n|---|---|---|---|---|\n"
+             "| calls (`spec_step_calls`) | (later) | 9 | 761 in 24 files | 40 in 9 files |\n")
+    assert ROW.findall(table) == [("spec_step_calls", "40 in 9 files")]
+
+
+def test_the_reading_order_quotes_each_tiers_lines():
+    script = _script()
+    lines = script.tier_numbers()["tier_lines"]
+    quoted = {int(t): n for t, n in TIER.findall(_section("Reading order for a newcomer"))}
+    measured = {t: "absent" if t == 0 and not n else f"{n} lines" for t, n in lines.items()}
+    assert quoted == measured, f"tiers' lines (quoted, measured): {quoted}, {measured}"

@@ -14,7 +14,7 @@ docs/formats.md ("DFlash drafter names"): HF safetensors (no ``model.`` prefix; 
     layers.N.self_attn.{q,k}_norm.weight         blk.N.attn_{q,k}_norm.weight
     layers.N.post_attention_layernorm.weight     blk.N.ffn_norm.weight
     layers.N.mlp.{gate,up,down}_proj.weight      blk.N.ffn_{gate,up,down}.weight
-    DFlash 2 (``DFlash2DraftModel``), llama.cpp only (PR #27342); lucebox has no such names:
+    DFlash 2 (``DFlash2DraftModel``), llama.cpp only; lucebox has no such names:
     layers.N.attention_conv.base_kernel [2,K,H]  blk.N.attn_conv_base
     layers.N.attention_conv.kernel_projection.weight   blk.N.attn_conv_proj.weight
     layers.N.mlp_conv.base_kernel                blk.N.ffn_conv_base
@@ -35,8 +35,9 @@ codebook names (``candidate_selector.predecessor_codebook``) map like their ``.w
 Shapes differ only in spelling: GGUF writes them in ggml order {in, out} (see
 :mod:`dflash_ref.io.gguf_io`). Names outside the table (``fc.scale``, ``token_embd.weight``,
 ``d2t``, ``attn_sinks``...) map to themselves, so a comparison reports them as one-sided.
-The PR #22105-era ``dflash-draft`` fork naming (``dflash_fc``, ``dflash_hidden_norm``) is not
-mapped: its exact names were not confirmed from a primary source.
+An older ``dflash-draft`` fork naming (``dflash_fc``, ``dflash_hidden_norm``) is not mapped: its
+exact names were not confirmed from a primary source (docs/conventions.md, "Where things came
+from", has both sources).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """KVFlash pager: a fixed pool of KV slots for the full-attention layers, paged by 64-token chunks.
 
 Reproduces lucebox's ``KvFlashPager`` (Luce-Org/lucebox ``server/src/common/kvflash_pager.h``,
-main @62880e20, plus the PR#487 rollback fix); docs/kvflash.md draws the data model (position p
--> chunk p // T -> block -> slot) and walks through every rule. This module is the policy: the
+with its rollback fix; the revision: docs/conventions.md, "Where things came from");
+docs/kvflash.md draws the data model (position p -> chunk p // T -> block -> slot) and walks
+through every rule. This module is the policy: the
 free list, ``slot_for`` (the one allocating call), eviction, page_out / page_in to a host store,
 reselect under a relevance scorer, and the calls the target and ``generate`` make
 (``alloc_span``, ``maybe_reselect``; docs/kvflash.md, "Integration with the target and
@@ -221,7 +222,7 @@ class KVFlashPager(ChunkTable):
         self._grow(c + 1)
         if self._block[c] < 0:
             if not self._ensure_free_block():
-                self.cur_chunk = prev  # the chunk never materialised (PR#487 fix)
+                self.cur_chunk = prev  # the chunk never materialised (lucebox's rollback fix)
                 return -1
             b = self._free.pop()
             self._block[c] = b
