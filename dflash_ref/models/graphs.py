@@ -16,8 +16,8 @@ key and replays it::
 Every target state has a step runner (models/state.py, ``state.runner``); the target hands it
 each forward's step (``TargetModel.forward``) and the drafter asks it for its draft cache
 (``DFlashDrafter.cache_for``), neither knowing which runner it is. A state made with
-``new_state(kv_capacity=C, graphs=True)`` gets a :class:`GraphRunner` (:func:`step_runner`, the
-one place the runner is chosen), which replays a graph-shaped step (SGLang's
+``new_state(kv_capacity=C, graphs=True)`` gets a :class:`GraphRunner` (:func:`graph_runner`;
+``new_state`` is the one place a runner is chosen), which replays a graph-shaped step (SGLang's
 ``CudaGraphRunner``: ``can_run``, then replay) and runs any other eagerly. What makes a target
 step graph-shaped:
 
@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 from dflash_ref.errors import ConfigError
-from dflash_ref.models.state import EagerRunner, no_tap
+from dflash_ref.models.state import no_tap
 
 GRAPH_MAX_ROWS = 16
 """The most rows a captured step may run: the ``linear`` kernel's (kernels_cupy/linear_plan.py,
@@ -132,16 +132,13 @@ class GraphRunner:
         return cache
 
 
-def step_runner(be, graphs: bool, kv_capacity, pager, gdn_layers):
-    """The step runner of a new state: an :class:`~dflash_ref.models.state.EagerRunner`, or with
-    ``graphs`` a :class:`GraphRunner`.
+def graph_runner(be, kv_capacity, pager, gdn_layers) -> GraphRunner:
+    """The step runner of a new state made with ``graphs=True`` (``TargetModel.new_state``).
 
     Raises:
         ConfigError: graphs asked for over stores whose shapes move (no ``kv_capacity``), the
             KVFlash pool or Gated DeltaNet layers (not graph-shaped yet: they run eagerly).
     """
-    if not graphs:
-        return EagerRunner()
     if kv_capacity is None or pager is not None or gdn_layers:
         raise ConfigError(
             "graphs=True captures steps over fixed-shape stores: give kv_capacity (the longest "

@@ -46,11 +46,11 @@ from dflash_ref.io.compare import check_finite_weights
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
 from dflash_ref.models.assemble import FUSED_OPS, decoder_layers
 from dflash_ref.models.batch import forward_batch
-from dflash_ref.models.graphs import step_runner
+from dflash_ref.models.graphs import graph_runner
 from dflash_ref.models.layers import RMSNorm, run_stack
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.output import TargetOutput
-from dflash_ref.models.state import StorePlan, TargetState
+from dflash_ref.models.state import EagerRunner, StorePlan, TargetState
 
 
 class TargetModel:
@@ -177,7 +177,8 @@ class TargetModel:
         (models/graphs.py); ``graphs=False`` runs every step eagerly.
         """
         width = len(self.target_layer_ids) * self.config.hidden_size
-        runner = step_runner(self.be, graphs, kv_capacity, pager, self.store_plan.gdn)
+        runner = (graph_runner(self.be, kv_capacity, pager, self.store_plan.gdn) if graphs
+                  else EagerRunner())  # the state's step runner, chosen here once
         return TargetState(self.store_plan, self.be, width, feature_capacity, feature_window,
                            pager, kv_capacity, runner)
 
