@@ -210,10 +210,8 @@ class DFlashDrafter:
 
     def embed_block(self, anchor_token: int, n_rows: int | None = None):
         """Embed: the block [anchor, mask x (n-1)] through the target's embedding rows: [n, H].
-
         ``n_rows`` defaults to the block size B; the release's loop drafts shorter blocks
-        (``verify_size``) near the end of a generation.
-        """
+        (``verify_size``) near the end of a generation."""
         ids = self.block_ids(anchor_token, self.block_rows(n_rows))
         return self.embed_ids(self.be.xp.asarray(ids))
 
@@ -413,9 +411,8 @@ class DFlashDrafter:
     # ------------------------------------------------------------------ cached form
 
     def cache_for(self, state) -> DraftCache:
-        """An empty draft cache for drafting over the target ``state``: the one its step runner
-        hands out (``state.runner.draft_cache(self)``: :meth:`new_cache`, or a
-        :meth:`fixed_cache` whose step the runner replays)."""
+        """An empty draft cache for drafting over the target ``state``, as its step runner hands
+        it out: :meth:`new_cache`, or a :meth:`fixed_cache` whose step the runner replays."""
         return state.runner.draft_cache(self)
 
     def new_cache(self, window=None) -> DraftCache:

@@ -44,22 +44,15 @@ def no_tap(layer: int, name: str, x) -> None:
 
 
 class EagerRunner:
-    """A state's step runner by default: every step runs as it comes.
-
-    A step runner is asked for three things (models/graphs.py has the other runner):
-
-    - ``run(batch, rows, step)``: ``step()``'s result, the target's forward of ``batch``
-      computing the logits ``rows`` (``TargetModel.forward``);
-    - ``draft_cache(drafter)``: an empty draft cache for drafting over the state (here the
-      drafter's plain one, ``drafter.new_cache()``);
-    - ``buffers``: where a batch's backend arrays are written
-      (:class:`~dflash_ref.models.batch_arrays.BatchArrays`; None: new arrays per batch).
-    """
+    """A state's step runner by default: every step runs as it comes. A runner (models/graphs.py
+    has the other) is asked for ``run(batch, rows, step)``, ``step()``'s result (the target's
+    forward of ``batch`` computing the logits ``rows``); ``draft_cache(drafter)``, an empty draft
+    cache for drafting over the state; ``buffers``, where a batch's backend arrays are written
+    (:class:`~dflash_ref.models.batch_arrays.BatchArrays`; None: new arrays per batch)."""
 
     buffers = None
 
     def run(self, batch, rows, step: Callable):
-        """``step()`` (``batch`` and ``rows`` describe it; unread here)."""
         return step()
 
     def draft_cache(self, drafter):
