@@ -7,17 +7,17 @@ tensor names, or from a llama.cpp GGUF (not yet for Gemma 4 or MoE). The forward
 once against a Backend::
 
     h = embed(ids)                          # [T, H] (Gemma: times its embedding scale)
+    u = input_norm_0(h)                     # each layer is handed its normed input
     for layer in layers:                    # models/layers.py: norm, mixer, residual, norm, MLP
-        h = layer(h, batch)                 # batch: positions + a KV / GDN store per layer
+        h, u = layer(h, u, batch)           # u: the next layer's input norm of h (final last)
         if layer in target_layer_ids: capture h
-    logits = lm_head(final_norm(h))         # [T, vocab] (Gemma: final softcap)
+    logits = lm_head(u)                     # [T, vocab] (Gemma: final softcap)
 
 The layers are assembled once from the config, each family's components chosen there
-(models/assemble.py), and so is each component's form: a layer is handed its normed input and
-hands the next its own (``layers.DecoderLayer``, ``layers.run_stack``), each residual add fused
-into the norm after it and each attention layer's q/k norms and RoPE one ``qk_norm_rope`` op
-where they allow it (models/fused.py; docs/backend.md, "Fused ops"), equal to the reference
-form (``fused=()``) bit for bit on NumPy.
+(models/assemble.py), and so is each component's form: each residual add fused into the norm
+after it and each attention layer's q/k norms and RoPE one ``qk_norm_rope`` op where they allow
+it (models/fused.py; docs/backend.md, "Fused ops"), equal to the reference form (``fused=()``)
+bit for bit on NumPy.
 
 Feature capture: with ``target_layer_ids = [i0, i1, ...]`` (HF numbering) the forward returns,
 per token, ``concat(h_i0, h_i1, ...)`` where ``h_i`` is the raw residual stream **after** decoder
