@@ -80,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from dflash_ref.cli_generate import run_timed
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
-    from dflash_ref.spec_decode.warmup import graphed_state, warm_up
+    from dflash_ref.spec_decode.warmup import warm_up
 
     if args.graphs and args.verify != "chain":
         print("error: --graphs needs --verify chain (a tree verify runs on growing caches)",
@@ -113,8 +113,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"{list(drafter.config.target_layer_ids)})")
     print(f"backend {target.be.name}; {len(prompt)} prompt tokens; {args.max_new_tokens} new "
           f"tokens; verify {args.verify}" + ("; CUDA graphs" if args.graphs else ""))
-    state = graphed_state(target, len(prompt), args.max_new_tokens,
-                          args.block_size or drafter.block_size) if args.graphs else None
+    block = args.block_size or drafter.block_size
+    # --graphs: one state for every run, its steps captured while warming up: fixed K/V rows
+    # for the prompt, the new tokens, the warm-up's and a block's overrun (models/graphs.py)
+    state = target.new_state(kv_capacity=len(prompt) + args.max_new_tokens + 4 * block + 1,
+                             graphs=True) if args.graphs else None
     # A small model's products are too small to gain from BLAS threads, and threads of several
     # processes oversubscribe a busy machine (issue 25: 1.1x instead of 2-3x speedups).
     with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():

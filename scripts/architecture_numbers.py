@@ -9,9 +9,10 @@ commit that has ``dflash_ref/`` (tests/test_architecture_numbers.py checks the p
   inlines them) called during one ``generate()`` on a tiny random Qwen3 target
   (``dflash_ref.tiny``), 8 new tokens after a 3-token prompt, measured after one warm-up run:
   plain greedy (no drafter) and the speculative chain (a tiny drafter, block 4);
-- **the decoder layer**: lines, ``if`` statements and parameters of the target decoder layer's
-  forward, and how often Gemma 4 is named in its module; the ``if`` s (statements and
-  expressions) of the drafter's decoder layer;
+- **the decoder layer**: lines, branches (``if`` statements and expressions, ``isinstance``,
+  ``type(...) is``) and parameters of the forward of the decoder layer a target runs (found from
+  a tiny Qwen3 target's layers), and how often Gemma 4 is named in its module; the ``if`` s
+  (statements and expressions) of the drafter's decoder layer;
 - **generate()**: its parameter count;
 - **module sizes**: modules at 400+ lines, the longest, ``models/state.py``;
 - **imports**: private names imported across packages, public names defined in two modules, and
@@ -123,14 +124,54 @@ def _ifs(fn: ast.FunctionDef) -> int:
     return sum(isinstance(n, (ast.If, ast.IfExp)) for b in fn.body for n in ast.walk(b))
 
 
+def _branches(fn: ast.FunctionDef) -> int:
+    """``if`` statements and expressions, ``isinstance(...)`` calls and ``type(...) is`` tests
+    in ``fn``'s body: every way its code can branch on a value or a kind."""
+    def branches(n) -> bool:
+        if isinstance(n, (ast.If, ast.IfExp)):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+            return n.func.id == "isinstance"
+        return (isinstance(n, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot))
+                                                     for o in n.ops)
+                and any(isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
+                        and x.func.id == "type" for x in (n.left, *n.comparators)))
+    return sum(branches(n) for b in fn.body for n in ast.walk(b))
+
+
+def _running_layer() -> tuple[str, ast.FunctionDef]:
+    """The forward of the decoder layer a target runs (its file and definition): the
+    ``__call__`` of the class of a tiny Qwen3 target's layers, found from the object, not by
+    name."""
+
+    from dflash_ref.config import TargetConfig, expected_tensors
+    from dflash_ref.models.target import TargetModel
+    from dflash_ref.tiny import tiny_target_config, tiny_weights
+
+    cfg = TargetConfig.from_hf(tiny_target_config("qwen3"))
+    target = TargetModel(cfg, tiny_weights(expected_tensors(cfg), 0, cfg.norm_offset))
+    kinds = {type(layer) for layer in target.layers}
+    assert len(kinds) == 1, kinds
+    code = kinds.pop().__call__.__code__
+    path = Path(code.co_filename).resolve()
+    assert path.is_relative_to(ROOT), path
+    fn = next(n for n in ast.walk(ast.parse(path.read_text()))
+              if isinstance(n, ast.FunctionDef) and code.co_firstlineno in (
+                  n.lineno, *(d.lineno for d in n.decorator_list)))
+    return str(path.relative_to(ROOT)), fn
+
+
 def layer_numbers() -> dict:
-    fn = _method("dflash_ref/models/layers.py", "DecoderLayer", ("__call__", "forward"))
+    """The decoder layer that runs (:func:`_running_layer`): the lines of its forward's body
+    (docstring aside), its branches (:func:`_branches`) and parameters; how often its module
+    names Gemma 4; the ``if`` s of the drafter's decoder layer."""
+    path, fn = _running_layer()
     body = fn.body[1:] if ast.get_docstring(fn) else fn.body
     lines = sum(1 for n in body for _ in range(n.lineno, n.end_lineno + 1))
     params = len(fn.args.args) - 1 + len(fn.args.kwonlyargs)
     drafter = _method("dflash_ref/models/drafter.py", "DFlashDrafter", ("decoder_layer",))
-    text = (ROOT / "dflash_ref/models/layers.py").read_text()
-    return {"decoder_layer_lines": lines, "decoder_layer_ifs": _ifs(fn),
+    text = (ROOT / path).read_text()
+    return {"decoder_layer_lines": lines, "decoder_layer_ifs": _branches(fn),
             "decoder_layer_params": params, "gemma4_named_in_layers": len(FAMILY.findall(text)),
             "drafter_layer_ifs": _ifs(drafter)}
 

@@ -1,26 +1,33 @@
 """The decoder layers of a target, assembled once per model from its config.
 
-Every layer is the reference block (:class:`~dflash_ref.models.layers.DecoderLayer`) or a
-family's subclass of it; what differs between families is which components it holds, chosen
-here from the config and never again in a forward (docs/target.md, "Families"):
+Every layer is the one block (:class:`~dflash_ref.models.layers.DecoderLayer`); what differs
+between families is which components it holds, chosen here from the config and never again in a
+forward (docs/target.md, "Families"); so is whether each component takes its fused form
+(``fused``, the fused ops to use: :data:`FUSED_OPS` by default, none for the reference form the
+tests compare with):
 
 ===================  =====================================================================
 part                 chosen by
 ===================  =====================================================================
-norms                ``norm_offset`` (1 + w); ``use_pre_post_ffn_norms``: Gemma's sandwich
-                     norms (:class:`~dflash_ref.models.gemma.PostNormed` around the mixer and
-                     the feed-forward), else Qwen's ``post_attention_layernorm`` before the MLP
+norms                ``norm_offset`` (1 + w); each layer's mixer add normed by its pre-MLP
+                     norm, its MLP add by the next layer's input norm (the final norm last)
+residual adds        ``use_pre_post_ffn_norms``: Gemma's sandwich norms
+                     (:class:`~dflash_ref.models.gemma.PostNormAddNorm`), the pre-MLP norm
+                     ``pre_feedforward_layernorm``; else the add and the norm
+                     (:class:`~dflash_ref.models.layers.AddNorm`), the pre-MLP norm Qwen's
+                     ``post_attention_layernorm``; ``gemma4``: the MLP add maps the stream
+                     after it (:class:`~dflash_ref.models.gemma4.LayerOutputAdd`: per-layer
+                     input, layer scalar); with ``add_rms_norm`` in ``fused``, each add and
+                     its norm as one op (:mod:`~dflash_ref.models.fused`)
 mixer                ``layer_types[i]``: a GDN mixer (linear_attention), else attention:
                      output-gated (``attn_output_gate``), KV-sharing (``kv_source_for(i)``),
                      k = v (no v_proj tensor), v-normed (``v_norm``), or the common one
 RoPE                 the layer type's ``rope_type``: proportional, else the ``rope`` op; with
-                     ``fused``, the q/k norms and the ``rope`` op as one ``qk_norm_rope``
-                     (:class:`~dflash_ref.models.fused.FusedNormRope`)
+                     ``qk_norm_rope`` in ``fused``, the q/k norms and the ``rope`` op as one
+                     op (:class:`~dflash_ref.models.fused.FusedNormRope`)
 feed-forward         ``moe``: Qwen3.5's sparse block in the MLP's place, Gemma 4's experts
                      beside it; else the gated MLP (the ``swiglu`` op, or the ``geglu`` op for
                      ``gelu_pytorch_tanh``)
-layer class          ``gemma4``: :class:`~dflash_ref.models.gemma4.Gemma4DecoderLayer` (per-layer
-                     input, layer scalar)
 ===================  =====================================================================
 
 A new target family adds its components in its own module and its choice here.
@@ -28,12 +35,11 @@ A new target family adds its components in its own module and its choice here.
 
 from __future__ import annotations
 
-from dflash_ref.models.fused import FusedNormRope
-from dflash_ref.models.gemma import PostNormed
+from dflash_ref.models.fused import FusedAddNorm, FusedNormRope, FusedPostNormAddNorm
+from dflash_ref.models.gemma import PostNormAddNorm
 from dflash_ref.models.gemma4 import (
-    Gemma4DecoderLayer,
     KEqVAttention,
-    LayerOutput,
+    LayerOutputAdd,
     PerLayerEmbeddings,
     PerLayerInput,
     ProportionalRope,
@@ -41,48 +47,76 @@ from dflash_ref.models.gemma4 import (
     VNormAttention,
     no_per_layer_input,
 )
-from dflash_ref.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm, Rope
+from dflash_ref.models.layers import (
+    AddNorm,
+    Attention,
+    DecoderLayer,
+    GatedMLP,
+    Identity,
+    RMSNorm,
+    Rope,
+)
 from dflash_ref.models.moe import Gemma4MoE, QwenSparseMoE
 from dflash_ref.models.qwen3_5 import GatedAttention, GDNMixer
 
+FUSED_OPS = ("add_rms_norm", "qk_norm_rope")
+"""The fused ops a target's layers use by default: each residual add with the norm after it
+(``add_rms_norm``, and ``norm_add_rms_norm`` after a sandwich norm), each attention layer's q/k
+norms with its RoPE (``qk_norm_rope``)."""
 
-def decoder_layers(cfg, be, weights: dict, embed, fused: bool = True) -> list[DecoderLayer]:
+
+def decoder_layers(cfg, be, weights: dict, embed, final_norm,
+                   fused=FUSED_OPS) -> list[DecoderLayer]:
     """The ``cfg.num_hidden_layers`` decoder layers over ``weights`` (HF names, on the backend).
 
     ``embed``: the target's token embedding (ids -> [T, H]), which Gemma 4's per-layer
-    embeddings read; they are made once per model and shared by its layers. ``fused``: the
-    attention layers' q/k norms and RoPE as one op where :meth:`FusedNormRope.fits
-    <dflash_ref.models.fused.FusedNormRope.fits>` (else the reference's four calls).
+    embeddings read; they are made once per model and shared by its layers. ``final_norm``: the
+    norm after the last layer (its MLP add's norm). ``fused``: the fused ops the layers use, a
+    subset of :data:`FUSED_OPS` (``()``: the reference form, each add then its norm and the q/k
+    norms and RoPE as four calls).
     """
+    unknown = set(fused) - set(FUSED_OPS)
+    if unknown:
+        raise ValueError(f"fused: unknown ops {sorted(unknown)}; choose from {FUSED_OPS}")
     p = cfg.weight_prefix
     ple = None
     if cfg.gemma4 is not None and cfg.gemma4.hidden_size_per_layer_input:
         ple = PerLayerEmbeddings(cfg, be, weights, embed)
-    return [decoder_layer(cfg, be, i, {k[len(f"{p}layers.{i}."):]: v for k, v in weights.items()
-                                       if k.startswith(f"{p}layers.{i}.")}, ple, fused)
-            for i in range(cfg.num_hidden_layers)]
+    ws = [{k[len(f"{p}layers.{i}."):]: v for k, v in weights.items()
+           if k.startswith(f"{p}layers.{i}.")} for i in range(cfg.num_hidden_layers)]
+    input_norms = [RMSNorm(be, w["input_layernorm.weight"], cfg.rms_norm_eps, cfg.norm_offset)
+                   for w in ws]
+    next_norms = [*input_norms[1:], final_norm]  # the norm that reads each layer's output
+    return [decoder_layer(cfg, be, i, w, input_norms[i], next_norms[i], ple, fused)
+            for i, w in enumerate(ws)]
 
 
-def decoder_layer(cfg, be, idx: int, w: dict, ple=None, fused: bool = True) -> DecoderLayer:
-    """Layer ``idx`` from its tensors ``w`` (names relative to ``layers.{idx}.``)."""
+def decoder_layer(cfg, be, idx: int, w: dict, input_norm, next_norm, ple=None,
+                  fused=FUSED_OPS) -> DecoderLayer:
+    """Layer ``idx`` from its tensors ``w`` (names relative to ``layers.{idx}.``), handing
+    ``next_norm`` its output."""
 
     def norm(name):
         return RMSNorm(be, w[name], cfg.rms_norm_eps, cfg.norm_offset)
 
-    input_norm = norm("input_layernorm.weight")
-    mixer, feed_forward = _mixer(cfg, be, idx, w, fused), _feed_forward(cfg, be, idx, w, norm)
+    mixer = _mixer(cfg, be, idx, w, "qk_norm_rope" in fused)
+    feed_forward = _feed_forward(cfg, be, idx, w, norm)
+    fuse = "add_rms_norm" in fused
     if cfg.use_pre_post_ffn_norms:  # Gemma: sandwich norms
-        pre_mlp_norm = norm("pre_feedforward_layernorm.weight")
-        mixer = PostNormed(mixer, norm("post_attention_layernorm.weight"))
-        feed_forward = PostNormed(feed_forward, norm("post_feedforward_layernorm.weight"))
+        add = FusedPostNormAddNorm if fuse else PostNormAddNorm
+        mixer_add = add(norm("post_attention_layernorm.weight"),
+                        norm("pre_feedforward_layernorm.weight"))
+        post_mlp = norm("post_feedforward_layernorm.weight")
+        mlp_add = add(post_mlp, next_norm)
     else:  # Qwen: "post_attention_layernorm" is the norm before the MLP
-        pre_mlp_norm = norm("post_attention_layernorm.weight")
-    if cfg.gemma4 is None:
-        return DecoderLayer(idx, w, input_norm, mixer, pre_mlp_norm, feed_forward)
-    per_layer_input = (no_per_layer_input if ple is None
-                       else PerLayerInput(be, idx, w, norm, ple))
-    return Gemma4DecoderLayer(idx, w, input_norm, mixer, pre_mlp_norm, feed_forward,
-                              LayerOutput(per_layer_input, w["layer_scalar"]))
+        add = FusedAddNorm if fuse else AddNorm
+        mixer_add, post_mlp = add(norm("post_attention_layernorm.weight")), Identity()
+        mlp_add = add(next_norm)
+    if cfg.gemma4 is not None:  # the stream is mapped after the MLP add: the next norm alone
+        per_layer_input = (no_per_layer_input if ple is None
+                           else PerLayerInput(be, idx, w, norm, ple))
+        mlp_add = LayerOutputAdd(post_mlp, per_layer_input, w["layer_scalar"], next_norm)
+    return DecoderLayer(idx, w, input_norm, mixer, mixer_add, feed_forward, mlp_add)
 
 
 def _mixer(cfg, be, idx: int, w: dict, fused: bool):

@@ -37,6 +37,7 @@ import numpy as np
 
 from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig
+from dflash_ref.errors import ConfigError
 from dflash_ref.models.dflash2_conv import conv_finish, conv_prepare
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
@@ -143,6 +144,13 @@ class DFlash2Drafter(DFlashDrafter):
         selector = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()
                     if k.startswith(SELECTOR_PREFIX)}
         self.selector = CandidateSelector(self.be, selector, self.config.dflash2["selector_top_k"])
+
+    def fixed_cache(self, capacity: int, window=None, run_step=None):
+        """Refused: the convolutions' kernel projections are products cuBLAS runs, which a
+        recorded fixed-row draft step cannot hold yet."""
+        raise ConfigError("a DFlash 2 drafter's convolutions cannot run in a fixed-row draft "
+                          "step yet: make the target state without a recorded step runner "
+                          "(new_state's default), or draft with drafter.new_cache()")
 
     def around(self, i: int, name: str, u, block, *args):
         """``conv(block(conv(u, D[:, 0], base[0])), D[:, 1], base[1])``: the block between the

@@ -14,7 +14,6 @@ import numpy as np
 
 from dflash_ref.errors import ConfigError
 from dflash_ref.models.cache import KVCache
-from dflash_ref.models.graphs import StepGraphs
 
 
 class DraftCache:
@@ -70,47 +69,49 @@ class DraftCache:
         ctx_pos = np.arange(lo, self.length)
         n = d.block_rows(n_rows)
         noise_pos = np.arange(anchor_position, anchor_position + n)
-        h = d.embed_block(anchor_token, n)
-        for i, cache in enumerate(self.kv):
-            join_kv = functools.partial(cache.stage, start=lo)  # rows lo..length+n-1, a view
-            h = d.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
-        return d.head(h, with_hidden)
+        joins = [functools.partial(c.stage, start=lo) for c in self.kv]  # rows lo.., views
+        return d.run_block(d.embed_block(anchor_token, n), joins, ctx_pos, noise_pos,
+                           with_hidden)
+
+
+def step_now(key, step):
+    """Run ``step()`` now (``key``, its shape, unread): how a fixed draft cache runs its step
+    unless it is handed another way."""
+    return step()
 
 
 class FixedDraftCache(DraftCache):
-    """:class:`DraftCache` in fixed rows, its draft step captured as a CUDA graph per row count
-    (models/graphs.py; what a target state made with ``graphs=True`` drafts with).
+    """:class:`DraftCache` in fixed rows: every draft of n rows reads the same arrays at the same
+    addresses, so the step can be recorded once per row count and replayed (models/graphs.py:
+    what a target state made with ``graphs=True`` drafts with; ``drafter.fixed_cache``).
 
     Each layer keeps ``[2, capacity + B, Hkv, D]`` rows (K, then V): context position p in row
-    p (written by :meth:`extend`, eagerly), the block's K/V in rows ``capacity ..`` (written by
-    the step); each write is one ``write_kv``.
+    p (written by :meth:`extend`, outside the step), the block's K/V in rows ``capacity ..``
+    (written by the step); each write is one ``write_kv``.
     The step reads one persistent int32 buffer per row count n, written once per draft::
 
         [ids (n); noise positions (n); key positions (capacity + n)]
 
     where a key row's position is -1 outside the context window ``lo .. length-1``: the
     drafter's mask (``valid = k >= 0``) hides it, so the key count is a value, not a shape.
-    Same logits as :class:`DraftCache` up to the order in which attention sums its masked keys.
+    The step is the drafter's own block forward (``embed_ids``, ``run_block``). Same logits as
+    :class:`DraftCache` up to the order in which attention sums its masked keys.
 
     Args:
-        drafter: a DFlash drafter (not DFlash 2: its convolutions keep their own state).
-        window: the drafter's context window, or None.
+        drafter: a DFlash drafter.
         capacity: the context positions it can hold (0..capacity-1).
-        graphs: capture and replay (True) or run every draft eagerly (False).
+        window: the drafter's context window, or None.
+        run_step: how the step runs, ``run_step(key, step)`` with ``key = (n, with_hidden)``:
+            :func:`step_now` calls it; a runner's recorder replays it (models/graphs.py).
     """
 
-    def __init__(self, drafter, window: int | None = None, capacity: int = 0,
-                 graphs: bool = True):
+    def __init__(self, drafter, capacity: int, window: int | None = None, run_step=step_now):
         super().__init__(drafter, window)
-        if drafter.is_dflash2:
-            raise ConfigError("a DFlash 2 drafter's convolutions are not graph-shaped yet: "
-                              "run it with a target state made without graphs=True (or "
-                              "drafter.new_cache() without a capacity)")
         cfg, xp = drafter.config, drafter.be.xp
-        self.capacity = int(capacity)
+        self.capacity, self.run_step = int(capacity), run_step
         shape = (2, self.capacity + drafter.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv = [xp.zeros(shape, xp.float32) for _ in range(cfg.num_hidden_layers)]
-        self.graphs = StepGraphs(drafter.be, enabled=graphs)
+        self.buffers: dict = {}  # n -> the step's input buffer [3n + capacity] int32
 
     def extend(self, features, positions) -> None:
         """As :meth:`DraftCache.extend`, into the fixed rows (positions < capacity)."""
@@ -134,7 +135,8 @@ class FixedDraftCache(DraftCache):
 
     def forward_block(self, anchor_token: int, anchor_position: int, n_rows: int | None = None,
                       with_hidden: bool = False):
-        """As :meth:`DraftCache.forward_block`; the step over the step buffer is replayed."""
+        """As :meth:`DraftCache.forward_block`; the step reads only its input buffer and the
+        fixed rows."""
         d, C = self.drafter, self.capacity
         n = d.block_rows(n_rows)
         if n > d.block_size:
@@ -144,27 +146,18 @@ class FixedDraftCache(DraftCache):
         k_pos = np.full(C + n, -1, np.int64)
         k_pos[lo:self.length] = np.arange(lo, self.length)
         k_pos[C:] = anchor_position + np.arange(n)  # the block's keys
-        ids = np.full(n, d.config.mask_token_id, np.int64)
-        ids[0] = int(anchor_token)
-        pack = np.concatenate([ids, k_pos[C:], k_pos]).astype(np.int32)  # [3n + C]
-        dev = d.be.to_backend(pack)  # the draft's one host -> backend copy
-        buf = self.graphs.buffers.setdefault(n, dev)
+        pack = np.concatenate([d.block_ids(anchor_token, n), k_pos[C:], k_pos]).astype(np.int32)
+        dev = d.be.to_backend(pack)  # [3n + C]: the draft's one host -> backend copy
+        buf = self.buffers.setdefault(n, dev)
         if buf is not dev:
             buf[...] = dev
+        joins = [functools.partial(_join_block, d.be, kv, C) for kv in self.kv]
 
-        def step():  # reads only buf and the fixed rows
-            h = d.target.embed_tokens[buf[:n]]  # [n, H]: DFlashDrafter.embed_block's rows
-            if d.embedding_scale != 1.0:
-                h = h * d.be.xp.float32(d.embedding_scale)
-            for i, kv in enumerate(self.kv):
-                join_kv = functools.partial(_join_block, d.be, kv, C)
-                h = d.decoder_layer(i, h, join_kv, buf[2 * n: 2 * n + C], buf[n: 2 * n])
-            return d.head(h, with_hidden)
+        def step():  # reads only buf and the fixed rows: the drafter's embedding and block
+            return d.run_block(d.embed_ids(buf[:n]), joins, buf[2 * n: 2 * n + C],
+                               buf[n: 2 * n], with_hidden)
 
-        out = self.graphs.run((n, with_hidden), step)
-        return tuple(x.copy() for x in out) if with_hidden else out.copy()
-
-
+        return self.run_step((n, with_hidden), step)
 def _join_block(be, kv, C: int, nk, nv):
     """A fixed cache's ``join_kv``: the block's K/V [n, Hkv, D] into rows C..C+n-1 of ``kv``
     (one ``write_kv``; C is the same at every step, so the call replays); returns rows

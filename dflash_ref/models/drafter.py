@@ -51,7 +51,7 @@ from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.compare import check_finite_weights
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.draft_cache import DraftCache, FixedDraftCache
+from dflash_ref.models.draft_cache import DraftCache, FixedDraftCache, step_now
 from dflash_ref.models.layers import Projections
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
@@ -210,14 +210,21 @@ class DFlashDrafter:
 
     def embed_block(self, anchor_token: int, n_rows: int | None = None):
         """Embed: the block [anchor, mask x (n-1)] through the target's embedding rows: [n, H].
-
         ``n_rows`` defaults to the block size B; the release's loop drafts shorter blocks
-        (``verify_size``) near the end of a generation.
-        """
-        B, m = self.block_rows(n_rows), self.config.mask_token_id
-        ids = np.full(B, m, dtype=np.int64)
+        (``verify_size``) near the end of a generation."""
+        ids = self.block_ids(anchor_token, self.block_rows(n_rows))
+        return self.embed_ids(self.be.xp.asarray(ids))
+
+    def block_ids(self, anchor_token: int, n: int) -> np.ndarray:
+        """The block's token ids ``[anchor, mask x (n-1)]``: host int64 [n]."""
+        ids = np.full(n, self.config.mask_token_id, dtype=np.int64)
         ids[0] = int(anchor_token)
-        e = self.target.embed_tokens[self.be.xp.asarray(ids)]  # raw rows, including row m
+        return ids
+
+    def embed_ids(self, ids):
+        """Block ids [n] on the backend -> their embeddings [n, H]: the target's raw rows
+        (including the mask token's), times the drafter's embedding scale."""
+        e = self.target.embed_tokens[ids]
         return e if self.embedding_scale == 1.0 else e * self.be.xp.float32(self.embedding_scale)
 
     def context_kv(self, layer: int, c, positions):
@@ -324,6 +331,15 @@ class DFlashDrafter:
         z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
         return (self.logits(z), z) if with_hidden else self.logits(z)
 
+    def run_block(self, h, joins, ctx_pos, noise_pos, with_hidden: bool = False):
+        """The block's embedded rows h [n, H] through every decoder layer, then the head: logits
+        [n, V] (and the normed rows with ``with_hidden``). ``joins``: layer i's ``join_kv``
+        (:meth:`decoder_layer`), in layer order (an iterable, read as the layers run); every
+        form of the drafter (stateless, cached, fixed rows) runs its block through this."""
+        for i, join_kv in enumerate(joins):
+            h = self.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
+        return self.head(h, with_hidden)
+
     def block_rows(self, n_rows: int | None) -> int:
         """The rows of a drafted block: ``n_rows``, or the block size B when None."""
         if n_rows is None:
@@ -379,11 +395,10 @@ class DFlashDrafter:
         n = self.block_rows(n_rows)
         noise_pos = np.arange(anchor_position, anchor_position + n)
         c = self.encode(feats)
-        h = self.embed_block(anchor_token, n)
-        for i in range(self.config.num_hidden_layers):
-            join_kv = context_then_block(self.be.xp, *self.context_kv(i, c, ctx_pos))
-            h = self.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
-        return self.head(h, with_hidden)
+        joins = (context_then_block(self.be.xp, *self.context_kv(i, c, ctx_pos))
+                 for i in range(self.config.num_hidden_layers))  # each made as its layer runs
+        return self.run_block(self.embed_block(anchor_token, n), joins, ctx_pos, noise_pos,
+                              with_hidden)
 
     def draft_tokens(self, logits) -> np.ndarray:
         """Greedy drafts = argmax of rows 1..B-1, as host int64 [B-1].
@@ -396,15 +411,18 @@ class DFlashDrafter:
     # ------------------------------------------------------------------ cached form
 
     def cache_for(self, state) -> DraftCache:
-        """An empty draft cache for drafting over the target ``state`` (the one a graphed state
-        replays its draft step through, else a plain one)."""
-        return self.new_cache() if state.graphs is None else state.graphs.draft_cache(self)
+        """An empty draft cache for drafting over the target ``state``, as its step runner hands
+        it out: :meth:`new_cache`, or a :meth:`fixed_cache` whose step the runner replays."""
+        return state.runner.draft_cache(self)
 
-    def new_cache(self, window=None, capacity=None, graphs: bool = True) -> DraftCache:
-        """An empty draft cache; with ``window`` it drafts over the last W context positions;
-        with ``capacity``: fixed rows, each draft a CUDA graph (``FixedDraftCache``)."""
-        return DraftCache(self, window) if capacity is None else FixedDraftCache(
-            self, window, capacity, graphs)
+    def new_cache(self, window=None) -> DraftCache:
+        """An empty draft cache; with ``window`` it drafts over the last W context positions."""
+        return DraftCache(self, window)
+
+    def fixed_cache(self, capacity: int, window=None, run_step=step_now) -> FixedDraftCache:
+        """An empty draft cache in fixed rows of ``capacity`` context positions, its draft step
+        run by ``run_step`` (:class:`~dflash_ref.models.draft_cache.FixedDraftCache`)."""
+        return FixedDraftCache(self, capacity, window, run_step)
 
 
 def context_then_block(xp, ctx_k, ctx_v):

@@ -91,10 +91,7 @@ class DSparkDrafter(DFlashDrafter):
         """``[anchor, MASK x (n-1)]`` embedded, [n, H]: ``n_rows`` is the row count already
         (:meth:`block_rows` applied once, by the forward), the default that of a B block."""
         n = self.block_rows(None) if n_rows is None else int(n_rows)
-        ids = np.full(n, self.config.mask_token_id, dtype=np.int64)
-        ids[0] = int(anchor_token)
-        e = self.target.embed_tokens[self.be.xp.asarray(ids)]
-        return e if self.embedding_scale == 1.0 else e * self.be.xp.float32(self.embedding_scale)
+        return self.embed_ids(self.be.xp.asarray(self.block_ids(anchor_token, n)))
 
     def markov_bias(self, prev: int):
         """``W2 W1[prev]``: the Markov head's bias on the next row's logits, [V]."""

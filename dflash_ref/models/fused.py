@@ -1,90 +1,52 @@
-"""The decoder stack with each residual add fused into the RMSNorm that reads the sum, and an
-attention layer's q/k norms fused with its RoPE (:class:`FusedNormRope`, at the end).
+"""The fused forms of a decoder layer's components: each residual add with the RMSNorm that
+reads the sum (:class:`FusedAddNorm`, :class:`FusedPostNormAddNorm`), and an attention layer's
+q/k norms with its RoPE (:class:`FusedNormRope`).
 
-The reference (:func:`dflash_ref.models.layers.run_layers`) runs each layer as two residual
-lines and then the next layer's input norm. Here every add that a norm of the sum follows is one
-``add_rms_norm`` (:func:`add_normed`; docs/backend.md, "Fused ops"): the mixer's add with the
-layer's pre-MLP norm, the MLP's add with the next layer's input norm, the last layer's with the
-final norm. A layer therefore starts from the normed input the previous one handed over::
+The layer (:class:`~dflash_ref.models.layers.DecoderLayer`) is handed its normed input and hands
+the next layer its own, so every add that a norm of the sum follows is one ``add_rms_norm``
+(docs/backend.md, "Fused ops"): the mixer's add with the layer's pre-MLP norm, the MLP's add with
+the next layer's input norm, the last layer's with the final norm. Where a sub-block ends with
+its own norm (Gemma's sandwich norms), that norm, the add and the next norm are one
+``norm_add_rms_norm``; where a layer maps the stream after its last add (Gemma 4's
+:class:`~dflash_ref.models.gemma4.LayerOutputAdd`), that add stays plain and the next norm runs
+alone. :func:`~dflash_ref.models.assemble.decoder_layers` chooses each form once, from the
+config: the ops a fused form calls take one eps and offset for both norms, as a config gives
+every norm of a target.
 
-    u = input_norm_0(x)
-    for layer i:                                     # next_norm: input_norm_(i+1), or final
-        m, x, u = add_normed(pre_mlp_norm, x, mixer, u)         # x += m; u = pre_mlp_norm(x)
-        m, x, u = add_normed(next_norm, x, feed_forward, x, u)  # x += m; u = next_norm(x)
-    return u                                         # final_norm(x_L)
-
-Where a layer maps the stream after its last add (``layer.output``, Gemma 4's per-layer input
-and layer scalar), that add stays plain and the next norm runs alone. Where a sub-block ends
-with its own norm (Gemma's sandwich norms), that norm, the add and the next norm are one
-``norm_add_rms_norm`` (:func:`add_normed`). The same parts are called
-in the same order on the same values, with the same taps, as in the reference (written out here,
-as a fused kernel would be, rather than through the reference layer's sub-blocks), so the
-results are the reference's bit for bit on NumPy (``add_rms_norm`` is the add then
+Each form computes what its reference component computes, on the same values in the same order,
+so the results are the reference's bit for bit on NumPy (``add_rms_norm`` is the add then
 ``rms_norm``): checked on every family, logits, features and every tap, by
-tests/models/test_fused_norms.py, as are the fused and plain calls per forward. The
-:class:`~dflash_ref.models.target.TargetModel` runs this form by default.
+tests/models/test_fused_norms.py and test_fused_qk.py, as are the fused and plain calls per
+forward. A :class:`~dflash_ref.models.target.TargetModel` runs these forms by default.
 """
 
 from __future__ import annotations
 
-from dflash_ref.models.gemma import PostNormed
-from dflash_ref.models.layers import Identity, NormRope, RMSNorm, Rope
+from dflash_ref.models.gemma import PostNormAddNorm
+from dflash_ref.models.layers import AddNorm, NormRope, Rope
 from dflash_ref.models.state import no_tap
 
 
-def run_fused(layers, x, batch, final_norm, capture=()):
-    """:func:`~dflash_ref.models.layers.run_layers`, with fused adds (module docstring).
+class FusedAddNorm(AddNorm):
+    """:class:`~dflash_ref.models.layers.AddNorm` as one ``add_rms_norm``: ``(m, x + m,
+    norm(x + m))``, where the add and a norm would read h back; bit-identical to the pair on
+    NumPy. ``norm`` an :class:`~dflash_ref.models.layers.RMSNorm`."""
 
-    x [T, H] (the embeddings) -> (final_norm(x_L) [T, H], {i: x_i [T, H]} for i in ``capture``).
-    """
-    norms = [layer.input_norm for layer in layers] + [final_norm]
-    u = norms[0](x)
-    captured = {}
-    for layer, next_norm in zip(layers, norms[1:]):
-        x, u = fused_layer(layer, x, u, batch, next_norm)
-        if layer.idx in capture:
-            captured[layer.idx] = x
-    return u, captured
+    def __call__(self, x, m, batch):
+        """x, m [T, H] -> three [T, H]."""
+        n = self.norm
+        return (m, *n.be.ops.add_rms_norm(m, x, n.weight, n.eps, n.offset))
 
 
-def fused_layer(layer, x, u, batch, next_norm):
-    """One decoder layer from its normed input u = input_norm(x) [T, H]: the reference layer's
-    parts, called in its order with its taps, each add fused into the norm after it.
+class FusedPostNormAddNorm(PostNormAddNorm):
+    """:class:`~dflash_ref.models.gemma.PostNormAddNorm` as one ``norm_add_rms_norm``: the post
+    norm of b, the add and the next norm in one launch where two took it. Both norms are
+    :class:`~dflash_ref.models.layers.RMSNorm` s of one eps and offset (a Gemma config's)."""
 
-    Returns (x [T, H], next_norm(x) [T, H]): the layer's output and the next one's input.
-    """
-    i, tap = layer.idx, batch.tap
-    tap(i, "attn_norm", u)
-    m, x, u = add_normed(layer.pre_mlp_norm, x, layer.mixer, u, batch)  # x += m; u = norm(x)
-    tap(i, "attn_out", m)
-    tap(i, "mlp_norm", u)
-    if layer.output is None:  # the layer ends with its add: fuse it with the next norm
-        m, x, u = add_normed(next_norm, x, layer.feed_forward, x, u, batch)
-        tap(i, "mlp_out", m)
-    else:  # something maps the stream between the add and the next norm
-        m = layer.feed_forward(x, u, batch)
-        tap(i, "mlp_out", m)
-        x = layer.output(x + m, batch)
-        u = next_norm(x)
-    tap(i, "h", x)
-    return x, u
-
-
-def add_normed(norm, x, sub, *args):
-    """What a sub-block adds, the stream after the add, and its norm: ``m = sub(*args)``, then
-    ``(m, x + m, norm(x + m))`` from one ``add_rms_norm`` (an add and a norm that would read h
-    back; bit-identical to the pair on NumPy). A Gemma sub-block with its own post norm
-    (:class:`~dflash_ref.models.gemma.PostNormed`, the same eps and offset) runs its block and
-    then one ``norm_add_rms_norm``, which norms the block's output too: one launch where the
-    post norm and the add + norm took two. ``norm`` an :class:`RMSNorm`; x [T, H] -> three
-    [T, H]."""
-    ops, post = norm.be.ops, getattr(sub, "post_norm", None)
-    if isinstance(sub, PostNormed) and type(post) is RMSNorm and (post.eps, post.offset) == (
-            norm.eps, norm.offset):
-        return ops.norm_add_rms_norm(sub.block(*args), x, post.weight, norm.weight, norm.eps,
-                                     norm.offset)
-    m = sub(*args)
-    return (m, *ops.add_rms_norm(m, x, norm.weight, norm.eps, norm.offset))
+    def __call__(self, x, b, batch):
+        """x, b [T, H] -> (post_norm(b), x + post_norm(b), norm(x + post_norm(b)))."""
+        p, n = self.post_norm, self.norm
+        return n.be.ops.norm_add_rms_norm(b, x, p.weight, n.weight, n.eps, n.offset)
 
 
 class FusedNormRope(NormRope):
@@ -102,26 +64,22 @@ class FusedNormRope(NormRope):
 
     def __init__(self, reference: NormRope):
         super().__init__(reference.idx, reference.q_norm, reference.k_norm, reference.rope)
-        norms = [n for n in (self.q_norm, self.k_norm) if isinstance(n, RMSNorm)]
+        norms = [n for n in (self.q_norm, self.k_norm) if n.weight is not None]
         self.eps, self.offset = (norms[0].eps, norms[0].offset) if norms else (0.0, 0.0)
-        self.weights = [n.weight if isinstance(n, RMSNorm) else None
-                        for n in (self.q_norm, self.k_norm)]  # [d] each, or None
+        self.weights = [self.q_norm.weight, self.k_norm.weight]  # [d] each, or None (Identity)
 
     @staticmethod
     def fits(reference: NormRope) -> bool:
-        """Whether one op computes ``reference``: RoPE by the ``rope`` op (:class:`Rope`; Gemma
-        4's proportional RoPE keeps the reference), each norm an :class:`RMSNorm` or
-        :class:`Identity`, the norms with one eps and offset."""
-        norms = (reference.q_norm, reference.k_norm)
-        if type(reference.rope) is not Rope or not all(
-                type(n) in (RMSNorm, Identity) for n in norms):
-            return False
-        return len({(n.eps, n.offset) for n in norms if isinstance(n, RMSNorm)}) <= 1
+        """Whether one op computes ``reference``: RoPE by the ``rope`` op (a :class:`Rope`; Gemma
+        4's proportional RoPE keeps the reference), the norms (RMSNorm, or Identity: no weight)
+        with one eps and offset. Asked once per layer, when the layers are assembled."""
+        norms = [n for n in (reference.q_norm, reference.k_norm) if n.weight is not None]
+        return isinstance(reference.rope, Rope) and len({(n.eps, n.offset) for n in norms}) <= 1
 
     def __call__(self, q, k, batch):
         """q [T, nh, d], k [T, nkv, d] -> (q, k) normed and rotated: contiguous, same shapes."""
         tap, r = batch.tap, self.rope.spec
-        if tap is not no_tap:  # an observer also sees the normed q and k (module docstring)
+        if tap is not no_tap:  # an observer also sees the normed q and k (class docstring)
             tap(self.idx, "q", self.q_norm(q))
             tap(self.idx, "k", self.k_norm(k))
         q, k = self.rope.be.ops.qk_norm_rope(q, k, batch.arrays.positions, *self.weights,

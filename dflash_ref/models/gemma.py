@@ -6,11 +6,13 @@ Gemma norms both sides of each sub-block (huggingface/transformers
     x = x + post_attention_layernorm(attn(input_layernorm(x)))
     x = x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
 
-so the layer's mixer and feed-forward are :class:`PostNormed`: the sub-block, then its own norm
-(the reference layer, :class:`~dflash_ref.models.layers.DecoderLayer`, does not change). The
-MLP's activation is GELU with the tanh approximation (HF ``gelu_pytorch_tanh``): written out in
-:func:`gelu_tanh`, and run as the ``geglu`` op (``gelu_tanh(g) * up``, one launch on CuPy; equal
-to the written-out form bit for bit on NumPy, tests/ops/test_activations.py).
+so each residual add of the layer is a :class:`PostNormAddNorm`: the sub-block's own norm, the
+add, then the norm that reads the sum (the layer,
+:class:`~dflash_ref.models.layers.DecoderLayer`, does not change;
+:class:`~dflash_ref.models.fused.FusedPostNormAddNorm` is the same as one ``norm_add_rms_norm``).
+The MLP's activation is GELU with the tanh approximation (HF ``gelu_pytorch_tanh``): written out
+in :func:`gelu_tanh`, and run as the ``geglu`` op (``gelu_tanh(g) * up``, one launch on CuPy;
+equal to the written-out form bit for bit on NumPy, tests/ops/test_activations.py).
 """
 
 from __future__ import annotations
@@ -35,12 +37,16 @@ def gelu_tanh(xp, g):
         return g / (1.0 + xp.exp(-two_z))
 
 
-class PostNormed:
-    """A sub-block followed by its own norm: ``post_norm(block(*args))`` (a Gemma sandwich norm
-    around a mixer or a feed-forward; same call interface as the block it wraps)."""
+class PostNormAddNorm:
+    """A Gemma sandwich norm and the residual add after it: ``(x, b) -> (m, x + m, norm(x + m))``
+    with ``m = post_norm(b)``, b what the mixer or the feed-forward returned (a residual add of
+    :class:`~dflash_ref.models.layers.DecoderLayer`)."""
 
-    def __init__(self, block, post_norm):
-        self.block, self.post_norm = block, post_norm
+    def __init__(self, post_norm, norm):
+        self.post_norm, self.norm = post_norm, norm
 
-    def __call__(self, *args):
-        return self.post_norm(self.block(*args))
+    def __call__(self, x, b, batch):
+        """x, b [T, H] (``batch`` unused) -> three [T, H]."""
+        m = self.post_norm(b)
+        x = x + m
+        return m, x, self.norm(x)

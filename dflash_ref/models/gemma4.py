@@ -8,11 +8,12 @@ Rules from huggingface/transformers ``src/transformers/models/gemma4/modeling_ge
 ``src/transformers/modeling_rope_utils.py`` (``_compute_proportional_rope_parameters``);
 docs/target.md, "Families".
 
-**The layer** (:class:`Gemma4DecoderLayer`) is the reference block and one more line::
+**The layer** is the reference block and one more line, which its MLP residual add
+(:class:`LayerOutputAdd`) makes::
 
     x = x + post_attention_layernorm(attn(input_layernorm(x)))
     x = x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
-    x = (x + per_layer_input(x, ple_i)) * layer_scalar            # LayerOutput
+    x = (x + per_layer_input(x, ple_i)) * layer_scalar            # LayerOutputAdd
 
 **Attention** (``Gemma4TextAttention``): q and k get their RMS norms (weight w) before RoPE, v a
 weightless RMS norm (:class:`VNormAttention`), the scale is 1 (the common
@@ -45,7 +46,7 @@ import numpy as np
 
 from dflash_ref.config.fields import embedding_scale_for
 from dflash_ref.models.gemma import gelu_tanh
-from dflash_ref.models.layers import Attention, DecoderLayer, RMSNorm
+from dflash_ref.models.layers import Attention, RMSNorm
 
 
 def proportional_inv_freq(spec) -> np.ndarray:
@@ -189,39 +190,28 @@ class PerLayerInput:
         return x + self.norm(a @ self.projection.T)
 
 
-class LayerOutput:
-    """What a Gemma 4 layer does after its MLP residual add:
-    ``x -> per_layer_input(x) * layer_scalar``, with ``per_layer_input`` a
-    :class:`PerLayerInput` (E2B / E4B) or the identity (no PLE)."""
+class LayerOutputAdd:
+    """A Gemma 4 layer's MLP residual add, then its output, then the next norm::
 
-    def __init__(self, per_layer_input, layer_scalar):
+        m = post_norm(b)                                  # b: what the feed-forward returned
+        x = per_layer_input(x + m) * layer_scalar         # per_layer_input: PerLayerInput, or x
+        u = norm(x)                                       # the next layer's input norm (alone)
+
+    HF records a layer's return value, so the captured stream ("h") is the x after the output.
+    A residual add of :class:`~dflash_ref.models.layers.DecoderLayer`.
+    """
+
+    def __init__(self, post_norm, per_layer_input, layer_scalar, norm):
+        self.post_norm, self.norm = post_norm, norm
         self.per_layer_input, self.layer_scalar = per_layer_input, layer_scalar  # _, [1]
 
-    def __call__(self, x, batch):
-        """x [T, H] -> [T, H]."""
-        return self.per_layer_input(x, batch) * self.layer_scalar
+    def __call__(self, x, b, batch):
+        """x, b [T, H] -> (m, the layer's output, its norm), each [T, H]."""
+        m = self.post_norm(b)
+        x = self.per_layer_input(x + m, batch) * self.layer_scalar
+        return m, x, self.norm(x)
 
 
 def no_per_layer_input(x, batch):
     """A Gemma 4 layer without per-layer embeddings: x unchanged."""
     return x
-
-
-class Gemma4DecoderLayer(DecoderLayer):
-    """The reference block, then the layer's :class:`LayerOutput` (module docstring).
-
-    HF records a layer's return value, so the captured stream ("h") is read after the output.
-    """
-
-    def __init__(self, idx: int, w: dict, input_norm, mixer, pre_mlp_norm, feed_forward,
-                 output: LayerOutput):
-        super().__init__(idx, w, input_norm, mixer, pre_mlp_norm, feed_forward)
-        self.output = output
-
-    def __call__(self, x, batch):
-        """x [T, H] -> x [T, H]; taps as :class:`~dflash_ref.models.layers.DecoderLayer`."""
-        x = x + self.mixer_block(self.input_norm(x), batch)
-        x = x + self.mlp_block(x, self.pre_mlp_norm(x), batch)
-        x = self.output(x, batch)  # (x + per_layer_input(x, ple_i)) * layer_scalar
-        batch.tap(self.idx, "h", x)
-        return x

@@ -5,9 +5,19 @@ A decoder layer is picoGPT's block (jaymody/picoGPT ``gpt2.py``, ``transformer_b
     x = x + mixer(input_norm(x))                     # mixer: attention, or a GDN mixer
     x = x + feed_forward(x, pre_mlp_norm(x))         # a gated MLP, or an MoE block
 
-unfused: each residual add, then the norm that reads the sum. :func:`run_layers` runs a stack of
-them and the final norm; :mod:`dflash_ref.models.fused` runs the same stack with each add fused
-into the norm after it (what :class:`~dflash_ref.models.target.TargetModel` runs; tested equal).
+Every residual add is read by a norm: the pre-MLP norm, then the next layer's input norm (the
+final norm after the last layer). So :class:`DecoderLayer` is handed its normed input and hands
+the next layer its own, each add and the norm after it one component (``mixer_add``,
+``mlp_add``)::
+
+    m, x, u = mixer_add(x, mixer(u))                 # x += m; u = pre_mlp_norm(x)
+    m, x, u = mlp_add(x, feed_forward(x, u))         # x += m; u = next_norm(x)
+
+:func:`run_stack` runs the layers from ``u = input_norm_0(x)`` to ``u = final_norm(x_L)``. This
+is the layer that runs, on every backend; which form each component takes is chosen once, when
+the layers are assembled: :class:`AddNorm` here (the add, then the norm) or one
+``add_rms_norm`` (:class:`~dflash_ref.models.fused.FusedAddNorm`, what a target runs by
+default; equal bit for bit on NumPy, tests/models/test_fused_norms.py).
 
 What a family adds is a component or a subclass in that family's module, chosen once per layer
 by :func:`dflash_ref.models.assemble.decoder_layers`: Gemma's post-sub-block norms wrap the mixer
@@ -19,8 +29,10 @@ a family.
 
 Interfaces (what the components of a layer are called with):
 
-- a norm: ``norm(x)`` [..., n] -> [..., n] (the fused stack adds into an :class:`RMSNorm`:
-  :func:`dflash_ref.models.fused.add_normed`);
+- a norm: ``norm(x)`` [..., n] -> [..., n];
+- a residual add: ``add(x, b, batch)``, x the stream and b what a sub-block returned, both
+  [T, H] -> ``(m, x + m, norm(x + m))``, m what the sub-block adds (b, or Gemma's post norm of
+  b: :class:`~dflash_ref.models.gemma.PostNormAddNorm`);
 - a mixer: ``mixer(u, batch)``, u [T, H] -> [T, H];
 - a feed-forward: ``feed_forward(x, u, batch)``, x the residual stream [T, H] and
   u = pre_mlp_norm(x) [T, H] -> [T, H] (most read u only; an MoE router may read x);
@@ -49,7 +61,9 @@ class RMSNorm:
 
 
 class Identity:
-    """The norm a layer does not have (no q/k norm): ``x -> x``."""
+    """The norm a layer does not have (no q/k norm, no post norm): ``x -> x``."""
+
+    weight = None  # no weight to hand a fused op
 
     def __call__(self, x):
         return x
@@ -214,54 +228,66 @@ class GatedMLP:
         return self.be.ops.linear(self.act(g, up), self.w["mlp.down_proj.weight"])  # [T, H]
 
 
-class DecoderLayer:
-    """One decoder layer: picoGPT's block (module docstring), unfused.
+class AddNorm:
+    """A residual add and the norm that reads the sum: ``(x, m) -> (m, x + m, norm(x + m))``, the
+    add, then ``norm``. :class:`~dflash_ref.models.fused.FusedAddNorm` computes the same as one
+    ``add_rms_norm``."""
 
-    Parts: ``input_norm``, ``mixer``, ``pre_mlp_norm``, ``feed_forward`` (interfaces in the
-    module docstring); ``w`` holds the layer's tensors by HF name. ``output`` is None here: the
-    layer ends with its MLP residual add (a subclass that maps the stream after that add sets
-    it: :class:`dflash_ref.models.gemma4.Gemma4DecoderLayer`).
+    def __init__(self, norm):
+        self.norm = norm
+
+    def __call__(self, x, m, batch):
+        """x, m [T, H] (``batch`` unused) -> (m, x + m, norm(x + m)), each [T, H]."""
+        x = x + m
+        return m, x, self.norm(x)
+
+
+class DecoderLayer:
+    """One decoder layer: picoGPT's block (module docstring), from its normed input.
+
+    Parts: ``input_norm``, ``mixer``, ``feed_forward`` (interfaces in the module docstring) and
+    the two residual adds: ``mixer_add``, whose norm is the pre-MLP norm, and ``mlp_add``, whose
+    norm is the next layer's input norm (the final norm after the last layer); ``w`` holds the
+    layer's tensors by HF name. A family changes a part, never this forward: Gemma's sandwich
+    norms and Gemma 4's layer output are residual adds of their own
+    (:mod:`~dflash_ref.models.gemma`, :mod:`~dflash_ref.models.gemma4`).
     """
 
-    output = None
-
-    def __init__(self, idx: int, w: dict, input_norm, mixer, pre_mlp_norm, feed_forward):
+    def __init__(self, idx: int, w: dict, input_norm, mixer, mixer_add, feed_forward, mlp_add):
         self.idx, self.w = idx, w
-        self.input_norm, self.mixer = input_norm, mixer
-        self.pre_mlp_norm, self.feed_forward = pre_mlp_norm, feed_forward
+        self.input_norm, self.mixer, self.mixer_add = input_norm, mixer, mixer_add
+        self.feed_forward, self.mlp_add = feed_forward, mlp_add
 
-    def __call__(self, x, batch):
-        """x [T, H] -> x [T, H]; ``batch.tap`` sees each intermediate (names in the parts)."""
-        x = x + self.mixer_block(self.input_norm(x), batch)
-        x = x + self.mlp_block(x, self.pre_mlp_norm(x), batch)
-        batch.tap(self.idx, "h", x)  # the layer's output (captured when i is a capture id)
-        return x
+    def __call__(self, x, u, batch):
+        """x [T, H] and u = input_norm(x) -> (x [T, H] after the layer, the next norm of it
+        [T, H]); ``batch.tap`` sees each intermediate (names in the parts)."""
+        i, tap = self.idx, batch.tap
+        tap(i, "attn_norm", u)  # input of the mixer (attention or GDN)
+        m, x, u = self.mixer_add(x, self.mixer(u, batch), batch)  # x += m; u = pre_mlp_norm(x)
+        tap(i, "attn_out", m)
+        tap(i, "mlp_norm", u)  # input of the MLP (or MoE)
+        m, x, u = self.mlp_add(x, self.feed_forward(x, u, batch), batch)  # x += m; u = next_norm(x)
+        tap(i, "mlp_out", m)
+        tap(i, "h", x)  # the layer's output (captured when i is a capture id)
+        return x, u
 
-    def mixer_block(self, u, batch):
-        """u = input_norm(x) [T, H] -> what the mixer adds to the residual stream [T, H]."""
-        batch.tap(self.idx, "attn_norm", u)  # input of the mixer (attention or GDN)
-        m = self.mixer(u, batch)
-        batch.tap(self.idx, "attn_out", m)
-        return m
-
-    def mlp_block(self, x, u, batch):
-        """x [T, H], u = pre_mlp_norm(x) -> what the feed-forward adds to the stream [T, H]."""
-        batch.tap(self.idx, "mlp_norm", u)  # input of the MLP (or MoE)
-        m = self.feed_forward(x, u, batch)
-        batch.tap(self.idx, "mlp_out", m)
-        return m
+    @property
+    def pre_mlp_norm(self):
+        """The norm before the feed-forward (the one ``mixer_add`` applies)."""
+        return self.mixer_add.norm
 
 
-def run_layers(layers, x, batch, final_norm, capture=()):
-    """The reference stack: every layer in turn, then the final norm.
+def run_stack(layers, x, batch, capture=()):
+    """Every layer in turn, each handed its normed input by the one before.
 
     x [T, H] (the embeddings) -> (final_norm(x_L) [T, H], {i: x_i [T, H]} for i in ``capture``),
-    x_i the residual stream after layer i, un-normed. :func:`dflash_ref.models.fused.run_fused`
-    computes the same with fused adds.
+    x_i the residual stream after layer i, un-normed (the last layer's ``mlp_add`` applies the
+    final norm).
     """
+    u = layers[0].input_norm(x)  # [T, H]
     captured = {}
     for layer in layers:
-        x = layer(x, batch)
+        x, u = layer(x, u, batch)
         if layer.idx in capture:
             captured[layer.idx] = x
-    return final_norm(x), captured
+    return u, captured

@@ -12,8 +12,11 @@ tokens and length, and a pending tree verify. The model talks to it through two 
     ... every layer runs on batch.kv[i] or batch.gdn[i] ...
     state.end_batch(batch, features)             # chain: committed; tree: pending
 
-and the loop through two: :meth:`TargetState.rollback` (chain verify: keep the accepted rows)
-and :meth:`TargetState.commit_path` (tree verify: keep the accepted branch). Each transition is
+Every forward's step runs through the state's step runner (``state.runner``, an
+:class:`EagerRunner` unless the state was made to replay its steps: models/graphs.py), which
+also hands the drafter its draft cache. The loop talks to the state through two calls:
+:meth:`TargetState.rollback` (chain verify: keep the accepted rows) and
+:meth:`TargetState.commit_path` (tree verify: keep the accepted branch). Each transition is
 the same call on every store; which store a layer gets is read from the config once per
 model (:class:`StorePlan`) and the stores are built from it (:func:`build_stores`). Snapshot and
 restore are in models/snapshot.py. The state never calls into the model's layers.
@@ -38,6 +41,22 @@ from dflash_ref.ops.masks import tree_depths
 
 def no_tap(layer: int, name: str, x) -> None:
     """The default observer of intermediate tensors: ignores them (see ``TargetModel.forward``)."""
+
+
+class EagerRunner:
+    """A state's step runner by default: every step runs as it comes. A runner (models/graphs.py
+    has the other) is asked for ``run(batch, rows, step)``, ``step()``'s result (the target's
+    forward of ``batch`` computing the logits ``rows``); ``draft_cache(drafter)``, an empty draft
+    cache for drafting over the state; ``buffers``, where a batch's backend arrays are written
+    (:class:`~dflash_ref.models.batch_arrays.BatchArrays`; None: new arrays per batch)."""
+
+    buffers = None
+
+    def run(self, batch, rows, step: Callable):
+        return step()
+
+    def draft_cache(self, drafter):
+        return drafter.new_cache()
 
 
 @dataclass(frozen=True)
@@ -134,20 +153,22 @@ class TargetState:
         feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
         pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers then
             keep K/V in its bounded pool (attached and reset here, once per sequence).
-        kv_capacity, graphs: fixed K/V rows, and the StepGraphs (``TargetModel.new_state``).
+        kv_capacity: K/V in that many fixed rows (``TargetModel.new_state``).
+        runner: the step runner (:class:`EagerRunner` when None; ``TargetModel.new_state``).
 
     Attributes:
         kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
         stores: every store: the attention stores, then the GDN stores.
+        runner: the step runner every forward of the state runs its step through.
         features: the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, or None.
         length: the committed positions.
     """
 
     def __init__(self, plan: StorePlan, be, capture_width: int = 0,
                  feature_capacity: int | None = None, feature_window: int | None = None,
-                 pager=None, kv_capacity: int | None = None, graphs=None):
+                 pager=None, kv_capacity: int | None = None, runner=None):
         self.be, self.pager = be, pager
-        self.graphs = graphs  # a StepGraphs (models/graphs.py), or None: every step eager
+        self.runner = EagerRunner() if runner is None else runner
         self.kv_stores, self.gdn_stores = build_stores(plan, be, pager, kv_capacity)
         self.stores: list[Store] = [*self.kv_stores, *self.gdn_stores]
         # the optional transitions (models/stores.py, Store), asked of the stores that have them
@@ -198,7 +219,7 @@ class TargetState:
         T, start = ids.size, self.length
         depths = np.arange(T) if parents is None else tree_depths(parents)
         positions = (start + depths).astype(np.int64)  # [T]
-        uploads = {"buffers": None if self.graphs is None else self.graphs.buffers}
+        uploads = {"buffers": self.runner.buffers}
         for store in self._reserving:
             uploads.update(store.reserve(start, T, parents))
         arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)

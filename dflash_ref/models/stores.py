@@ -166,9 +166,9 @@ class FixedCacheStore(Store):
     def reserve(self, start: int, n: int, parents) -> dict:
         """Check that positions start..start+n-1 fit; nothing to upload."""
         if parents is not None:
-            raise StateError("a state made with kv_capacity (fixed K/V rows, for CUDA graphs) "
-                             "runs chain batches only; make the state without kv_capacity to "
-                             "verify a tree")
+            raise StateError("a state made with kv_capacity (fixed K/V rows, each step's shape "
+                             "fixed) runs chain batches only; make the state without "
+                             "kv_capacity to verify a tree")
         if start + n > self.capacity:
             raise StateError(f"the batch needs positions {start}..{start + n - 1}, but the state "
                              f"was made with kv_capacity={self.capacity} (positions 0.."

@@ -7,17 +7,17 @@ tensor names, or from a llama.cpp GGUF (not yet for Gemma 4 or MoE). The forward
 once against a Backend::
 
     h = embed(ids)                          # [T, H] (Gemma: times its embedding scale)
+    u = input_norm_0(h)                     # each layer is handed its normed input
     for layer in layers:                    # models/layers.py: norm, mixer, residual, norm, MLP
-        h = layer(h, batch)                 # batch: positions + a KV / GDN store per layer
+        h, u = layer(h, u, batch)           # u: the next layer's input norm of h (final last)
         if layer in target_layer_ids: capture h
-    logits = lm_head(final_norm(h))         # [T, vocab] (Gemma: final softcap)
+    logits = lm_head(u)                     # [T, vocab] (Gemma: final softcap)
 
 The layers are assembled once from the config, each family's components chosen there
-(models/assemble.py). The loop above is the reference (``layers.run_layers``); the model runs
-the same stack with each residual add fused into the norm after it (``fused.run_fused``,
-``TargetModel.run_stack``; docs/backend.md, "Fused ops"), and each attention layer's q/k norms
-and RoPE as one ``qk_norm_rope`` op where they allow it (``fused.FusedNormRope``,
-``TargetModel.fused_norm_rope``), equal to the reference bit for bit on NumPy.
+(models/assemble.py), and so is each component's form: each residual add fused into the norm
+after it and each attention layer's q/k norms and RoPE one ``qk_norm_rope`` op where they allow
+it (models/fused.py; docs/backend.md, "Fused ops"), equal to the reference form (``fused=()``)
+bit for bit on NumPy.
 
 Feature capture: with ``target_layer_ids = [i0, i1, ...]`` (HF numbering) the forward returns,
 per token, ``concat(h_i0, h_i1, ...)`` where ``h_i`` is the raw residual stream **after** decoder
@@ -27,13 +27,14 @@ layer: "input of layer i + 1" == "output of layer i" (docs/conventions.md, "Laye
 State: a :class:`~dflash_ref.models.state.TargetState` from :meth:`TargetModel.new_state` holds
 the KV caches (or the KVFlash pool), GDN states and captured features; ``model.forward(ids,
 state)`` appends ``ids`` at positions ``state.length ..``, so prefill, decode and verify batches
-are all this one call. Commit and rollback are the state's (``state.rollback``,
-``state.commit_path``).
+are all this one call, whose step runs through the state's step runner (``state.runner``).
+Commit and rollback are the state's (``state.rollback``, ``state.commit_path``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,33 +44,25 @@ from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.compare import check_finite_weights
 from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.assemble import decoder_layers
+from dflash_ref.models.assemble import FUSED_OPS, decoder_layers
 from dflash_ref.models.batch import forward_batch
-from dflash_ref.models.fused import run_fused
-from dflash_ref.models.graphs import graph_key, step_graphs
-from dflash_ref.models.layers import RMSNorm
+from dflash_ref.models.graphs import graph_runner
+from dflash_ref.models.layers import RMSNorm, run_stack
 from dflash_ref.models.moe import fuse_expert_tensors
 from dflash_ref.models.output import TargetOutput
-from dflash_ref.models.state import StorePlan, TargetState
+from dflash_ref.models.state import EagerRunner, StorePlan, TargetState
 
 
 class TargetModel:
     """A causal LM target (see the module docstring). Construct with :meth:`from_pretrained`.
 
-    ``run_stack(layers, h, batch, final_norm, capture)`` runs the decoder layers:
-    :func:`~dflash_ref.models.fused.run_fused` (default) or the unfused reference
-    :func:`~dflash_ref.models.layers.run_layers`, which gives the same results.
-    ``fused_norm_rope``: each attention layer's q/k norms and RoPE as one ``qk_norm_rope`` op
-    (:class:`~dflash_ref.models.fused.FusedNormRope`; default) or the four reference calls
-    (:class:`~dflash_ref.models.layers.NormRope`); the same results, read when the layers are
-    made.
+    ``fused``: the fused ops its layers use (:data:`~dflash_ref.models.assemble.FUSED_OPS`, the
+    default: each residual add with the norm after it, each attention layer's q/k norms with its
+    RoPE); ``()`` builds the reference form, with the same results (what the tests compare).
     """
 
-    run_stack = staticmethod(run_fused)
-    fused_norm_rope = True
-
     def __init__(self, config: TargetConfig, weights: dict, backend="numpy",
-                 target_layer_ids=None):
+                 target_layer_ids=None, fused=FUSED_OPS):
         _check_supported(config)
         self.config = config
         self.be: Backend = as_backend(backend)
@@ -87,14 +80,17 @@ class TargetModel:
         self.lm_head_weight = (
             self.embed_tokens if config.tie_word_embeddings else w[config.lm_head_name]
         )  # [vocab, H]
-        self.layers = decoder_layers(config, self.be, w, self.embed, fused=self.fused_norm_rope)
+        self.fused = tuple(fused)
+        self.layers = decoder_layers(config, self.be, w, self.embed, self.final_rms_norm,
+                                     self.fused)
         self.store_plan = StorePlan.of(config)  # which store each layer gets, for new_state
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_pretrained(cls, path, backend="numpy", target_layer_ids=None,
-                        embedding_scale=None, check_finite: bool = False) -> TargetModel:
+                        embedding_scale=None, check_finite: bool = False,
+                        fused=FUSED_OPS) -> TargetModel:
         """Load ``config.json`` + ``*.safetensors`` (single or sharded) from directory ``path``.
 
         ``embedding_scale`` (Gemma only): None follows HF, sqrt(hidden_size) rounded to the
@@ -102,7 +98,7 @@ class TargetModel:
         dtype name or a number overrides (:meth:`TargetConfig.with_embedding_scale
         <dflash_ref.config.TargetConfig.with_embedding_scale>`; docs/conventions.md).
         ``check_finite``: refuse weights holding NaN or inf, naming the tensors
-        (:func:`~dflash_ref.io.compare.check_finite_weights`).
+        (:func:`~dflash_ref.io.compare.check_finite_weights`). ``fused``: as for the class.
         """
         path = Path(path)
         cfg_path = path / "config.json"
@@ -114,11 +110,13 @@ class TargetModel:
         if check_finite:
             check_finite_weights(weights, path)
         config = _match_weight_prefix(config, weights)
-        return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
+        return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids,
+                   fused=fused)
 
     @classmethod
     def from_gguf(cls, path, backend="numpy", target_layer_ids=None,
-                  embedding_scale=None, check_finite: bool = False) -> TargetModel:
+                  embedding_scale=None, check_finite: bool = False,
+                  fused=FUSED_OPS) -> TargetModel:
         """Load a llama.cpp GGUF of arch ``qwen3``, ``qwen35`` or ``gemma3`` (a path, or a file
         already opened with :func:`~dflash_ref.io.gguf_io.open_gguf`).
 
@@ -130,7 +128,7 @@ class TargetModel:
         ``embedding_scale`` (Gemma only): None follows llama.cpp, whose format this is: the
         unrounded float32 ``sqrtf(n_embd)`` (25.298 for the 640-wide 270M, not HF's bf16 25.25);
         a dtype name or a number overrides (docs/conventions.md). ``check_finite``: refuse
-        dequantized weights holding NaN or inf, naming the tensors.
+        dequantized weights holding NaN or inf, naming the tensors. ``fused``: as for the class.
         """
         from dflash_ref.io.convert_target import read_gguf_target
         from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY
@@ -142,7 +140,8 @@ class TargetModel:
         taken = tuple(config_dict.get(LLAMA_CPP_DEFAULTS_KEY, ()))
         config = replace(config, defaults_used=config.defaults_used + taken)
         config = config.with_embedding_scale(embedding_scale)
-        return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids)
+        return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids,
+                   fused=fused)
 
     def set_target_layer_ids(self, target_layer_ids) -> None:
         """Set the capture layers (HF numbering: the output of decoder layer i)."""
@@ -173,13 +172,15 @@ class TargetModel:
         ``pager``: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers
         then keep K/V in its bounded pool (it is attached and reset here, once per sequence).
         ``kv_capacity``: K/V in that many fixed rows (positions 0..kv_capacity-1) instead of
-        growing caches; ``graphs=True`` (needs it) captures each decode / verify step shape as
-        one CUDA graph and replays it (models/graphs.py); ``graphs=False`` runs eagerly.
+        growing caches; ``graphs=True`` (needs it) gives the state a step runner that captures
+        each decode / verify (and draft) step shape as one CUDA graph and replays it
+        (models/graphs.py); ``graphs=False`` runs every step eagerly.
         """
         width = len(self.target_layer_ids) * self.config.hidden_size
-        graphs = step_graphs(self.be, kv_capacity, pager, self.store_plan.gdn) if graphs else None
+        runner = (graph_runner(self.be, kv_capacity, pager, self.store_plan.gdn) if graphs
+                  else EagerRunner())  # the state's step runner, chosen here once
         return TargetState(self.store_plan, self.be, width, feature_capacity, feature_window,
-                           pager, kv_capacity, graphs)
+                           pager, kv_capacity, runner)
 
     def attention_qk(self, ids, n_tail: int = 8, rope: bool = False, layers=None,
                      piece_tokens: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -236,10 +237,7 @@ class TargetModel:
             # A span longer than a chunk may evict its own first chunks once the pool is full:
             # run it one chunk-aligned piece at a time, as the public pooled prefill does.
             return self._forward_pieces(ids, state, tap, rows)
-        batch = state.begin_batch(ids, tap=tap)
-        if state.graphs is not None and tap is None:  # a graph-shaped step replays
-            return self._run_step(batch, state, rows)
-        return self._run(ids, batch, state, rows)
+        return self._run(state.begin_batch(ids, tap=tap), state, rows)
 
     def forward_tree(self, ids, parents, state: TargetState) -> TargetOutput:
         """Verify a draft tree in one pass (docs/spec_decode.md, DDTree).
@@ -260,7 +258,7 @@ class TargetModel:
                              or np.any(parents[1:] < 0)):
             raise ValueError("forward_tree: parents must be [-1, p1, p2, ...] with 0 <= p_i < i "
                              "(one root, node 0, topologically ordered)")
-        return self._run(ids, state.begin_batch(ids, parents=parents), state)
+        return self._run(state.begin_batch(ids, parents=parents), state)
 
     def forward_batch(self, ids_list, states: list[TargetState], tap=None) -> list:
         """Several sequences in one forward, each appended to its own state (ragged; one
@@ -275,47 +273,36 @@ class TargetModel:
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
         return ids
 
-    def _run(self, ids, batch, state: TargetState, rows=None) -> TargetOutput:
-        """The forward itself (module docstring), then hand the batch back to the state.
+    def _run(self, batch, state: TargetState, rows=None) -> TargetOutput:
+        """One batch: its step (:meth:`_step`) through the state's step runner, then the batch
+        handed back to the state.
 
         ``rows``: None, a slice (prefill's last row: no index upload) or an integer index
         array: the logits rows to compute."""
+        logits, features = state.runner.run(batch, rows, partial(self._step, batch, rows))
+        state.end_batch(batch, features)
+        return TargetOutput(logits=logits, features=features)
+
+    def _step(self, batch, rows):
+        """The forward itself (module docstring) over ``batch``'s arrays and stores: logits
+        [R, vocab] of the chosen ``rows`` (every row for None) and features [T, C*H] (or
+        None)."""
         normed, features = self.hidden_states(batch.arrays.ids, batch)  # ids on the backend
         if rows is not None:  # the final norm acts row by row: its rows are the chosen rows'
             normed = normed[rows if isinstance(rows, slice) else self.be.xp.asarray(rows)]
-        logits = self.lm_head(normed)
-        state.end_batch(batch, features)
-        return TargetOutput(logits=logits, features=features)
-
-    def _run_step(self, batch, state: TargetState, rows) -> TargetOutput:
-        """``_run`` through the state's step graphs: a graph-shaped batch's step (embed, the
-        stack, the head over the batch's device buffers) is captured once per row count and
-        replayed; its outputs are copied out of the recording's buffers (models/graphs.py)."""
-        key = graph_key(batch, rows)
-        if key is None:
-            return self._run(batch.ids, batch, state, rows)
-
-        def step():  # reads only the state's persistent buffers and stores
-            normed, features = self.hidden_states(batch.arrays.ids, batch)
-            return self.lm_head(normed), features
-
-        logits, features = state.graphs.run(key, step)
-        logits, features = logits.copy(), None if features is None else features.copy()
-        state.end_batch(batch, features)
-        return TargetOutput(logits=logits, features=features)
+        return self.lm_head(normed), features
 
     def hidden_states(self, ids, batch):
         """Embed ``ids`` [T] and run every decoder layer over ``batch``'s stores.
 
         Returns the final-normed last hidden state ``final_norm(h)`` [T, H] (the lm_head's input)
         and the captured features [T, C*H] in target_layer_ids order (None without capture
-        layers). The layers run through ``run_stack`` (fused by default: the final norm is
-        fused into the last layer's add, so it runs on every row). Shared by the single-sequence
-        forward and the ragged one (models/batch.py).
+        layers). The last layer hands over the final norm of its output (fused into its add by
+        default, so it runs on every row). Shared by the single-sequence forward and the ragged
+        one (models/batch.py).
         """
         h = self.embed(ids)  # [T, H]
-        normed, captured = self.run_stack(self.layers, h, batch, self.final_rms_norm,
-                                          self.target_layer_ids)
+        normed, captured = run_stack(self.layers, h, batch, self.target_layer_ids)
         features = None
         if self.target_layer_ids:  # [T, C*H], in target_layer_ids order
             features = self.be.xp.concatenate([captured[i] for i in self.target_layer_ids],
@@ -332,7 +319,7 @@ class TargetModel:
             pos = state.length + cuts[-1]
             cuts.append(min(ids.size, cuts[-1] + T - pos % T))
         need = None if rows is None else np.unique(rows)  # sorted; each piece computes its own
-        outs = [self._run(ids[a:b], state.begin_batch(ids[a:b], tap=tap), state,
+        outs = [self._run(state.begin_batch(ids[a:b], tap=tap), state,
                           None if need is None else need[(need >= a) & (need < b)] - a)
                 for a, b in zip(cuts, cuts[1:])]
         feats = (None if outs[0].features is None

@@ -25,8 +25,8 @@ def warm_up(target, drafter, prompt_ids, *, block_size: int | None = None,
     The runs prefill ``prompt_ids`` (the timed runs' prefill shapes) and decode a few tokens:
     enough for every kernel of a step to be launched once. Results are discarded; nothing is
     kept between runs (each ``generate`` makes its own state), unless ``state`` is given: the
-    state the timed runs will reuse, emptied before each run (made with ``graphs=True``, its
-    decode, verify and draft steps are captured here; models/graphs.py).
+    state the timed runs will reuse, emptied before each run (a state whose step runner records
+    steps, ``dflash-ref demo --graphs``, records its decode, verify and draft steps here).
     """
     block = block_size or (drafter.block_size if drafter is not None else 1)
     new_tokens = WARM_UP_BLOCKS * block + 1
@@ -36,8 +36,3 @@ def warm_up(target, drafter, prompt_ids, *, block_size: int | None = None,
         spec = {} if d is None else {"block_size": block_size, "verify": verify}
         generate(target, d, prompt_ids, new_tokens, state=state, **spec)
 
-
-def graphed_state(target, n_prompt: int, max_new_tokens: int, block: int):
-    """A state for CUDA graphs (models/graphs.py) that every run of a timed comparison can
-    reuse: fixed K/V rows for the prompt, the new tokens, the warm-up's and a block's overrun."""
-    return target.new_state(kv_capacity=n_prompt + max_new_tokens + 4 * block + 1, graphs=True)

@@ -1,5 +1,5 @@
 """The decoder stack's fused residual add + RMSNorm (``add_rms_norm``, dflash_ref/models/fused.py):
-that it equals the unfused reference stack (dflash_ref/models/layers.py, ``run_layers``) on every
+that it equals the unfused reference form (``AddNorm``, dflash_ref/models/layers.py) on every
 family, how often it runs, and that the normed input one layer hands the next is the norm of the
 stream it recorded.
 
@@ -32,8 +32,7 @@ import pytest
 
 from dflash_ref.backend import Backend, get_backend
 from dflash_ref.config import TargetConfig, expected_tensors
-from dflash_ref.models.fused import run_fused
-from dflash_ref.models.layers import run_layers
+from dflash_ref.models.assemble import FUSED_OPS
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.norm import rms_norm
 from dflash_ref.testing import Tolerance, assert_close
@@ -41,6 +40,7 @@ from dflash_ref.tiny import tiny_target_config, tiny_weights
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 HF_CASES = ["qwen35_moe", "gemma4_dense", "gemma4_ple_kvshare", "gemma4_moe"]
+UNFUSED_ADDS = ("qk_norm_rope",)  # the reference residual adds (the q/k op still fused)
 
 
 def counting_ops_backend(calls: Counter, hidden: int) -> Backend:
@@ -140,15 +140,15 @@ def test_the_handed_over_input_is_the_next_layers_norm_of_the_recorded_stream(fa
 # ---------------------------------------------------------------- fused == reference
 
 
-def family_model(case: str, backend="numpy") -> TargetModel:
+def family_model(case: str, backend="numpy", fused=FUSED_OPS) -> TargetModel:
     """A tiny target of a family (qwen3, qwen3_5, gemma3) or an HF fixture (HF_CASES), with
-    capture on two layers."""
+    capture on two layers, built with the ``fused`` ops."""
     if case in HF_CASES:
         return TargetModel.from_pretrained(FIXTURES / case, backend=backend,
-                                           target_layer_ids=[0, 2])
+                                           target_layer_ids=[0, 2], fused=fused)
     cfg = tiny_config(case, 4)
     return TargetModel(cfg, tiny_weights(expected_tensors(cfg), 11, cfg.norm_offset),
-                       backend=backend, target_layer_ids=[0, 2])
+                       backend=backend, target_layer_ids=[0, 2], fused=fused)
 
 
 def run_steps(model: TargetModel) -> dict:
@@ -171,10 +171,9 @@ def run_steps(model: TargetModel) -> dict:
 @pytest.mark.parametrize("case", ["qwen3", "qwen3_5", "gemma3", *HF_CASES])
 def test_the_fused_stack_equals_the_reference_stack_bit_for_bit(case):
     model = family_model(case)
-    assert model.run_stack is run_fused  # what every other test runs
+    assert "add_rms_norm" in model.fused  # what every other test runs
     fused = run_steps(model)
-    model.run_stack = run_layers
-    reference = run_steps(model)
+    reference = run_steps(family_model(case, fused=UNFUSED_ADDS))
     assert fused.keys() == reference.keys()
     assert any(k[-1] == "attn_norm" for k in fused)  # the taps ran
     for key, want in reference.items():
@@ -188,8 +187,8 @@ def test_the_reference_stack_fuses_nothing(family, n_layers, sandwich):
     # alone after a plain add, plus Gemma's 2L post norms: the reference is the unfused block.
     cfg, calls = tiny_config(family, n_layers), Counter()
     weights = tiny_weights(expected_tensors(cfg), 7, cfg.norm_offset)
-    model = TargetModel(cfg, weights, backend=counting_ops_backend(calls, cfg.hidden_size))
-    model.run_stack = run_layers
+    model = TargetModel(cfg, weights, backend=counting_ops_backend(calls, cfg.hidden_size),
+                        fused=UNFUSED_ADDS)
     L = n_layers
     assert counts_of_one_forward(model, calls) == Counter(
         {"rms_norm": 2 * L + 1 + (2 * L if sandwich else 0)})
@@ -200,11 +199,9 @@ def test_the_reference_stack_fuses_nothing(family, n_layers, sandwich):
 def test_the_fused_stack_equals_the_reference_stack_on_cupy(case):
     # On CuPy the fused kernel (add_rms_norm_f32) and the plain rms_norm kernel reduce the mean
     # square in their own orders, so equality holds to float32 rounding, not bit for bit.
-    model = family_model(case, backend="cupy")
-    fused = run_steps(model)
-    model.run_stack = run_layers
-    reference = run_steps(model)
+    fused = run_steps(family_model(case, backend="cupy"))
+    reference = run_steps(family_model(case, backend="cupy", fused=UNFUSED_ADDS))
     tol = Tolerance(1e-5, 1e-5, "the same float32 math; the mean square of each norm summed in "
                                 "another order, carried through 4 layers")
     for key, want in reference.items():
-        assert_close(fused[key], want, tol, op="run_fused", tensor=str(key), case=case)
+        assert_close(fused[key], want, tol, op="FusedAddNorm", tensor=str(key), case=case)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from dflash_ref.models.assemble import FUSED_OPS
 from dflash_ref.models.target import TargetModel
 from dflash_ref.testing import Tolerance, assert_close
 from dflash_ref.tiny import write_tiny_target
@@ -22,17 +23,15 @@ IDS = np.array([3, 17, 42, 99, 5, 250, 7, 61, 13, 128, 77, 200, 31, 8, 190, 64, 
                 33, 99, 180, 4, 222, 19, 71, 140, 6, 58, 231, 12])
 
 
-class ReferenceNormRope(TargetModel):
-    """The target with the reference q/k norms and RoPE (``NormRope``, models/layers.py) in place
-    of the fused ``qk_norm_rope`` op: both forms read the layer's RoPE spec, both are tested."""
-
-    fused_norm_rope = False
+# The target with the reference q/k norms and RoPE (``NormRope``, models/layers.py) in place of
+# the fused ``qk_norm_rope`` op: both forms read the layer's RoPE spec, both are tested.
+REFERENCE_NORM_ROPE = ("add_rms_norm",)
 
 
-def _model_vs_oracle(path, model_class=TargetModel):
+def _model_vs_oracle(path, fused=FUSED_OPS):
     config = json.loads((path / "config.json").read_text())
     tensors = load_file(path / "model.safetensors")
-    model = model_class.from_pretrained(path)
+    model = TargetModel.from_pretrained(path, fused=fused)
     got = model.be.to_numpy(model.forward(IDS, model.new_state()).logits)
     return config, tensors, got
 
@@ -50,15 +49,15 @@ def test_attention_scale_is_query_pre_attn_scalar(tmp_path):
     assert np.abs(head_dim_scale - expected).max() > 100 * VS_ORACLE.atol
 
 
-@pytest.mark.parametrize("model_class", [TargetModel, ReferenceNormRope],
+@pytest.mark.parametrize("fused", [FUSED_OPS, REFERENCE_NORM_ROPE],
                          ids=["fused", "reference"])
-def test_global_layers_apply_linear_rope_scaling(tmp_path, model_class):
+def test_global_layers_apply_linear_rope_scaling(tmp_path, fused):
     # Global layers (1, 3): theta 1e6 with inv_freq / 8; sliding layers (0, 2): theta 1e4,
     # unscaled. Channel pair 0 turns 1 rad per position unscaled, 1/8 rad scaled: positions
     # 1..31 differ from the first token on.
     path = write_tiny_target(tmp_path / "g", "gemma3", seed=13,
                              rope_scaling={"rope_type": "linear", "factor": 8.0})
-    config, tensors, got = _model_vs_oracle(path, model_class)
+    config, tensors, got = _model_vs_oracle(path, fused)
     _, expected = dense_forward(config, tensors, IDS)
     assert_close(got, expected, VS_ORACLE, op="TargetModel.forward", tensor="logits",
                  case="global rope_scaling linear 8")

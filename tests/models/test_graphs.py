@@ -26,7 +26,8 @@ import pytest
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.models.drafter import DFlashDrafter
-from dflash_ref.models.graphs import GRAPH_MAX_ROWS, StepGraphs
+from dflash_ref.models.graphs import GRAPH_MAX_ROWS, GraphRunner, StepGraphs
+from dflash_ref.models.state import EagerRunner
 from dflash_ref.models.stores import FixedCacheStore
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
@@ -74,7 +75,7 @@ def test_replay_equals_eager_bit_for_bit_over_many_steps():
     graphed = model.new_state(kv_capacity=CAPACITY, graphs=True)
     eager = model.new_state(kv_capacity=CAPACITY)  # graphs=False: the same stores, eager
     a, b = step_logits(model, graphed, 64), step_logits(model, eager, 64)
-    assert graphed.graphs.captured == [1, BLOCK]  # one recording per shape, replayed after
+    assert graphed.runner.captured == [1, BLOCK]  # one recording per shape, replayed after
     for i, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"step {i}: replay differs from eager"
 
@@ -101,14 +102,14 @@ def test_a_growing_cache_does_not_replay():
     # through the step graphs, replay the first step's inputs and diverge from eager.
     model = tiny_model("qwen3", 2, get_backend("numpy"))
     wrong = model.new_state()
-    wrong.graphs = StepGraphs(model.be)
+    wrong.runner = GraphRunner(model.be)
     a, b = step_logits(model, wrong, 4), step_logits(model, model.new_state(), 4)
     assert any(not np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def _persistent(state) -> list:
     return [s.kv for s in state.kv_stores] + [s.k_pos for s in state.kv_stores] + list(
-        state.graphs.buffers.values())
+        state.runner.buffers.values())
 
 
 def test_the_step_body_is_graph_safe_on_the_recording_backend():
@@ -146,7 +147,7 @@ def test_the_tape_sees_a_moving_slice_bound():
     be = counting_backend()
     model = tiny_model("qwen3", 2, be)
     state = model.new_state()
-    state.graphs = StepGraphs(be)
+    state.runner = GraphRunner(be)
     model.forward(np.arange(3, 15), state)
     LEDGER.reset()
     for _ in range(3):
@@ -157,7 +158,7 @@ def test_the_tape_sees_a_moving_slice_bound():
     assert moved and moved[0][0][0] == "op write_kv"  # KVCache.append's start=len
     assert dict(moved[0][0][1][1])["start"] + 1 == dict(moved[0][1][1][1])["start"]
     LEDGER.reset()
-    state.graphs = StepGraphs(be, enabled=False)
+    state.runner = EagerRunner()
     n = state.length
     model.forward([5], state)
     assert state.length == n + 1 and not LEDGER.steps  # eager: nothing captured or replayed
@@ -226,6 +227,12 @@ def tiny_pair(tmp_path, backend="numpy", layers: int = 2):
     return target, DFlashDrafter.from_pretrained(d, target)
 
 
+def graphed_draft_cache(drafter, capacity: int, window=None):
+    """A fixed-row draft cache whose draft step is captured and replayed (what a graphed state's
+    runner hands the drafter, there without a window)."""
+    return drafter.fixed_cache(capacity, window, run_step=StepGraphs(drafter.be).replay)
+
+
 def draft_logits(drafter, cache, n_steps: int, seed: int = 0) -> list:
     """Host logits of ``n_steps`` drafts on ``cache``: 20 context positions, then per step a
     draft at s and one more committed position (crop to s, extend by one feature row)."""
@@ -242,8 +249,8 @@ def draft_logits(drafter, cache, n_steps: int, seed: int = 0) -> list:
 
 def test_draft_replay_equals_eager_and_the_growing_cache(tmp_path):
     _, drafter = tiny_pair(tmp_path)
-    graphed = draft_logits(drafter, drafter.new_cache(capacity=CAPACITY), 24)
-    eager = draft_logits(drafter, drafter.new_cache(capacity=CAPACITY, graphs=False), 24)
+    graphed = draft_logits(drafter, graphed_draft_cache(drafter, CAPACITY), 24)
+    eager = draft_logits(drafter, drafter.fixed_cache(CAPACITY), 24)
     grown = draft_logits(drafter, drafter.new_cache(), 24)
     for i, (x, y, z) in enumerate(zip(graphed, eager, grown)):
         assert np.array_equal(x, y), f"draft {i}: replay differs from eager"
@@ -252,7 +259,7 @@ def test_draft_replay_equals_eager_and_the_growing_cache(tmp_path):
 
 def test_a_windowed_fixed_draft_cache_hides_the_old_context(tmp_path):
     _, drafter = tiny_pair(tmp_path)
-    a = draft_logits(drafter, drafter.new_cache(window=8, capacity=CAPACITY), 10)
+    a = draft_logits(drafter, graphed_draft_cache(drafter, CAPACITY, window=8), 10)
     b = draft_logits(drafter, drafter.new_cache(window=8), 10)
     for x, y in zip(a, b):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
@@ -260,7 +267,7 @@ def test_a_windowed_fixed_draft_cache_hides_the_old_context(tmp_path):
 
 def test_the_draft_step_is_graph_safe_on_the_recording_backend(tmp_path):
     _, drafter = tiny_pair(tmp_path, backend=counting_backend())
-    cache = drafter.new_cache(capacity=64)
+    cache = graphed_draft_cache(drafter, 64)
     LEDGER.reset()
     draft_logits(drafter, cache, 6)
     assert len(LEDGER.steps) == 6
@@ -277,7 +284,7 @@ def test_generate_with_a_graphed_state_emits_the_eager_tokens(tmp_path):
     state = target.new_state(kv_capacity=CAPACITY, graphs=True)
     spec = generate(target, drafter, prompt, 40, state=state)
     assert spec.tokens == generate(target, drafter, prompt, 40).tokens
-    assert state.graphs.captured == [drafter.block_size]  # every step a verify of the block
+    assert state.runner.captured == [drafter.block_size]  # every step a verify of the block
     plain = generate(target, None, prompt, 30,
                      state=target.new_state(kv_capacity=CAPACITY, graphs=True))
     assert plain.tokens == generate(target, None, prompt, 30).tokens

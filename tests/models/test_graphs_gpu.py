@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from dflash_ref.backend import get_backend
+from dflash_ref.models.graphs import StepGraphs
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.testing import Tolerance, assert_close
 from tests.models.test_batch_arrays import tiny_model
@@ -56,7 +57,7 @@ def test_replay_equals_eager_bit_for_bit_over_64_steps(family):
     graphed = model.new_state(kv_capacity=CAPACITY, graphs=True)
     a = step_logits(model, graphed, 64)
     b = step_logits(model, model.new_state(kv_capacity=CAPACITY), 64)
-    assert graphed.graphs.captured == [1, BLOCK]
+    assert graphed.runner.captured == [1, BLOCK]
     for i, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"{family} step {i}: replay differs from eager"
 
@@ -73,10 +74,11 @@ def test_graphed_steps_match_the_numpy_reference():
 
 def test_draft_replay_equals_eager_bit_for_bit_over_64_drafts(tmp_path):
     _, drafter = tiny_pair(tmp_path, backend="cupy")
-    cache = drafter.new_cache(capacity=CAPACITY)
+    drafts = StepGraphs(drafter.be)
+    cache = drafter.fixed_cache(CAPACITY, run_step=drafts.replay)
     a = draft_logits(drafter, cache, 64)
-    b = draft_logits(drafter, drafter.new_cache(capacity=CAPACITY, graphs=False), 64)
-    assert cache.graphs.captured == [(drafter.block_size, False)]
+    b = draft_logits(drafter, drafter.fixed_cache(CAPACITY), 64)
+    assert drafts.captured == [(drafter.block_size, False)]
     for i, (x, y) in enumerate(zip(a, b)):
         assert np.array_equal(x, y), f"draft {i}: replay differs from eager"
 
@@ -90,4 +92,4 @@ def test_generate_through_graphs_emits_the_eager_tokens(tmp_path):
         eager = generate(target, d, prompt, 48,  # the same fixed stores, every step eager
                          state=target.new_state(kv_capacity=CAPACITY))
         assert graphed.tokens == eager.tokens
-        assert state.graphs.captured, "no step was captured"
+        assert state.runner.captured, "no step was captured"

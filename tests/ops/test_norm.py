@@ -140,9 +140,9 @@ def test_norm_add_rms_norm_hand_values():
 
 @given(st.data(), st.sampled_from([0.0, 1.0]))
 def test_norm_add_rms_norm_is_the_three_steps_bit_for_bit(data, offset):
-    # Gemma's post norm, the add, the next norm (dflash_ref/models/fused.py ``add_normed``): a
-    # fused op that added the raw x, normed with the wrong weight, or handed back the
-    # pre-add stream fails here.
+    # Gemma's post norm, the add, the next norm (dflash_ref/models/fused.py,
+    # ``FusedPostNormAddNorm``): a fused op that added the raw x, normed with the wrong weight,
+    # or handed back the pre-add stream fails here.
     rows, n = data.draw(rows_and_width())
     x, res = data.draw(f32_arrays((rows, n))), data.draw(f32_arrays((rows, n)))
     w, w2 = data.draw(f32_arrays((n,), -1.0, 1.0)), data.draw(f32_arrays((n,), -1.0, 1.0))
