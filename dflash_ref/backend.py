@@ -171,8 +171,8 @@ def as_backend(backend: str | Backend) -> Backend:
 
 
 SMALL_MODEL_HIDDEN = 1024
-"""Below this hidden size a matmul is too small for BLAS threads to pay (issue 25: the demo's
-speedup fell from 1.87-2.87x to 1.09-1.21x with the default threads on a busy machine)."""
+"""Below this hidden size a matmul is too small for BLAS threads to pay (the demo's speedup fell
+from 1.87-2.87x to 1.09-1.21x with the default threads on a busy machine)."""
 
 
 def limit_blas_threads(hidden_size: int | None = None, threads: int = 1):

@@ -119,7 +119,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     state = target.new_state(kv_capacity=len(prompt) + args.max_new_tokens + 4 * block + 1,
                              graphs=True) if args.graphs else None
     # A small model's products are too small to gain from BLAS threads, and threads of several
-    # processes oversubscribe a busy machine (issue 25: 1.1x instead of 2-3x speedups).
+    # processes oversubscribe a busy machine (1.1x instead of 2-3x speedups, measured).
     with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():
         warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
                 state=state)
