@@ -8,13 +8,14 @@ computed in float32. The CuPy twins accept float32 only.
 import numpy as np
 
 
-def compute_dtype(*arrays) -> np.dtype:
-    """float64 if any input is float64, else float32."""
-    if any(np.asarray(a).dtype == np.float64 for a in arrays if a is not None):
-        return np.dtype(np.float64)
-    return np.dtype(np.float32)
+def in_compute_dtype(*arrays):
+    """``arrays`` as NumPy arrays of their compute dtype: float64 if any of them is float64,
+    else float32. None stays None; an array already of that dtype is not copied.
 
-
-def as_compute(x, dtype: np.dtype) -> np.ndarray:
-    """``x`` as a NumPy array of the compute dtype (no copy when it already is)."""
-    return np.asarray(x, dtype=dtype)
+    One array in, that array out (``x = in_compute_dtype(x)``); several in, a tuple in the same
+    order (``x, w = in_compute_dtype(x, w)``).
+    """
+    f64 = any(np.asarray(a).dtype == np.float64 for a in arrays if a is not None)
+    dt = np.float64 if f64 else np.float32
+    out = tuple(None if a is None else np.asarray(a, dtype=dt) for a in arrays)
+    return out[0] if len(out) == 1 else out
