@@ -40,5 +40,6 @@ def linear(x, w) -> np.ndarray:
         ValueError: x or w not 2-D, or their K differ.
     """
     x, w = in_compute_dtype(x, w)
-    check_linear_shapes(x.shape, w.shape)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        check_linear_shapes(x.shape, w.shape)  # raises, saying which rule is broken
     return x @ w.T  # [T, K] @ [K, N] -> [T, N]
