@@ -9,12 +9,8 @@ import numpy as np
 
 
 def in_compute_dtype(*arrays):
-    """``arrays`` as NumPy arrays of their compute dtype: float64 if any of them is float64,
-    else float32. None stays None; an array already of that dtype is not copied.
-
-    One array in, that array out (``x = in_compute_dtype(x)``); several in, a tuple in the same
-    order (``x, w = in_compute_dtype(x, w)``).
-    """
+    """The inputs as arrays of the compute dtype (float64 if any is float64, else float32), not
+    copied when already so; None stays None. One input: the array; several: a tuple, in order."""
     f64 = any(np.asarray(a).dtype == np.float64 for a in arrays if a is not None)
     dt = np.float64 if f64 else np.float32
     out = tuple(None if a is None else np.asarray(a, dtype=dt) for a in arrays)
