@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 
 LOOKAHEAD = 8  # tail queries (kLookahead)
 POOL_KERNEL = 13  # box smoothing width (kPoolKernel): [j-6, j+6]
@@ -67,8 +67,8 @@ def tail_attention_max(q_tail, keys) -> np.ndarray:
     Returns:
         [n, S] running max in the compute dtype.
     """
-    dt = compute_dtype(q_tail, keys)
-    q, k = as_compute(q_tail, dt), as_compute(keys, dt)
+    q, k = in_compute_dtype(q_tail, keys)
+    dt = q.dtype
     if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"tail_attention_max: q_tail {q.shape} must be [n_layers, n, Hq, D] and "
                          f"keys {k.shape} [n_layers, S, Hkv, D] with matching layers and D")

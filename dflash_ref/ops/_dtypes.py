@@ -8,13 +8,10 @@ computed in float32. The CuPy twins accept float32 only.
 import numpy as np
 
 
-def compute_dtype(*arrays) -> np.dtype:
-    """float64 if any input is float64, else float32."""
-    if any(np.asarray(a).dtype == np.float64 for a in arrays if a is not None):
-        return np.dtype(np.float64)
-    return np.dtype(np.float32)
-
-
-def as_compute(x, dtype: np.dtype) -> np.ndarray:
-    """``x`` as a NumPy array of the compute dtype (no copy when it already is)."""
-    return np.asarray(x, dtype=dtype)
+def in_compute_dtype(*arrays):
+    """The inputs as arrays of the compute dtype (float64 if any is float64, else float32), not
+    copied when already so; None stays None. One input: the array; several: a tuple, in order."""
+    f64 = any(np.asarray(a).dtype == np.float64 for a in arrays if a is not None)
+    dt = np.float64 if f64 else np.float32
+    out = tuple(None if a is None else np.asarray(a, dtype=dt) for a in arrays)
+    return out[0] if len(out) == 1 else out

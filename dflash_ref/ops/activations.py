@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 from dflash_ref.ops.norm import silu
 
 SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA ``fla/ops/utils/softplus.py``)
@@ -26,8 +26,8 @@ def swiglu(gate, up) -> np.ndarray:
     Returns:
         [..., F] in the compute dtype.
     """
-    dt = compute_dtype(gate, up)
-    return silu(as_compute(gate, dt)) * as_compute(up, dt)
+    gate, up = in_compute_dtype(gate, up)
+    return silu(gate) * up
 
 
 def geglu(gate, up) -> np.ndarray:
@@ -47,8 +47,7 @@ def geglu(gate, up) -> np.ndarray:
     Returns:
         [..., F] in the compute dtype.
     """
-    dt = compute_dtype(gate, up)
-    g, up = as_compute(gate, dt), as_compute(up, dt)
+    g, up = in_compute_dtype(gate, up)
     c = np.float32(2.0 * np.sqrt(2.0 / np.pi))  # 2 sqrt(2/pi)
     two_z = c * (g + np.float32(0.044715) * g * g * g)  # 2 z, shape of g
     with np.errstate(over="ignore"):  # exp(-2 z) = inf for g < -10.3: g / inf = -0
@@ -69,8 +68,7 @@ def sigmoid_gate(x, gate) -> np.ndarray:
     Returns:
         [..., n] in the compute dtype.
     """
-    dt = compute_dtype(x, gate)
-    x, gate = as_compute(x, dt), as_compute(gate, dt)
+    x, gate = in_compute_dtype(x, gate)
     if x.shape != gate.shape:
         raise ValueError(f"sigmoid_gate: x {x.shape} and gate {gate.shape} must have the same "
                          f"shape")
@@ -94,8 +92,7 @@ def gdn_gates(b, a, A, dt_bias):
     Returns:
         (beta, g): [T, HV] each, in the compute dtype.
     """
-    dt = compute_dtype(b, a, A, dt_bias)
-    b, a, A, dt_bias = (as_compute(x, dt) for x in (b, a, A, dt_bias))
+    b, a, A, dt_bias = in_compute_dtype(b, a, A, dt_bias)
     if b.ndim != 2 or a.shape != b.shape or A.shape != (b.shape[1],) or A.shape != dt_bias.shape:
         raise ValueError(f"gdn_gates: expected b, a [T, HV] and A, dt_bias [HV]; got b "
                          f"{b.shape}, a {a.shape}, A {A.shape}, dt_bias {dt_bias.shape}")
@@ -108,13 +105,13 @@ def gdn_gates(b, a, A, dt_bias):
 
 def softmax(x, axis: int = -1) -> np.ndarray:
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``. Shape preserved."""
-    x = as_compute(x, compute_dtype(x))
+    x = in_compute_dtype(x)
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
 def log_softmax(x, axis: int = -1) -> np.ndarray:
     """``x - max - log(sum(exp(x - max)))`` along ``axis``. Shape preserved."""
-    x = as_compute(x, compute_dtype(x))
+    x = in_compute_dtype(x)
     shifted = x - np.max(x, axis=axis, keepdims=True)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 from dflash_ref.ops.masks import MaskSpec, materialize, visible
 
 
@@ -94,8 +94,8 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> np.ndarray:
     Returns:
         [Tq, nh, d] in the compute dtype (float32; float64 for float64 inputs).
     """
-    dt = compute_dtype(q, k, v)
-    q, k, v = as_compute(q, dt), as_compute(k, dt), as_compute(v, dt)
+    q, k, v = in_compute_dtype(q, k, v)
+    dt = q.dtype
     Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap)
     scale = d ** -0.5 if scale is None else scale
     if mask is not None:
@@ -136,8 +136,8 @@ def attention_online(q, k, v, mask=None, scale=None, softcap=None, key_tile: int
     then the ranges combine: M = max over ranges with l > 0, L = sum l_r exp(m_r - M),
     out = sum acc_r exp(m_r - M) / L, and 0 where L == 0.
     """
-    dt = compute_dtype(q, k, v)
-    q, k, v = as_compute(q, dt), as_compute(k, dt), as_compute(v, dt)
+    q, k, v = in_compute_dtype(q, k, v)
+    dt = q.dtype
     Tq, nh, d, Tk, nkv = check_attention_args(q, k, v, mask, softcap, "attention_online")
     g = nh // nkv
     scale = d ** -0.5 if scale is None else scale

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 from dflash_ref.ops._gdn_chunk import chunk_view, intra_chunk_kda, intra_chunk_scalar
 from dflash_ref.ops.norm import silu
 
@@ -175,9 +175,8 @@ def gdn_recurrent(q, k, v, g, beta, state=None, scale=None, return_trace: bool =
         ``trace[t]`` is the state after tokens 0..t, bit-identical to the final state of a run
         on the first t + 1 tokens (the same operations in the same order).
     """
-    dt = compute_dtype(q, k, v, g, beta, state)
-    q, k, v, g, beta = (as_compute(a, dt) for a in (q, k, v, g, beta))
-    state = None if state is None else as_compute(state, dt)
+    q, k, v, g, beta, state = in_compute_dtype(q, k, v, g, beta, state)
+    dt = q.dtype
     T, H, HV, K, V, kda = _check_gdn_inputs(q, k, v, g, beta, state)
     scale = dt.type(K ** -0.5 if scale is None else scale)
     r = HV // H
@@ -270,9 +269,8 @@ def gdn_chunked(q, k, v, g, beta, state=None, scale=None, chunk_size: int = 64):
     """
     if chunk_size < 1:
         raise ValueError(f"gdn_chunked: chunk_size must be >= 1, got {chunk_size}")
-    dt = compute_dtype(q, k, v, g, beta, state)
-    q, k, v, g, beta = (as_compute(a, dt) for a in (q, k, v, g, beta))
-    state = None if state is None else as_compute(state, dt)
+    q, k, v, g, beta, state = in_compute_dtype(q, k, v, g, beta, state)
+    dt = q.dtype
     T, H, HV, K, V, kda = _check_gdn_inputs(q, k, v, g, beta, state)
     _check_log_decay(g, "gdn_chunked")
     scale = dt.type(K ** -0.5 if scale is None else scale)
@@ -368,10 +366,10 @@ def causal_conv1d(x, weight, state=None):
     Returns:
         ``(y, new_state)``: y [T, D], new_state [D, W - 1].
     """
-    dt = compute_dtype(x, weight, state)
-    x, weight = as_compute(x, dt), as_compute(weight, dt)
+    x, weight, state = in_compute_dtype(x, weight, state)
+    dt = x.dtype
     T, D, W = check_conv_args(x, weight, state)
-    state = np.zeros((D, W - 1), dt) if state is None else as_compute(state, dt)
+    state = np.zeros((D, W - 1), dt) if state is None else state
     xx = np.concatenate([state.T, x], axis=0)  # [W - 1 + T, D]
     acc = np.zeros((T, D), dt)
     for j in range(W):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 from dflash_ref.ops.gdn import _check_gdn_inputs, _expand_qk, check_conv_args, recurrent_step
 from dflash_ref.ops.norm import silu
 
@@ -89,11 +89,11 @@ def causal_conv1d_tree(x, weight, conv_state, parents):
     Returns:
         ``(y, node_states)``: y [n, D], node_states [n, D, W - 1].
     """
-    dt = compute_dtype(x, weight, conv_state)
-    x, weight = as_compute(x, dt), as_compute(weight, dt)
+    x, weight, conv_state = in_compute_dtype(x, weight, conv_state)
+    dt = x.dtype
     n, D, W = check_conv_args(x, weight, conv_state, "causal_conv1d_tree")
     parents = check_tree_parents(parents, n, "causal_conv1d_tree")
-    state = np.zeros((D, W - 1), dt) if conv_state is None else as_compute(conv_state, dt)
+    state = np.zeros((D, W - 1), dt) if conv_state is None else conv_state
     xx = np.concatenate([state.T, x], axis=0)  # [W - 1 + n, D]
     window = xx[tree_conv_window(parents, W)]  # [n, W, D]
     acc = np.zeros((n, D), dt)
@@ -126,9 +126,8 @@ def gdn_tree_recurrent(q, k, v, g, beta, state, parents, scale=None):
     Returns:
         ``(o, node_states)``: o [n, HV, V], node_states [n, HV, K, V].
     """
-    dt = compute_dtype(q, k, v, g, beta, state)
-    q, k, v, g, beta = (as_compute(a, dt) for a in (q, k, v, g, beta))
-    state = None if state is None else as_compute(state, dt)
+    q, k, v, g, beta, state = in_compute_dtype(q, k, v, g, beta, state)
+    dt = q.dtype
     n, H, HV, K, V, _ = _check_gdn_inputs(q, k, v, g, beta, state)
     parents = check_tree_parents(parents, n, "gdn_tree_recurrent")
     scale = dt.type(K ** -0.5 if scale is None else scale)

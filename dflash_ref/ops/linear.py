@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 
 
 def check_linear_shapes(x_shape: tuple, w_shape: tuple, op: str = "linear") -> None:
@@ -39,7 +39,7 @@ def linear(x, w) -> np.ndarray:
     Raises:
         ValueError: x or w not 2-D, or their K differ.
     """
-    dt = compute_dtype(x, w)
-    x, w = as_compute(x, dt), as_compute(w, dt)
-    check_linear_shapes(x.shape, w.shape)
+    x, w = in_compute_dtype(x, w)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        check_linear_shapes(x.shape, w.shape)  # raises, saying which rule is broken
     return x @ w.T  # [T, K] @ [K, N] -> [T, N]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 
 L2_NORM_MODES = ("sqrt_eps", "floor")
 
@@ -30,11 +30,9 @@ def rms_norm(x, weight, eps: float, offset: float = 0.0) -> np.ndarray:
     Returns:
         [..., n] in the compute dtype.
     """
-    dt = compute_dtype(x, weight)
-    x = as_compute(x, dt)
-    w = as_compute(weight, dt)
+    x, w = in_compute_dtype(x, weight)
     ms = np.mean(x * x, axis=-1, keepdims=True)  # [..., 1]
-    return x / np.sqrt(ms + dt.type(eps)) * (dt.type(offset) + w)
+    return x / np.sqrt(ms + x.dtype.type(eps)) * (x.dtype.type(offset) + w)
 
 
 def add_rms_norm(x, residual, weight, eps: float, offset: float = 0.0):
@@ -58,8 +56,8 @@ def add_rms_norm(x, residual, weight, eps: float, offset: float = 0.0):
     if np.shape(x) != np.shape(residual):
         raise ValueError(f"add_rms_norm: x has shape {np.shape(x)} but residual has shape "
                          f"{np.shape(residual)}; they are added element by element and must match")
-    dt = compute_dtype(x, residual, weight)
-    h = as_compute(x, dt) + as_compute(residual, dt)  # [..., n]
+    x, residual, weight = in_compute_dtype(x, residual, weight)
+    h = x + residual  # [..., n]
     return h, rms_norm(h, weight, eps, offset)
 
 
@@ -105,12 +103,11 @@ def l2_norm(x, eps: float, mode: str = "sqrt_eps") -> np.ndarray:
     """
     if mode not in L2_NORM_MODES:
         raise ValueError(f"l2_norm mode {mode!r} is unknown; expected one of {L2_NORM_MODES}")
-    dt = compute_dtype(x)
-    x = as_compute(x, dt)
+    x = in_compute_dtype(x)
     ss = np.sum(x * x, axis=-1, keepdims=True)  # [..., 1]
     if mode == "sqrt_eps":
-        return x / np.sqrt(ss + dt.type(eps))
-    return x / np.maximum(np.sqrt(ss), dt.type(eps))
+        return x / np.sqrt(ss + x.dtype.type(eps))
+    return x / np.maximum(np.sqrt(ss), x.dtype.type(eps))
 
 
 def silu(x) -> np.ndarray:
@@ -135,6 +132,5 @@ def gated_rms_norm(x, z, weight, eps: float) -> np.ndarray:
     Returns:
         [..., n] in the compute dtype.
     """
-    dt = compute_dtype(x, z, weight)
-    x, z, w = as_compute(x, dt), as_compute(z, dt), as_compute(weight, dt)
+    x, z, w = in_compute_dtype(x, z, weight)
     return rms_norm(x, w, eps) * silu(z)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from dflash_ref.errors import NonFiniteLogitsError
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 
 
 def argmax_rows(logits) -> np.ndarray:
@@ -56,7 +56,7 @@ def top1_prob_rows(logits) -> np.ndarray:
     Returns:
         [...] in the compute dtype, in (0, 1] or NaN.
     """
-    ok, x = _softmax_defined(as_compute(logits, compute_dtype(logits)))
+    ok, x = _softmax_defined(in_compute_dtype(logits))
     m = np.max(x, axis=-1, keepdims=True)  # [..., 1]
     return np.where(ok, 1.0 / np.sum(np.exp(x - m), axis=-1), np.nan).astype(x.dtype)
 
@@ -75,7 +75,7 @@ def entropy_rows(logits) -> np.ndarray:
     Returns:
         [...] in the compute dtype, in [0, log V] or NaN.
     """
-    ok, x = _softmax_defined(as_compute(logits, compute_dtype(logits)))
+    ok, x = _softmax_defined(in_compute_dtype(logits))
     shifted = x - np.max(x, axis=-1, keepdims=True)  # [..., V], <= 0
     e = np.exp(shifted)
     s = np.sum(e, axis=-1)  # [...]

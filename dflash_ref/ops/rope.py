@@ -23,7 +23,7 @@ import functools
 
 import numpy as np
 
-from dflash_ref.ops._dtypes import as_compute, compute_dtype
+from dflash_ref.ops._dtypes import in_compute_dtype
 from dflash_ref.ops.norm import rms_norm
 
 
@@ -65,8 +65,7 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None,
     Returns:
         [T, H, d] in the compute dtype.
     """
-    dt = compute_dtype(x)
-    x = as_compute(x, dt)
+    x = in_compute_dtype(x)
     if x.ndim != 3:
         raise ValueError(f"rope expects x of shape [T, H, d], got {x.shape}")
     T, _, d = x.shape
@@ -78,7 +77,7 @@ def rope(x, positions, theta: float, rotary_dim: int | None = None,
         raise ValueError(f"positions must have shape [{T}], got {pos.shape}")
     inv_freq = rope_inv_freq(theta, rd, factor)  # [rd/2] f32
     angle = pos.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, rd/2] f32
-    angle = angle.astype(dt)  # float64 inputs get exact cos/sin of the float32 angle
+    angle = angle.astype(x.dtype)  # float64 inputs get exact cos/sin of the float32 angle
     cos = np.cos(angle)[:, None, :]  # [T, 1, rd/2]
     sin = np.sin(angle)[:, None, :]
     x1, x2 = x[..., : rd // 2], x[..., rd // 2 : rd]  # [T, H, rd/2] each
