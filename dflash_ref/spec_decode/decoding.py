@@ -1,10 +1,9 @@
 """One request's decoding: the steps :func:`~dflash_ref.spec_decode.loop.generate` strings.
 
-A speculative step flows one way: the request hands the verifier a
-:class:`~dflash_ref.spec_decode.drafting.DraftingContext`, the verifier drafts the block, the
-target runs it, the verifier decides on its logits and keeps the accepted rows in the state, the
-:class:`TokenCursor` commits the tokens; no role calls back into the request. Everything a
-caller may watch goes through one observer (:mod:`dflash_ref.spec_decode.observe`).
+A speculative step flows one way: the verifier drafts from a
+:class:`~dflash_ref.spec_decode.drafting.DraftingContext`, the target runs the block, the
+verifier decides and keeps the accepted rows, the :class:`TokenCursor` commits the tokens; no
+role calls back into the request. Everything a caller may watch goes through one observer.
 """
 
 from __future__ import annotations
@@ -67,14 +66,10 @@ class GenerationResult:
 
 @dataclass
 class TokenCursor:
-    """Where a request stands in its tokens.
-
-    ``anchor`` is the newest emitted token t_s at ``position`` s (N - 1 before the first
-    commit), not yet run by the target; ``anchor_logits`` [1, V] the target row that chose it
-    (what a gate reads); ``remaining`` the tokens still wanted; ``done`` once none are or a stop
-    id was emitted. Tokens enter through :meth:`commit` only, cut by :meth:`cut`, the one stop
-    cut (the finish uses it too).
-    """
+    """Where a request stands: the ``anchor`` t_s at ``position`` s (N - 1 before the first
+    commit), emitted, not yet run; ``anchor_logits`` [1, V], the row that chose it (what a gate
+    reads); ``remaining``; ``done`` once none remain or a stop id was emitted. Tokens enter by
+    :meth:`commit` only, cut by :meth:`cut`, the one stop cut (the finish uses it too)."""
 
     prompt: np.ndarray
     max_new_tokens: int
@@ -153,13 +148,9 @@ class RecordedGate:
 class Decoding:
     """One request; each method is a step of the loop (:mod:`~dflash_ref.spec_decode.loop`).
 
-    The arguments are ``generate``'s, checked (``stops``: its stop_token_ids; ``block_size`` 1
-    and ``verifier`` None without a drafter; a given ``state`` holds a proper prefix of
-    ``prompt``; observer None: ``UNWATCHED``). It holds the ``target``, its ``state``, the
-    ``cursor``, the ``sampler``, the ``verifier``, the ``proposer`` (None for plain decoding),
-    the ``gate`` (a :class:`RecordedGate`, or ``ALWAYS_SPECULATE``), the ``observer``, the
-    ``clock`` and the ``result``.
-    """
+    The arguments are ``generate``'s, checked (``stops``: its stop_token_ids; block size 1 and
+    no verifier without a drafter). The ``proposer`` is None for plain decoding, the ``gate`` a
+    :class:`RecordedGate` or ``ALWAYS_SPECULATE``, the ``observer`` ``UNWATCHED`` by default."""
 
     def __init__(self, target, drafter, prompt, block_size: int, max_new_tokens: int,
                  sampling: SamplingParams, verifier, gate=None, pager=None, stops=None,
@@ -243,7 +234,8 @@ class Decoding:
         tokens; the gate observes the step."""
         res = self.verifier.verify(block, out.logits, ctx)
         self.verifier.keep(self.state, ctx.position, res)  # KV, features, GDN
-        row = out.logits[res.bonus_row: res.bonus_row + 1]  # the bonus token's row
+        k = res.bonus_row  # the verify row whose logits chose the bonus
+        row = out.logits[k: k + 1]  # [1, V]
         tokens = self.commit(res.committed, res.a, row)
         self.gate.observe(self.step_observation(len(tokens), len(block.tokens), step_t0))
 
@@ -254,8 +246,7 @@ class Decoding:
         self.commit([self.sampler.sample(self.target.be, row)], 0, row)
 
     def run_target(self, block, phase: str, logits_rows=None):
-        """The target's forward over ``block``, timed as ``phase`` and reported to the observer;
-        returns ``(output, seconds)``."""
+        """The target's forward over ``block`` timed as ``phase``: ``(output, seconds)``."""
         tap = self.observer.before_forward(block.tokens, block.positions(self.state.length),
                                            block.parents)
         with self.clock.phase(phase) as lap:
@@ -279,8 +270,7 @@ class Decoding:
         return tokens
 
     def step_observation(self, produced: int, width: int, step_t0: float) -> StepObservation:
-        """Record a step that produced ``produced`` tokens (up to a cut, as the release counts)
-        from a ``width``-row block; return what the gate sees of it."""
+        """Record a step's ``produced`` tokens (to a cut, as the release counts) for the gate."""
         self.result.target_forward_passes += 1
         self.result.per_position_accepted[: produced - 1] += 1
         self.result.acceptance_lengths.append(produced)

@@ -1,9 +1,8 @@
 """What a verifier drafts from: the step's data and the proposer, handed over as one object.
 
-Each speculative step the request builds a :class:`DraftingContext` around its
-:class:`Proposer` and hands it to the verifier, which asks ``ctx.propose(block_size, law)`` or
-``ctx.draft_logits()`` and reads the sampling law, generator and backend from it. Neither reaches
-the request (vLLM's proposer, scorer and sampler exchange data objects the same way).
+Each speculative step the request hands the verifier a :class:`DraftingContext` around its
+:class:`Proposer`; the verifier drafts through it and reaches nothing of the request (vLLM's
+proposer, scorer and sampler exchange data objects the same way).
 """
 
 from __future__ import annotations
@@ -17,13 +16,10 @@ from dflash_ref.ops.sampling import DraftProposal, SamplingParams
 
 
 class Proposer:
-    """The drafter and its cache of context K/V over the target ``state``'s features.
-
-    Each draft first extends the cache with the features of the positions committed since the
-    last one (``[cache.length, s)``), then runs the block ``[anchor, MASK x (n-1)]`` at positions
-    ``s .. s+n-1``; the clock times both as "draft", the observer sees the context rows and the
-    block's logits. ``block_size`` is the run's B (a verifier may draft fewer rows).
-    """
+    """The drafter and its cache of context K/V over the target ``state``'s features: each draft
+    extends the cache with the positions committed since the last (``[cache.length, s)``), then
+    runs ``[anchor, MASK x (n-1)]`` at ``s .. s+n-1``, timed as "draft". ``block_size``: the
+    run's B (a verifier may draft fewer rows)."""
 
     def __init__(self, drafter, state, block_size: int, observer, clock):
         self.drafter, self.state, self.block_size = drafter, state, block_size

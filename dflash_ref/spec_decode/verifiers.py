@@ -1,17 +1,11 @@
-"""Verify rules as objects: what the drafter proposes, what the target runs, what is kept.
+"""Verify rules as objects (vLLM's proposer / scorer / sampler: a verifier decides).
 
-The drafter proposes, the target scores the proposal in one forward, a verifier decides (vLLM's
-proposer / scorer / sampler). Per speculative step the loop calls ``block = v.draft(ctx)``, runs
-``block.forward``, then ``result = v.verify(block, logits, ctx)`` and
-``v.keep(state, ctx.position, result)``; ``ctx`` is the step's
-:class:`~dflash_ref.spec_decode.drafting.DraftingContext`, all a rule sees of the request. A
-result has ``a`` (accepted drafts), ``committed`` (the accepted drafts, then the bonus) and
-``bonus_row`` (the verify row whose logits chose the bonus: what a gate reads next).
-
-Here the chain rules: :class:`ChainVerifier` (greedy) and :class:`RejectionChainVerifier` (the
-release's rejection sampling). The trees and the older sampled chain form are in
-:mod:`~dflash_ref.spec_decode.tree_verifiers`; any :class:`Verifier` can be passed to
-``generate``.
+Per speculative step the loop calls ``block = v.draft(ctx)`` (``ctx``: the step's
+:class:`~dflash_ref.spec_decode.drafting.DraftingContext`), ``block.forward``, then
+``result = v.verify(block, logits, ctx)`` and ``v.keep(state, ctx.position, result)``; a result
+has ``a``, ``committed`` (the accepted drafts, then the bonus) and ``bonus_row`` (the row that
+chose the bonus: what a gate reads next). Here the chain rules; the others are in
+:mod:`~dflash_ref.spec_decode.extra_verifiers`.
 """
 
 from __future__ import annotations
@@ -52,8 +46,7 @@ class Verifier:
     """The interface every verify rule implements (module docstring)."""
 
     def check(self, sampling: SamplingParams, block_size: int, trained_block_size: int) -> None:
-        """Refuse a run this rule cannot verify (a :class:`~dflash_ref.errors.ConfigError`
-        naming the fix). ``block_size`` the run's; ``trained_block_size`` the drafter's."""
+        """Refuse a run this rule cannot verify with a ``ConfigError`` naming the fix."""
 
     def draft(self, ctx: DraftingContext):
         """This step's block (a :class:`ChainBlock`, or a tree block)."""
@@ -80,15 +73,11 @@ def block_too_wide(block_size: int, trained_block_size: int) -> ConfigError:
 
 @dataclass(frozen=True)
 class ChainVerifier(Verifier):
-    """Greedy chain verify: argmax drafts, accept the prefix the target's argmax agrees with,
-    keep rows 0..a.
+    """Greedy chain verify: argmax drafts, the prefix the target's argmax agrees with, rows 0..a.
 
-    Attributes:
-        draft_rows: "trained" drafts ``block_size`` rows (at most the drafter's trained block);
-            "verify" drafts exactly the verify block, ``min(block_size, remaining + 1)`` rows, as
-            the release's ``verify_size`` (its acceptance lengths; a ``block_size`` above the
-            trained one drafts positions never trained on, still lossless).
-    """
+    ``draft_rows``: "trained" drafts ``block_size`` rows (at most the trained block); "verify"
+    drafts ``min(block_size, remaining + 1)``, the release's ``verify_size`` (past the trained
+    block: positions never trained on, still lossless)."""
 
     draft_rows: str = "trained"
 

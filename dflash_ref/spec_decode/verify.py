@@ -1,30 +1,21 @@
-"""Chain verify: greedy, and sampled at temperature > 0 (docs/spec_decode.md, "Chain verify").
+"""Chain verify, greedy and sampled (docs/spec_decode.md, "Chain verify").
 
-    block     = [t_s, d_1, ..., d_{n-1}]   [n]     anchor (last committed token) + n-1 drafts
-    posterior = target token per block row [n]     row j predicts position s+j+1
+    block     = [t_s, d_1, ..., d_{n-1}]   [n]   the anchor and n-1 drafts
+    posterior = target token per block row [n]   row j (it saw block[0..j]) predicts s+j+1
+    a         = longest prefix with block[1+j] == posterior[j], j = 0..n-2   (0 <= a <= n-1)
+    bonus     = posterior[a]                      the target's token after the accepted drafts
 
-Row j of the target saw block[0..j], so its token is the target's choice where draft d_{j+1}
-sits. The accepted count is
+The step commits ``block[1..a]`` and the bonus; the caches keep verify rows 0..a.
 
-    a = length of the longest prefix with block[1+j] == posterior[j], j = 0..n-2  (0 <= a <= n-1)
+- **Greedy** (:func:`verify_chain_greedy`): posterior = argmax per row.
+- **Sampled** (:func:`verify_chain_sampled`, the release's ``_rejection_sample``, PyPI ``dflash``
+  0.1.0): drafts ``d_j ~ q_j``; draft j is accepted iff ``u_j q_j(d_j) < p_j(d_j)`` with
+  ``p_j = sampling_probs(row j)`` (probability ``min(1, p/q)``), up to the first rejection; the
+  bonus is drawn from the residual ``max(0, p_a - q_a)`` renormalised (``p_a`` if it is all
+  zero), or from ``p_{n-1}`` after a full accept: the tokens are distributed as sampling from p.
 
-and the bonus is ``posterior[a]``: the target's token after the last accepted draft (replacing
-a rejected draft, or a free extra token after a full accept). The step commits ``block[1..a]``
-and the bonus (``s <- s + a + 1``); the target KV cache and the drafter's context keep verify
-rows 0..a; the bonus is in no cache yet.
-
-- **Greedy** (:func:`verify_chain_greedy`, z-lab/dflash ``dflash/model.py``): posterior = argmax
-  per row.
-- **Sampled** (:func:`verify_chain_sampled`, the release: PyPI ``dflash`` 0.1.0,
-  ``_rejection_sample``): drafts ``d_j ~ q_j``; with ``p_j = sampling_probs(row j)`` draft j is
-  accepted iff ``u_j q_j(d_j) < p_j(d_j)`` (probability ``min(1, p/q)``), stopping at the first
-  rejection; the bonus is drawn from the residual ``max(0, p_a - q_a)`` renormalised (``p_a``
-  if the residual is all zero), or from ``p_{n-1}`` after a full accept. The emitted tokens are
-  distributed as sampling from p one token at a time.
-
-Results are on the host (the loop branches on them). A row holding NaN or +-inf raises
-:class:`~dflash_ref.errors.NonFiniteLogitsError`, never becomes a token (docs/conventions.md,
-"Non-finite logits").
+Results are on the host. A row holding NaN or +-inf raises
+:class:`~dflash_ref.errors.NonFiniteLogitsError` (docs/conventions.md, "Non-finite logits").
 """
 
 from __future__ import annotations
@@ -57,8 +48,7 @@ class ChainVerifyResult:
 
     @property
     def committed(self) -> tuple[int, ...]:
-        """The ``a + 1`` tokens after the anchor (positions s+1..s+a+1): the accepted drafts,
-        then the bonus, the next anchor."""
+        """The accepted drafts, then the bonus: positions s+1..s+a+1."""
         return (*self.accepted, self.bonus)
 
     @property
@@ -107,10 +97,8 @@ def _host(x) -> np.ndarray:
 
 def greedy_posterior(be: Backend | str, target, n_rows: int | None = None,
                      role: str = "verify") -> np.ndarray:
-    """The target's greedy token per row, [R] int64 on the host.
-
-    ``target`` is logits [R, V] (argmax, lowest index on ties; non-finite rows refused, ``role``
-    named in the error) or ids [R] taken as they are; R must equal ``n_rows`` when given."""
+    """The target's greedy token per row, [R] int64 on the host, from logits [R, V] (lowest
+    index on ties; non-finite rows refused, ``role`` named) or from ids [R] taken as they are."""
     be = as_backend(be)
     if not hasattr(target, "shape"):
         target = np.asarray(target)
@@ -143,12 +131,9 @@ def verify_chain_greedy(be: Backend | str, block, target) -> ChainVerifyResult:
 
 
 def rejection_core(drafts, p, q, candidates, u_accept, u_bonus) -> tuple[int, int]:
-    """Rejection sampling with the residual, one block (module docstring, "Sampled"): returns
-    (a, bonus).
-
-    ``drafts`` [n-1]; ``p`` [n, V] target probabilities (row j checks drafts[j]); ``q``
-    [n-1, V], or [n-1, k] on ``candidates`` [n-1, k] distinct ids (DFlash 2); ``u_accept``
-    [n-1] uniforms, ``u_bonus`` one."""
+    """(a, bonus) by rejection sampling with the residual (module docstring, "Sampled"):
+    ``drafts`` [n-1], ``p`` [n, V] (row j checks drafts[j]), ``q`` [n-1, V] or [n-1, k] on
+    ``candidates`` [n-1, k] (DFlash 2), ``u_accept`` [n-1] uniforms, ``u_bonus`` one."""
     drafts = np.asarray(drafts, dtype=np.int64)
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
     m = drafts.shape[0]
@@ -171,11 +156,9 @@ def rejection_core(drafts, p, q, candidates, u_accept, u_bonus) -> tuple[int, in
 
 def verify_chain_sampled(be: Backend | str, block, target_logits, proposal: DraftProposal,
                          law: SamplingParams, rng) -> ChainVerifyResult:
-    """Sampled chain verify as the release does it: ``p = sampling_probs(target_logits)``
-    [n, V] under ``law``, then :func:`rejection_core` on the drafts of ``block`` [n] and the
-    ``proposal``'s ``q``, with n-1 accept uniforms from ``rng``, then one for the bonus.
-    ``posterior`` is the accepted drafts and the bonus [a+1]. Greedy ``law``:
-    :func:`verify_chain_greedy`."""
+    """:func:`rejection_core` on ``block`` [n], ``p = sampling_probs(target_logits)`` [n, V]
+    and the ``proposal``'s ``q``, with n-1 accept uniforms from ``rng``, then one for the bonus
+    (``posterior``: the accepted drafts and the bonus). Greedy: :func:`verify_chain_greedy`."""
     b = _check_block(block)
     if law.greedy:
         return verify_chain_greedy(be, b, target_logits)
