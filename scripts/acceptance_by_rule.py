@@ -20,12 +20,9 @@ import dflash_ref
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.sampling import SamplingParams
+from dflash_ref.spec_decode.extra_verifiers import GreedyDraftChainVerifier, SampledTreeVerifier
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.spec_decode.verifiers import (
-    GreedyDraftChainVerifier,
-    RejectionChainVerifier,
-    SampledTreeVerifier,
-)
+from dflash_ref.spec_decode.verifiers import RejectionChainVerifier
 
 DEMO = Path(dflash_ref.__file__).parent / "data" / "demo"
 TEMPERATURES = (0.3, 0.7, 1.0)

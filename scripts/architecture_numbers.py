@@ -238,8 +238,7 @@ TIERS = (
     ("the one page", (r"dflash_ref/minimal\.py",)),
     ("the real loop", (
         SPEC + r"loop\.py", SPEC + r"decoding\.py", SPEC + r"(cursor|context|drafting)\w*\.py",
-        SPEC + r"verifiers\.py", SPEC + r"verify\.py", r"dflash_ref/ops/sampling\.py",
-        SPEC + r"observe\.py")),
+        SPEC + r"verifiers\.py", SPEC + r"verify\.py")),
     ("the real target, state and drafter", (
         MODELS + r"target\.py", MODELS + r"output\.py", MODELS + r"(step_)?runners?\.py",
         MODELS + r"assemble\.py", MODELS + r"layers\.py", MODELS + r"fused\.py",
@@ -247,12 +246,15 @@ TIERS = (
         MODELS + r"stores\.py", MODELS + r"cache\.py", MODELS + r"drafter\.py",
         MODELS + r"draft_cache\.py")),
     ("the ops", (
+        r"dflash_ref/ops/sampling\.py",  # the sampling law the drafter and the verifiers share
         r"dflash_ref/backend\.py", r"dflash_ref/ops/_dtypes\.py", r"dflash_ref/ops/linear\.py",
         r"dflash_ref/ops/norm\.py", r"dflash_ref/ops/rope\.py", r"dflash_ref/ops/activations\.py",
         r"dflash_ref/ops/masks\.py", r"dflash_ref/ops/attention\.py",
         r"dflash_ref/ops/reductions\.py", r"dflash_ref/ops/pager\.py", r"dflash_ref/ops/.*")),
     ("the extras, each optional", (
+        SPEC + r"observe\.py", SPEC + r"arguments\.py",  # watching a run, checking its input
         SPEC + r"(gate|cost)\.py",  # gates
+        SPEC + r"extra_verifiers\.py",  # the verify rules off the default path, trees among them
         SPEC + r"(ddtree|tree_sampling)\.py", r"dflash_ref/ops/gdn_tree\.py",  # trees
         r"dflash_ref/kvflash/.*",  # the pager
         MODELS + r"graphs\.py", SPEC + r"warmup\.py",  # CUDA graphs

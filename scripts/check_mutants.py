@@ -84,7 +84,7 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '6 entropy gate fed the last verify row',
         'dflash_ref/spec_decode/decoding.py',
-        'row = out.logits[res.bonus_row: res.bonus_row + 1]',
+        'row = out.logits[k: k + 1]',
         'row = out.logits[-1:]',
         'tests/spec_decode/test_gate_wiring.py',
     ),

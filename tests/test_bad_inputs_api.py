@@ -30,8 +30,8 @@ from dflash_ref.errors import (
     PositionWarning,
 )
 from dflash_ref.ops.sampling import GREEDY, SamplingParams
+from dflash_ref.spec_decode.arguments import check_arguments
 from dflash_ref.spec_decode.batch import generate_batch
-from dflash_ref.spec_decode.loop import check_arguments
 
 DEMO = files("dflash_ref") / "data" / "demo"
 

@@ -3,10 +3,13 @@
 - :mod:`~dflash_ref.spec_decode.loop`: ``generate`` (prefill, then gate -> draft -> verify ->
   commit); :mod:`~dflash_ref.spec_decode.decoding`: one request's steps, its token cursor and
   its result; :mod:`~dflash_ref.spec_decode.drafting`: the drafting context a verifier drafts
-  from and the proposer (the drafter and its cache); :mod:`~dflash_ref.spec_decode.batch`:
+  from and the proposer (the drafter and its cache); :mod:`~dflash_ref.spec_decode.arguments`:
+  ``generate``'s arguments checked, the verify mode read; :mod:`~dflash_ref.spec_decode.batch`:
   ``generate_batch``.
-- :mod:`~dflash_ref.spec_decode.verifiers`: the verify rules as objects (chain greedy, chain
-  sampled with rejection sampling, chain with greedy drafts and sampled rows, DDTree);
+- :mod:`~dflash_ref.spec_decode.verifiers`: the verify rules as objects, the interface and the
+  chain rules (greedy, and sampled with rejection sampling);
+  :mod:`~dflash_ref.spec_decode.extra_verifiers`: DDTree, the sampled tree, the chain with
+  greedy drafts and sampled rows;
   :mod:`~dflash_ref.spec_decode.verify`: chain verify, greedy and sampled (docs/spec_decode.md);
   :mod:`~dflash_ref.spec_decode.ddtree`: DDTree build, ancestor visibility, tree verify
   (liranringel/ddtree ``ddtree.py``, with the lucebox port's choices as options).
@@ -31,6 +34,7 @@ from dflash_ref.ops.sampling import (
     sampling_probs,
     target_probs,
 )
+from dflash_ref.spec_decode.arguments import make_verifier
 from dflash_ref.spec_decode.cost import CostModel, simulate_gated_decode
 from dflash_ref.spec_decode.ddtree import (
     DDTree,
@@ -45,6 +49,12 @@ from dflash_ref.spec_decode.ddtree import (
     verify_tree,
 )
 from dflash_ref.spec_decode.drafting import DraftingContext
+from dflash_ref.spec_decode.extra_verifiers import (
+    GreedyDraftChainVerifier,
+    SampledTreeVerifier,
+    TreeVerifier,
+    chain_sampled_core,
+)
 from dflash_ref.spec_decode.gate import (
     ALWAYS_SPECULATE,
     COMMIT_EMA_VERSIONS,
@@ -63,18 +73,10 @@ from dflash_ref.spec_decode.stats import (
     tau_per_response,
     tau_pooled,
 )
-from dflash_ref.spec_decode.verifiers import (
-    ChainVerifier,
-    GreedyDraftChainVerifier,
-    RejectionChainVerifier,
-    TreeVerifier,
-    Verifier,
-    make_verifier,
-)
+from dflash_ref.spec_decode.verifiers import ChainVerifier, RejectionChainVerifier, Verifier
 from dflash_ref.spec_decode.verify import (
     ChainVerifyResult,
     accept_length,
-    chain_sampled_core,
     rejection_core,
     verify_chain_greedy,
     verify_chain_sampled,
@@ -103,6 +105,7 @@ __all__ = [
     "Observers",
     "Progress",
     "RejectionChainVerifier",
+    "SampledTreeVerifier",
     "SamplingParams",
     "StepObservation",
     "Stream",

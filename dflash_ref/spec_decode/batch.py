@@ -27,8 +27,8 @@ import numpy as np
 
 from dflash_ref.errors import ConfigError
 from dflash_ref.ops.sampling import GREEDY, SamplingParams
+from dflash_ref.spec_decode.arguments import check_arguments
 from dflash_ref.spec_decode.decoding import Decoding, GenerationResult
-from dflash_ref.spec_decode.loop import check_arguments
 
 
 def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,

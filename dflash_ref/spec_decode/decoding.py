@@ -1,13 +1,9 @@
 """One request's decoding: the steps :func:`~dflash_ref.spec_decode.loop.generate` strings.
 
-:class:`Decoding` holds the request (the target and its state, a :class:`TokenCursor` over the
-emitted tokens, the sampler, the verifier, the drafter's proposer, the gate, the observer, the
-clock, the result) and does each step of the loop's docstring: the prefill, the gate's warm-up,
-a plain step, a speculative step, the finish. A speculative step is one way: the request builds
-a :class:`~dflash_ref.spec_decode.drafting.DraftingContext`, the verifier drafts from it, the
-target runs the block, the verifier decides on its logits and keeps the accepted rows in the
-state, and the cursor commits the tokens; no role calls back into the request. Everything a
-caller may watch goes through one observer (:mod:`dflash_ref.spec_decode.observe`).
+A speculative step flows one way: the verifier drafts from a
+:class:`~dflash_ref.spec_decode.drafting.DraftingContext`, the target runs the block, the
+verifier decides and keeps the accepted rows, the :class:`TokenCursor` commits the tokens; no
+role calls back into the request. Everything a caller may watch goes through one observer.
 """
 
 from __future__ import annotations
@@ -31,19 +27,17 @@ class GenerationResult:
 
     Attributes:
         tokens: the generated ids (prompt excluded), at most max_new_tokens, cut after a stop id.
-        acceptance_lengths: tokens produced per verify step (speculative steps only): a + 1, or
-            fewer when max_new_tokens or a stop token cuts the step (as the release counts).
+        acceptance_lengths: tokens produced per speculative step: a + 1, or fewer when
+            max_new_tokens or a stop token cuts the step (as the release counts).
         drafted: drafts offered per speculative step (n - 1 chain, tree nodes - 1 tree).
-        per_position_accepted: [B-1] how often draft position j (1-based j = index + 1) was
-            accepted.
+        per_position_accepted: [B-1] how often draft position j = index + 1 was accepted.
         timings: wall seconds per phase ("prefill", "draft", "verify", "plain", "total", and
-            "reselect" with a KVFlash scorer), written by the loop's clock.
+            "reselect" with a KVFlash scorer).
         modelled_time: the cost model's time for the decode phase (None without a cost model).
         gate_decisions: the gate's decisions in order (empty without a gate).
         target_forward_passes: target forwards run, prefill included.
         floored_at: generated-token count when the gate floored (None: never).
-        from_draft: one flag per token of ``tokens``: True where the token is an accepted draft,
-            False for a bonus token, the first token and plain-decoded ones.
+        from_draft: per token, True where it is an accepted draft.
     """
 
     tokens: list[int]
@@ -72,22 +66,10 @@ class GenerationResult:
 
 @dataclass
 class TokenCursor:
-    """Where a request stands in its tokens: the anchor, its position, what is still wanted.
-
-    ``anchor`` is the newest emitted token t_s at ``position`` s (not yet run by the target);
-    ``anchor_logits`` [1, V] is the target row that chose it (what a gate reads). Tokens enter
-    through :meth:`commit` only, cut by :meth:`cut`, the one stop cut (the finish uses it too).
-
-    Attributes:
-        prompt: [N] the prompt ids.
-        max_new_tokens: tokens wanted in all.
-        stops: the stop ids (generation stops just after the first).
-        position: s; before the first commit N - 1, the last prompt token's.
-        remaining: tokens still wanted (``max_new_tokens`` less those emitted).
-        emitted: the committed tokens, in order.
-        from_draft: one flag per emitted token: True for an accepted draft.
-        done: True once none are wanted or a stop token was emitted.
-    """
+    """Where a request stands: the ``anchor`` t_s at ``position`` s (N - 1 before the first
+    commit), emitted, not yet run; ``anchor_logits`` [1, V], the row that chose it (what a gate
+    reads); ``remaining``; ``done`` once none remain or a stop id was emitted. Tokens enter by
+    :meth:`commit` only, cut by :meth:`cut`, the one stop cut (the finish uses it too)."""
 
     prompt: np.ndarray
     max_new_tokens: int
@@ -110,8 +92,7 @@ class TokenCursor:
 
     def commit(self, tokens, n_drafts: int, anchor_logits) -> list[int]:
         """Emit ``tokens`` (the first ``n_drafts`` accepted drafts) cut at ``remaining`` and
-        after a stop; the last is the new anchor, chosen by the target row ``anchor_logits``.
-        Returns the tokens emitted."""
+        after a stop; the last, chosen by the row ``anchor_logits``, is the new anchor."""
         tokens = self.cut(tokens[: self.remaining])
         n_drafts = min(n_drafts, len(tokens))
         self.emitted.extend(tokens)
@@ -123,7 +104,6 @@ class TokenCursor:
         return tokens
 
     def tokens(self) -> list[int]:
-        """The result's tokens: at most ``max_new_tokens``, cut after the first stop id."""
         return self.cut(self.emitted[: self.max_new_tokens])
 
 
@@ -141,9 +121,8 @@ class Sampler:
 
 
 class RecordedGate:
-    """A given gate, with its decisions recorded: in the result (``gate_decisions``,
-    ``floored_at``) and by the observer (``on_gate``). A run given no gate holds
-    :data:`~dflash_ref.spec_decode.gate.ALWAYS_SPECULATE` instead, whose answers nobody records."""
+    """A given gate, its decisions recorded in the result (``gate_decisions``, ``floored_at``)
+    and by the observer (``on_gate``). A run given no gate holds ``ALWAYS_SPECULATE`` instead."""
 
     def __init__(self, gate, observer, result: GenerationResult):
         self.gate, self.observer, self.result = gate, observer, result
@@ -155,7 +134,6 @@ class RecordedGate:
         self.gate.end_warmup(walls)
 
     def check(self, observation: GateObservation):
-        """The gate's decision, recorded; a floor is recorded at the tokens generated so far."""
         decision = self.gate.check(observation)
         self.observer.on_gate(observation, decision)
         self.result.gate_decisions.append(decision)
@@ -168,26 +146,11 @@ class RecordedGate:
 
 
 class Decoding:
-    """One request: each method is one step of the loop (module docstring).
+    """One request; each method is a step of the loop (:mod:`~dflash_ref.spec_decode.loop`).
 
-    It holds the ``target`` and its ``state``, the ``cursor`` (:class:`TokenCursor`), the
-    ``sampler``, the ``verifier``, the ``proposer`` (None for plain decoding), the ``gate`` (a
-    :class:`RecordedGate`, or ``ALWAYS_SPECULATE``), the ``observer``, the ``clock`` and the
-    ``result``.
-
-    Args:
-        target, drafter: the models (drafter None: plain decoding).
-        prompt: [N] the prompt ids; a given ``state`` must hold a proper prefix of them.
-        block_size: the step's block size (1 without a drafter: plain decoding).
-        sampling: the run's :class:`~dflash_ref.ops.sampling.SamplingParams`.
-        verifier: the verify rule (:mod:`~dflash_ref.spec_decode.verifiers`; None without a
-            drafter).
-        gate: a gate (:mod:`~dflash_ref.spec_decode.gate`), or None: always speculate.
-        pager, stops, state: as for ``generate`` (``stops``: its stop_token_ids).
-        observer: an :class:`~dflash_ref.spec_decode.observe.Observer`, or None: the events then
-            go to :data:`~dflash_ref.spec_decode.observe.UNWATCHED` (one no-op).
-        cost_model: modelled times for a gate and ``modelled_time`` (or None).
-    """
+    The arguments are ``generate``'s, checked (``stops``: its stop_token_ids; block size 1 and
+    no verifier without a drafter). The ``proposer`` is None for plain decoding, the ``gate`` a
+    :class:`RecordedGate` or ``ALWAYS_SPECULATE``, the ``observer`` ``UNWATCHED`` by default."""
 
     def __init__(self, target, drafter, prompt, block_size: int, max_new_tokens: int,
                  sampling: SamplingParams, verifier, gate=None, pager=None, stops=None,
@@ -215,13 +178,9 @@ class Decoding:
             drafter, self.state, block_size, self.observer, self.clock)
         self.observer.on_start(self.state)
 
-    # ------------------------------------------------------------------ the steps
-
     def prefill(self) -> None:
-        """1. Run the prompt (capture on); sample the first token from its last row.
-
-        Only that row's logits are computed (``logits_rows``) unless the observer asks for every
-        row: the other N-1 rows would be N x vocab floats that nothing reads."""
+        """1. Run the prompt (what the state lacks), sample the first token from its last row
+        (the only row computed unless the observer asks for every row)."""
         every_row = self.observer.full_prefill_logits
         to_prefill = self.cursor.prompt[self.state.length:]  # [n] what the state lacks
         out, _ = self.run_target(ChainBlock(to_prefill), "prefill",
@@ -229,8 +188,8 @@ class Decoding:
         self.sample_next(out)
 
     def warm_up(self) -> None:
-        """Begin the gate's turn; run the plain steps it asks for before it can judge (the
-        commit-EMA gate's t_ar), and hand it their times (modelled with a cost model)."""
+        """Begin the gate's turn; run the plain steps it asks for before it judges, and hand it
+        their times (modelled with a cost model)."""
         n = self.gate.start_turn(self.cursor.max_new_tokens, not self.sampler.law.greedy)
         if self.proposer is None or not n:
             return
@@ -239,8 +198,7 @@ class Decoding:
         self.gate.end_warmup([cost.t_ar] * len(walls) if cost else walls)
 
     def speculates(self) -> bool:
-        """2a. Whether this step drafts: with a drafter, until the gate floors; the gate judges
-        at the top of every step before that (``RecordedGate`` records its decision)."""
+        """2a. Whether this step drafts: with a drafter, until the gate floors."""
         if self.proposer is None or self.result.floored_at is not None:
             return False
         c = self.cursor
@@ -248,8 +206,7 @@ class Decoding:
         return not self.gate.check(observation).floor
 
     def plain_step(self) -> float:
-        """One plain decode step: run the anchor, sample the next token. Returns the forward's
-        wall seconds (a gate's t_ar)."""
+        """Run the anchor, sample the next token; return the forward's seconds (a gate's t_ar)."""
         out, wall = self.run_target(ChainBlock(np.array([self.cursor.anchor], np.int64)),
                                     "plain")
         if self.clock.cost is not None:
@@ -258,8 +215,8 @@ class Decoding:
         return wall
 
     def spec_step(self) -> None:
-        """2b-d: the verifier drafts a block from the step's context, the target runs it, the
-        verifier decides and keeps, the cursor commits; the gate observes the step."""
+        """2b-d: the verifier drafts from the step's context, the target runs the block, the
+        verifier decides and keeps, the cursor commits."""
         step_t0 = self.clock.now()
         ctx = self.drafting_context()
         block = self.verifier.draft(ctx)  # b. the proposer drafts
@@ -267,8 +224,7 @@ class Decoding:
         self.accept(ctx, block, out, step_t0)  # d.
 
     def drafting_context(self) -> DraftingContext:
-        """2b. What the verifier drafts from: the anchor, its position, the block size, the
-        tokens still wanted, the sampling law and its generator, the backend, the proposer."""
+        """2b. What the verifier drafts from (one sequence of a batch too)."""
         c, p = self.cursor, self.proposer
         return DraftingContext(c.anchor, c.position, p.block_size, c.remaining, self.sampler.law,
                                self.sampler.rng, self.target.be, p)
@@ -277,25 +233,20 @@ class Decoding:
         """2c-d. The verifier's decision on the block's logits; keep its rows, commit its
         tokens; the gate observes the step."""
         res = self.verifier.verify(block, out.logits, ctx)
-        self.verifier.keep(self.state, ctx.position, res)  # d. KV, features, GDN
-        row = out.logits[res.bonus_row: res.bonus_row + 1]  # the bonus token's row
+        self.verifier.keep(self.state, ctx.position, res)  # KV, features, GDN
+        k = res.bonus_row  # the verify row whose logits chose the bonus
+        row = out.logits[k: k + 1]  # [1, V]
         tokens = self.commit(res.committed, res.a, row)
         self.gate.observe(self.step_observation(len(tokens), len(block.tokens), step_t0))
 
     def sample_next(self, out) -> None:
-        """After a forward that ends at the anchor (the prefill, a plain step): the next token,
-        sampled from the last row, is committed; it is the new anchor."""
+        """Commit the token sampled from the last row of a forward ending at the anchor."""
         self.result.target_forward_passes += 1
         row = out.logits[-1:]
         self.commit([self.sampler.sample(self.target.be, row)], 0, row)
 
-    # ------------------------------------------------------------------ forward, commit, finish
-
     def run_target(self, block, phase: str, logits_rows=None):
-        """The target's forward over ``block`` at its positions, timed as ``phase`` and
-        reported to the observer.
-
-        Returns ``(output, seconds)``: the forward's wall time is a plain step's ``t_ar``."""
+        """The target's forward over ``block`` timed as ``phase``: ``(output, seconds)``."""
         tap = self.observer.before_forward(block.tokens, block.positions(self.state.length),
                                            block.parents)
         with self.clock.phase(phase) as lap:
@@ -304,8 +255,8 @@ class Decoding:
         return out, lap.seconds
 
     def commit(self, tokens, n_drafts: int, row) -> list[int]:
-        """Commit ``tokens`` through the cursor (cut at max_new_tokens and after a stop
-        token), report them and re-page KVFlash. Returns the tokens committed."""
+        """Commit ``tokens`` through the cursor, report them and re-page KVFlash; return the
+        tokens committed."""
         tokens = self.cursor.commit(tokens, n_drafts, row)
         self.observer.on_commit(list(tokens))
         self.observer.on_emit(list(tokens))
@@ -319,12 +270,7 @@ class Decoding:
         return tokens
 
     def step_observation(self, produced: int, width: int, step_t0: float) -> StepObservation:
-        """Record a speculative step that produced ``produced`` tokens from a ``width``-row
-        block, and what the gate sees of it.
-
-        As the release counts: a step cut by max_new_tokens or by a stop token produces (and
-        counts in acceptance_lengths) only the tokens up to the cut, the stop token included.
-        """
+        """Record a step's ``produced`` tokens (to a cut, as the release counts) for the gate."""
         self.result.target_forward_passes += 1
         self.result.per_position_accepted[: produced - 1] += 1
         self.result.acceptance_lengths.append(produced)
@@ -338,7 +284,7 @@ class Decoding:
         return StepObservation(commit_n=produced, step_wall=modelled, t_ar=cost.t_ar)
 
     def finish(self) -> GenerationResult:
-        """3. The tokens (cut after max_new_tokens and after the first stop token), timings."""
+        """3. The tokens (cut after max_new_tokens and after a stop token) and the timings."""
         self.result.tokens = self.cursor.tokens()
         self.result.from_draft = self.cursor.from_draft[: len(self.result.tokens)]
         self.clock.finish(self.result)  # timings and modelled time

@@ -16,7 +16,7 @@ import pytest
 from dflash_ref.kvflash.pager import KVFlashPager
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
-from dflash_ref.spec_decode import verifiers
+from dflash_ref.spec_decode import extra_verifiers, verifiers
 from dflash_ref.spec_decode.decoding import Decoding, TokenCursor
 from dflash_ref.spec_decode.drafting import DraftingContext, Proposer
 from dflash_ref.spec_decode.gate import ALWAYS_SPECULATE, EntropyGate, GateObservation
@@ -72,8 +72,8 @@ def test_a_verifier_sees_the_step_not_the_request(pair):
 
 
 def test_no_verifier_method_takes_run():
-    rules = [c for c in vars(verifiers).values()
-             if isinstance(c, type) and issubclass(c, verifiers.Verifier)]
+    rules = {c for module in (verifiers, extra_verifiers) for c in vars(module).values()
+             if isinstance(c, type) and issubclass(c, verifiers.Verifier)}
     assert len(rules) >= 6
     takes_run = [f"{c.__name__}.{name}" for c in rules for name, f in vars(c).items()
                  if inspect.isfunction(f) and "run" in inspect.signature(f).parameters]

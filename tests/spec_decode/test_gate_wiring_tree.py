@@ -15,9 +15,9 @@ import pytest
 
 from dflash_ref.spec_decode.cost import CostModel
 from dflash_ref.spec_decode.ddtree import DDTreeOptions
+from dflash_ref.spec_decode.extra_verifiers import TreeVerifier
 from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate
 from dflash_ref.spec_decode.loop import GateOptions, generate
-from dflash_ref.spec_decode.verifiers import TreeVerifier
 from tests.spec_decode.test_gate_wiring import (  # noqa: F401
     PROMPT,
     B,

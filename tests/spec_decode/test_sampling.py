@@ -26,7 +26,8 @@ import pytest
 
 from dflash_ref.backend import get_backend
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_from_probs, target_probs
-from dflash_ref.spec_decode.verify import chain_sampled_core, verify_chain_sampled
+from dflash_ref.spec_decode.extra_verifiers import chain_sampled_core
+from dflash_ref.spec_decode.verify import verify_chain_sampled
 from dflash_ref.testing.chisquare import chi2_sf, chi_square_gof, gamma_q
 from tests.spec_decode.oracle_sampling import (
     chain_rejection_core,

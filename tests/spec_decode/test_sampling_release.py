@@ -18,12 +18,9 @@ from dflash_ref.errors import ConfigError
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.sampling import SamplingParams, sampling_probs
+from dflash_ref.spec_decode.extra_verifiers import GreedyDraftChainVerifier
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.spec_decode.verifiers import (
-    ChainVerifier,
-    GreedyDraftChainVerifier,
-    RejectionChainVerifier,
-)
+from dflash_ref.spec_decode.verifiers import ChainVerifier, RejectionChainVerifier
 from dflash_ref.spec_decode.verify import rejection_core
 from dflash_ref.testing.chisquare import chi_square_gof
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target

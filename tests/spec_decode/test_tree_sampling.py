@@ -17,6 +17,7 @@ import pytest
 
 from dflash_ref.ops.sampling import SamplingParams
 from dflash_ref.spec_decode import tree_sampling
+from dflash_ref.spec_decode.extra_verifiers import SampledTreeVerifier
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.tree_sampling import (
     children,
@@ -25,7 +26,6 @@ from dflash_ref.spec_decode.tree_sampling import (
     tree_widths,
     verify_tree_sampled,
 )
-from dflash_ref.spec_decode.verifiers import SampledTreeVerifier
 from dflash_ref.testing.lossless import Law, check_lossless, toy_target
 from tests.testing.policies import verifier_step
 

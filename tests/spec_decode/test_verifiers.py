@@ -17,18 +17,16 @@ from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.sampling import SamplingParams
 from dflash_ref.oracle.record import Recorder
+from dflash_ref.spec_decode.arguments import make_verifier
 from dflash_ref.spec_decode.ddtree import DDTreeOptions
-from dflash_ref.spec_decode.loop import generate
-from dflash_ref.spec_decode.observe import Observer, Observers, Progress, Stream
-from dflash_ref.spec_decode.verifiers import (
-    ChainVerifier,
+from dflash_ref.spec_decode.extra_verifiers import (
     GreedyDraftChainVerifier,
-    RejectionChainVerifier,
     SampledTreeVerifier,
     TreeVerifier,
-    Verifier,
-    make_verifier,
 )
+from dflash_ref.spec_decode.loop import generate
+from dflash_ref.spec_decode.observe import Observer, Observers, Progress, Stream
+from dflash_ref.spec_decode.verifiers import ChainVerifier, RejectionChainVerifier, Verifier
 from dflash_ref.spec_decode.verify import verify_chain_greedy
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
 from tests.spec_decode.drafters import ScriptedDrafter

@@ -23,7 +23,8 @@ from dflash_ref.ops.sampling import (
     target_probs,
 )
 from dflash_ref.spec_decode.drafting import DraftingContext
-from dflash_ref.spec_decode.verifiers import ChainBlock, TreeBlock
+from dflash_ref.spec_decode.extra_verifiers import TreeBlock
+from dflash_ref.spec_decode.verifiers import ChainBlock
 from dflash_ref.spec_decode.verify import ChainVerifyResult
 from dflash_ref.testing.lossless import Law
 

@@ -15,11 +15,8 @@ import pytest
 
 from dflash_ref.backend import get_backend
 from dflash_ref.ops.sampling import sampling_probs
-from dflash_ref.spec_decode.verifiers import (
-    GreedyDraftChainVerifier,
-    RejectionChainVerifier,
-    SampledTreeVerifier,
-)
+from dflash_ref.spec_decode.extra_verifiers import GreedyDraftChainVerifier, SampledTreeVerifier
+from dflash_ref.spec_decode.verifiers import RejectionChainVerifier
 from dflash_ref.testing.lossless import (
     Law,
     assert_lossless,
