@@ -37,7 +37,6 @@ a captured step reads each step's ids and positions at the same addresses.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -153,30 +152,3 @@ def _into(buffers: dict, dev):
         return dev
     buf[...] = dev  # [R, T] device -> device, at the addresses a captured step reads
     return buf
-
-
-@dataclass(frozen=True)
-class TreePath:
-    """The accepted branch of a tree verify, as every store of the state reads it.
-
-    Made once per commit by :meth:`~dflash_ref.models.state.TargetState.commit_path` (one host
-    -> backend copy of the node indices), then handed to each store's ``keep_path``.
-
-    Attributes:
-        start: the first position of the branch (the committed length before the tree).
-        nodes: [m] host node indices, root first (node 0 is the root).
-        dev: [m] the same indices on the backend.
-        rows: [m] ``start + dev`` on the backend: the nodes' rows in a cache that appended
-            every node after its committed rows, in node order.
-    """
-
-    start: int
-    nodes: np.ndarray
-    dev: object
-    rows: object
-
-    @classmethod
-    def upload(cls, be, start: int, nodes: np.ndarray) -> TreePath:
-        """The path ``nodes`` [m] at ``start``, copied to the backend once."""
-        dev = be.to_backend(nodes)  # [m] node indices: one copy for every store
-        return cls(int(start), nodes, dev, start + dev)

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dflash_ref.errors import StateError
-from dflash_ref.models.batch_arrays import BatchArrays, TreePath
+from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.cache import FeatureBuffer
 from dflash_ref.models.gdn_store import GDNStore
 from dflash_ref.models.kv_store import KVStore
 from dflash_ref.models.snapshot import StateSnapshot, restore_stores, take_snapshot
 from dflash_ref.models.stores import CacheStore, FixedCacheStore, PoolStore, Store
+from dflash_ref.models.tree import TreePath
 from dflash_ref.ops.masks import tree_depths
 
 
