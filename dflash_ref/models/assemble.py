@@ -1,36 +1,17 @@
 """The decoder layers of a target, assembled once per model from its config.
 
 Every layer is the one block (:class:`~dflash_ref.models.layers.DecoderLayer`); what differs
-between families is which components it holds, chosen here from the config and never again in a
-forward (docs/target.md, "Families"); so is whether each component takes its fused form
-(``fused``, the fused ops to use: :data:`FUSED_OPS` by default, none for the reference form the
-tests compare with):
+between families is which components it holds, chosen here and never again in a forward
+(docs/target.md, "Families"), and whether each takes its fused form (``fused``):
 
-===================  =====================================================================
-part                 chosen by
-===================  =====================================================================
-norms                ``norm_offset`` (1 + w); each layer's mixer add normed by its pre-MLP
-                     norm, its MLP add by the next layer's input norm (the final norm last)
-residual adds        ``use_pre_post_ffn_norms``: Gemma's sandwich norms
-                     (:class:`~dflash_ref.models.gemma.PostNormAddNorm`), the pre-MLP norm
-                     ``pre_feedforward_layernorm``; else the add and the norm
-                     (:class:`~dflash_ref.models.layers.AddNorm`), the pre-MLP norm Qwen's
-                     ``post_attention_layernorm``; ``gemma4``: the MLP add maps the stream
-                     after it (:class:`~dflash_ref.models.gemma4.LayerOutputAdd`: per-layer
-                     input, layer scalar); with ``add_rms_norm`` in ``fused``, each add and
-                     its norm as one op (:mod:`~dflash_ref.models.fused`)
-mixer                ``layer_types[i]``: a GDN mixer (linear_attention), else attention:
-                     output-gated (``attn_output_gate``), KV-sharing (``kv_source_for(i)``),
-                     k = v (no v_proj tensor), v-normed (``v_norm``), or the common one
-RoPE                 the layer type's ``rope_type``: proportional, else the ``rope`` op; with
-                     ``qk_norm_rope`` in ``fused``, the q/k norms and the ``rope`` op as one
-                     op (:class:`~dflash_ref.models.fused.FusedNormRope`)
-feed-forward         ``moe``: Qwen3.5's sparse block in the MLP's place, Gemma 4's experts
-                     beside it; else the gated MLP (the ``swiglu`` op, or the ``geglu`` op for
-                     ``gelu_pytorch_tanh``)
-===================  =====================================================================
-
-A new target family adds its components in its own module and its choice here.
+- norms: ``norm_offset`` (1 + w); the mixer add normed by the pre-MLP norm, the MLP add by the
+  next layer's input norm (the final norm last);
+- residual adds: Gemma's sandwich norms (``use_pre_post_ffn_norms``, PostNormAddNorm) or the add
+  and the norm (AddNorm); Gemma 4 maps the stream after the MLP add (LayerOutputAdd);
+- mixer: by ``layer_types[i]``, a GDN mixer or an attention of the config's kind; RoPE by the
+  layer type's ``rope_type``;
+- feed-forward: ``moe`` (Qwen3.5's sparse block in the MLP's place, Gemma 4's experts beside
+  it), else the gated MLP (``swiglu``, or ``geglu`` for ``gelu_pytorch_tanh``).
 """
 
 from __future__ import annotations
@@ -60,20 +41,15 @@ from dflash_ref.models.moe import Gemma4MoE, QwenSparseMoE
 from dflash_ref.models.qwen3_5 import GatedAttention, GDNMixer
 
 FUSED_OPS = ("add_rms_norm", "qk_norm_rope")
-"""The fused ops a target's layers use by default: each residual add with the norm after it
-(``add_rms_norm``, and ``norm_add_rms_norm`` after a sandwich norm), each attention layer's q/k
-norms with its RoPE (``qk_norm_rope``)."""
+"""The fused ops a target's layers use by default (models/fused.py)."""
 
 
 def decoder_layers(cfg, be, weights: dict, embed, final_norm,
                    fused=FUSED_OPS) -> list[DecoderLayer]:
     """The ``cfg.num_hidden_layers`` decoder layers over ``weights`` (HF names, on the backend).
 
-    ``embed``: the target's token embedding (ids -> [T, H]), which Gemma 4's per-layer
-    embeddings read; they are made once per model and shared by its layers. ``final_norm``: the
-    norm after the last layer (its MLP add's norm). ``fused``: the fused ops the layers use, a
-    subset of :data:`FUSED_OPS` (``()``: the reference form, each add then its norm and the q/k
-    norms and RoPE as four calls).
+    ``embed``: ids -> [T, H] (Gemma 4's per-layer embeddings read it); ``final_norm``: the norm
+    after the last layer; ``fused``: a subset of :data:`FUSED_OPS` (``()``: the reference form).
     """
     unknown = set(fused) - set(FUSED_OPS)
     if unknown:

@@ -1,5 +1,5 @@
-"""Tree verify on the target (docs/spec_decode.md, DDTree): a draft tree in one forward, and the
-accepted branch as every store of the state reads it when the state commits it."""
+"""Tree verify on the target (docs/spec_decode.md, DDTree): a draft tree in one forward, its
+arrays and mask, and the accepted branch as every store of the state reads it at the commit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.output import TargetOutput
+from dflash_ref.ops.masks import MaskSpec
 
 
 def forward_tree(model, ids, parents, state) -> TargetOutput:
@@ -30,6 +32,33 @@ def forward_tree(model, ids, parents, state) -> TargetOutput:
         raise ValueError("forward_tree: parents must be [-1, p1, p2, ...] with 0 <= p_i < i "
                          "(one root, node 0, topologically ordered)")
     return model._run(state.begin_batch(ids, parents=parents), state)
+
+
+class TreeArrays(BatchArrays):
+    """A tree batch's :class:`~dflash_ref.models.batch_arrays.BatchArrays` (made with
+    ``parents``: its ancestor rows in the one upload) and the tree-verify mask built from them."""
+
+    def tree_mask(self, prefix, window: int | None) -> MaskSpec:
+        """Tree verify over keys ``[prefix..., the T nodes]``.
+
+        ``prefix``: an int P for a plain cache (keys at positions 0..P-1), or the pager's slot
+        table [P] (a backend array). Equals :func:`~dflash_ref.ops.masks.tree_mask` with
+        ``base_pos=start``, ``k_pos = concat(prefix positions, node positions)`` and
+        ``node_slots = P + arange(T)`` (tests/models/test_batch_arrays.py), built on the backend.
+        """
+        xp = self.be.xp
+
+        def make():
+            pre = (xp.arange(prefix, dtype=xp.int32) if isinstance(prefix, int)
+                   else prefix.astype(xp.int32, copy=False))  # [P]
+            P, n = pre.shape[0], self.positions.shape[0]
+            anc = xp.zeros((n, P + n), dtype=bool)  # committed columns stay False: they are
+            anc[:, P:] = self.ancestors  # visible through base_pos; node columns: ancestry
+            return MaskSpec(self.positions, xp.concatenate([pre, self.positions]), window=window,
+                            base_pos=self.start, ancestors=anc)
+
+        key = ("tree", "cache", prefix) if isinstance(prefix, int) else ("tree", id(prefix))
+        return self.once((*key, window), make)
 
 
 @dataclass(frozen=True)
