@@ -21,12 +21,10 @@ from dflash_ref.models.gemma import PostNormAddNorm
 from dflash_ref.models.gemma4 import (
     KEqVAttention,
     LayerOutputAdd,
-    PerLayerEmbeddings,
-    PerLayerInput,
     ProportionalRope,
     SharedKVAttention,
     VNormAttention,
-    no_per_layer_input,
+    per_layer_embeddings,
 )
 from dflash_ref.models.layers import (
     AddNorm,
@@ -55,9 +53,7 @@ def decoder_layers(cfg, be, weights: dict, embed, final_norm,
     if unknown:
         raise ValueError(f"fused: unknown ops {sorted(unknown)}; choose from {FUSED_OPS}")
     p = cfg.weight_prefix
-    ple = None
-    if cfg.gemma4 is not None and cfg.gemma4.hidden_size_per_layer_input:
-        ple = PerLayerEmbeddings(cfg, be, weights, embed)
+    ple = per_layer_embeddings(cfg, be, weights, embed)  # Gemma 4 E2B / E4B, else None
     ws = [{k[len(f"{p}layers.{i}."):]: v for k, v in weights.items()
            if k.startswith(f"{p}layers.{i}.")} for i in range(cfg.num_hidden_layers)]
     input_norms = [RMSNorm(be, w["input_layernorm.weight"], cfg.rms_norm_eps, cfg.norm_offset)
@@ -89,9 +85,7 @@ def decoder_layer(cfg, be, idx: int, w: dict, input_norm, next_norm, ple=None,
         mixer_add, post_mlp = add(norm("post_attention_layernorm.weight")), Identity()
         mlp_add = add(next_norm)
     if cfg.gemma4 is not None:  # the stream is mapped after the MLP add: the next norm alone
-        per_layer_input = (no_per_layer_input if ple is None
-                           else PerLayerInput(be, idx, w, norm, ple))
-        mlp_add = LayerOutputAdd(post_mlp, per_layer_input, w["layer_scalar"], next_norm)
+        mlp_add = LayerOutputAdd.of(be, idx, w, norm, ple, post_mlp, next_norm)
     return DecoderLayer(idx, w, input_norm, mixer, mixer_add, feed_forward, mlp_add)
 
 

@@ -1,18 +1,16 @@
 """What one forward batch puts on the backend: one upload, then everything derived there, once.
 
-On CuPy a host array that reaches device code is copied there and then, so built in every layer
-it was a few copies per layer per step. :meth:`~dflash_ref.models.state.TargetState.begin_batch`
-makes one :class:`BatchArrays` per forward, its small integer arrays packed and copied once::
+:meth:`~dflash_ref.models.state.TargetState.begin_batch` makes one per forward (on CuPy each
+host array reaching device code is a copy), its small integer arrays packed and copied once::
 
     pack = [ids; positions; slots (pooled chain only); ancestor rows (tree only)]  # [R, T] int32
 
 Layers read views of that copy; what they derive from it is made on the backend the first time
 a layer asks and reused by the others: ``causal_mask`` (one per window kind), ``causal_over``
 (over a fixed store's slot positions), ``committed_mask`` (the pager's rule), ``once(key,
-make)`` for anything else (proportional RoPE's cos / sin); a tree's mask is
-:class:`~dflash_ref.models.tree.TreeArrays`'. The ``rope`` op reads the device positions (no
-table). A state made for CUDA graphs passes ``buffers``: the pack is written into its
-persistent array of that shape, so a captured step reads each step's inputs at one address.
+make)`` for anything else; a tree's mask is :class:`~dflash_ref.models.tree.TreeArrays`'. A
+state made for CUDA graphs passes ``buffers``: each pack is written into its persistent array
+of that shape, so a captured step reads each step's inputs at one address.
 """
 
 from __future__ import annotations

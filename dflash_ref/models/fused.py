@@ -1,12 +1,6 @@
-"""The fused forms of a decoder layer's components, each one op where the reference makes
-several: a residual add with the norm that reads the sum (``add_rms_norm``; after Gemma's
-sandwich norm, ``norm_add_rms_norm``), an attention layer's q/k norms with its RoPE
-(``qk_norm_rope``; docs/backend.md, "Fused ops").
-
-Each computes what its reference component computes, on the same values in the same order, so
-the results are the reference's bit for bit on NumPy (tests/models/test_fused_norms.py and
-test_fused_qk.py, every family, logits, features and taps).
-:func:`~dflash_ref.models.assemble.decoder_layers` chooses each form once, from the config.
+"""The fused forms of a decoder layer's components, one op where the reference makes several
+(docs/backend.md, "Fused ops"); each computes what its reference computes, in the same order, so
+the results are the reference's bit for bit on NumPy (tests/models/test_fused_norms.py, _qk.py).
 """
 
 from __future__ import annotations

@@ -12,21 +12,13 @@ its own, each add and the norm after it one component::
     m, x, u = mixer_add(x, mixer(u))                 # x += m; u = pre_mlp_norm(x)
     m, x, u = mlp_add(x, feed_forward(x, u))         # x += m; u = next_norm(x)
 
-Which component, and which form (:class:`AddNorm` or models/fused.py's), is chosen once per layer
-by :func:`dflash_ref.models.assemble.decoder_layers`; a family's components live in its module
-(gemma, gemma4, qwen3_5, moe). Nothing here branches on a family or a form. Interfaces:
-
-- a norm: ``norm(x)`` [..., n] -> [..., n];
-- a residual add: ``add(x, b, batch)`` -> ``(m, x + m, norm(x + m))``, all [T, H], m what the
-  sub-block adds (b, or Gemma's post norm of b);
-- a mixer: ``mixer(u, batch)``, u [T, H] -> [T, H];
-- a feed-forward: ``feed_forward(x, u, batch)``, x [T, H] the stream, u = pre_mlp_norm(x)
-  -> [T, H] (an MoE router may read x);
-- RoPE: ``rope(x, arrays)``, x [T, h, d] at the batch's positions -> [T, h, d].
-
-``batch`` is the state's per-forward view (:class:`~dflash_ref.models.state.Batch`): a layer's
-K/V store ``batch.kv[i]``, GDN store ``batch.gdn[i]``, the backend ids and positions
-``batch.arrays``, and ``batch.tap(layer, name, x)``, which observes. A layer only computes.
+Each component and its form (:class:`AddNorm`, or models/fused.py's) is chosen once per layer
+by :func:`dflash_ref.models.assemble.decoder_layers`; a family's components live in its module.
+Nothing here branches on a family or a form. Interfaces, all [T, H] -> [T, H]: ``add(x, b,
+batch)`` -> ``(m, x + m, norm(x + m))`` (m: b, or Gemma's post norm of b), ``mixer(u, batch)``,
+``feed_forward(x, u, batch)`` (an MoE router may read x). ``batch``
+(:class:`~dflash_ref.models.state.Batch`) holds the layer's K/V store ``batch.kv[i]``, GDN store
+``batch.gdn[i]``, the backend ``batch.arrays`` and ``batch.tap(layer, name, x)``, which observes.
 """
 
 from __future__ import annotations
@@ -67,14 +59,8 @@ class Rope:
 
 
 class NormRope:
-    """q and k normed per head over d, then rotated: an attention layer's four steps::
-
-        q, k = q_norm(q), k_norm(k)                   # RMSNorm, or Identity
-        q, k = rope(q, arrays), rope(k, arrays)
-
-    ``batch.tap`` sees "q", "k" (normed) and "q_rope", "k_rope". The fused form is
-    :class:`~dflash_ref.models.fused.FusedNormRope`.
-    """
+    """q and k normed per head over d (RMSNorm, or Identity), then rotated: four calls, or one
+    ``qk_norm_rope`` in the fused form (:class:`~dflash_ref.models.fused.FusedNormRope`)."""
 
     def __init__(self, idx: int, q_norm, k_norm, rope):
         self.idx, self.q_norm, self.k_norm, self.rope = idx, q_norm, k_norm, rope
@@ -99,8 +85,7 @@ class Projections:
     ``QKVParallelLinear`` stacks the same weights).
     """
 
-    def __init__(self, be, weight, sizes):
-        """``weight`` [sum(sizes), H]: the stacked rows, ``sizes`` [n_1, ..., n_n] of them."""
+    def __init__(self, be, weight, sizes):  # weight [sum(sizes), H]: the stacked rows
         self.be, self.weight, self.sizes = be, weight, list(sizes)
         edges = np.cumsum([0, *self.sizes])
         self.slices = [slice(int(a), int(b)) for a, b in zip(edges, edges[1:])]
@@ -132,8 +117,6 @@ class Attention:
         keys, values, mask = batch.kv[i].update(k, v)       # everything the batch may read
         o = attention(q, keys, values, mask, scale, softcap) @ Wo^T
 
-    ``scale``: the config's attention scale (Gemma: query_pre_attn_scalar ** -0.5); ``softcap``
-    its attention-logit softcap. ``batch.tap`` sees "q", "k", "q_rope", "k_rope" and "v".
     A family's attention overrides :meth:`attend` (KV sharing; an output gate) or
     :meth:`values` (a v norm, k = v), and ``PROJECTIONS``, the weights it projects u by.
     """
@@ -208,9 +191,7 @@ class AddNorm:
 
 
 class DecoderLayer:
-    """One decoder layer (module docstring): ``input_norm``, ``mixer``, ``feed_forward`` and the
-    adds ``mixer_add`` (the pre-MLP norm's) and ``mlp_add`` (the next layer's input norm's);
-    ``w``: its tensors by HF name. A family changes a part, never this forward."""
+    """One decoder layer (module docstring); ``w``: its tensors by HF name."""
 
     def __init__(self, idx: int, w: dict, input_norm, mixer, mixer_add, feed_forward, mlp_add):
         self.idx, self.w = idx, w

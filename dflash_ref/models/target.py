@@ -14,9 +14,8 @@ Feature capture: with ``target_layer_ids = [i0, i1, ...]`` (HF numbering) the fo
 per token, ``concat(h_i0, h_i1, ...)``, ``h_i`` the raw residual stream **after** decoder layer
 i (HF ``hidden_states[i + 1]``), un-normed (docs/conventions.md, "Layer ids").
 
-State: ``model.forward(ids, state)`` appends ``ids`` at positions ``state.length ..`` of a
-:class:`~dflash_ref.models.state.TargetState` (prefill, decode and verify are this one call)
-and runs its step through the state's step runner; commit and rollback are the state's.
+``forward(ids, state)`` appends ``ids`` to a :class:`~dflash_ref.models.state.TargetState`
+(prefill, decode and verify alike) through the state's step runner.
 """
 
 from __future__ import annotations
@@ -41,9 +40,7 @@ from dflash_ref.models.tree import forward_tree
 
 
 class TargetModel:
-    """A causal LM target. ``fused``: the fused ops its layers use (:data:`FUSED_OPS
-    <dflash_ref.models.assemble.FUSED_OPS>` by default); ``()`` builds the reference form, with
-    the same results."""
+    """A causal LM target; ``fused=()`` builds the reference form, with the same results."""
 
     def __init__(self, config: TargetConfig, weights: dict, backend="numpy",
                  target_layer_ids=None, fused=FUSED_OPS):
@@ -87,13 +84,9 @@ class TargetModel:
     def new_state(self, feature_capacity: int | None = None,
                   feature_window: int | None = None, pager=None, kv_capacity: int | None = None,
                   graphs: bool = False) -> TargetState:
-        """A fresh per-sequence state (empty caches; features captured if layer ids are set).
-
-        ``pager``: a :class:`~dflash_ref.kvflash.pager.KVFlashPager` whose bounded pool holds the
-        full-attention layers' K/V (attached and reset here). ``kv_capacity``: K/V in that many
-        fixed rows instead of growing caches; ``graphs=True`` (needs it) gives the state a step
-        runner that replays each step shape as one CUDA graph (models/graphs.py).
-        """
+        """A fresh per-sequence state. ``pager``: a KVFlash pager whose pool holds the
+        full-attention K/V; ``kv_capacity``: K/V in fixed rows; ``graphs=True`` (needs it): a
+        step runner that replays each step shape as a CUDA graph (models/graphs.py)."""
         width = len(self.target_layer_ids) * self.config.hidden_size
         runner = (graph_runner(self.be, kv_capacity, pager, self.store_plan.gdn) if graphs
                   else EagerRunner())  # the state's step runner, chosen here once
@@ -117,13 +110,11 @@ class TargetModel:
     def forward(self, ids, state: TargetState, tap=None, logits_rows=None) -> TargetOutput:
         """Run ``ids`` [T] at positions state.length .. state.length+T-1; update ``state``.
 
-        Returns logits and, with capture layers, features [T, C*hidden] (every row).
-        ``logits_rows``: None for every row, [T, vocab]; a slice or a 1-D integer index array
-        for exactly ``full[logits_rows]`` [R, vocab], only those rows through the lm_head
-        (prefill asks for ``slice(-1, None)``: one row, not a [T, vocab] matrix).
-        ``tap(layer, name, x)`` sees intermediates: the attention layers' "q", "k" (normed),
-        "q_rope", "k_rope", "v"; MoE layers' "router_logits" [T, E], "experts" [T, k],
-        "expert_weights" [T, k]; each layer's own (models/layers.py).
+        Returns logits and, with capture layers, features [T, C*hidden]. ``logits_rows``: None
+        for every row, or a slice or 1-D index array for exactly ``full[logits_rows]`` [R, vocab],
+        only those rows through the lm_head (prefill asks for ``slice(-1, None)``).
+        ``tap(layer, name, x)`` sees intermediates ("q", "k", "q_rope", "k_rope", "v"; MoE's
+        "router_logits", "experts", "expert_weights"; DecoderLayer's).
         """
         ids = self._check_ids(ids)
         rows = _logits_rows(logits_rows, ids.size)
