@@ -258,6 +258,7 @@ TIERS = (
         SPEC + r"(ddtree|tree_sampling)\.py", r"dflash_ref/ops/gdn_tree\.py",  # trees
         r"dflash_ref/kvflash/.*",  # the pager
         MODELS + r"graphs\.py", SPEC + r"warmup\.py",  # CUDA graphs
+        MODELS + r"(loading|tree|pooled)\.py",  # the target's loaders, tree verify, pooled pieces
         MODELS + r"(gemma|gemma4|qwen3_5|moe|gdn_\w+)\.py",  # the other families
         MODELS + r"dflash2\w*\.py", MODELS + r"dspark\.py",  # DFlash 2, DSpark
         r"kernels_cupy/.*",  # the GPU twins

@@ -1,36 +1,17 @@
 """The decoder layers of a target, assembled once per model from its config.
 
 Every layer is the one block (:class:`~dflash_ref.models.layers.DecoderLayer`); what differs
-between families is which components it holds, chosen here from the config and never again in a
-forward (docs/target.md, "Families"); so is whether each component takes its fused form
-(``fused``, the fused ops to use: :data:`FUSED_OPS` by default, none for the reference form the
-tests compare with):
+between families is which components it holds, chosen here and never again in a forward
+(docs/target.md, "Families"), and whether each takes its fused form (``fused``):
 
-===================  =====================================================================
-part                 chosen by
-===================  =====================================================================
-norms                ``norm_offset`` (1 + w); each layer's mixer add normed by its pre-MLP
-                     norm, its MLP add by the next layer's input norm (the final norm last)
-residual adds        ``use_pre_post_ffn_norms``: Gemma's sandwich norms
-                     (:class:`~dflash_ref.models.gemma.PostNormAddNorm`), the pre-MLP norm
-                     ``pre_feedforward_layernorm``; else the add and the norm
-                     (:class:`~dflash_ref.models.layers.AddNorm`), the pre-MLP norm Qwen's
-                     ``post_attention_layernorm``; ``gemma4``: the MLP add maps the stream
-                     after it (:class:`~dflash_ref.models.gemma4.LayerOutputAdd`: per-layer
-                     input, layer scalar); with ``add_rms_norm`` in ``fused``, each add and
-                     its norm as one op (:mod:`~dflash_ref.models.fused`)
-mixer                ``layer_types[i]``: a GDN mixer (linear_attention), else attention:
-                     output-gated (``attn_output_gate``), KV-sharing (``kv_source_for(i)``),
-                     k = v (no v_proj tensor), v-normed (``v_norm``), or the common one
-RoPE                 the layer type's ``rope_type``: proportional, else the ``rope`` op; with
-                     ``qk_norm_rope`` in ``fused``, the q/k norms and the ``rope`` op as one
-                     op (:class:`~dflash_ref.models.fused.FusedNormRope`)
-feed-forward         ``moe``: Qwen3.5's sparse block in the MLP's place, Gemma 4's experts
-                     beside it; else the gated MLP (the ``swiglu`` op, or the ``geglu`` op for
-                     ``gelu_pytorch_tanh``)
-===================  =====================================================================
-
-A new target family adds its components in its own module and its choice here.
+- norms: ``norm_offset`` (1 + w); the mixer add normed by the pre-MLP norm, the MLP add by the
+  next layer's input norm (the final norm last);
+- residual adds: Gemma's sandwich norms (``use_pre_post_ffn_norms``, PostNormAddNorm) or the add
+  and the norm (AddNorm); Gemma 4 maps the stream after the MLP add (LayerOutputAdd);
+- mixer: by ``layer_types[i]``, a GDN mixer or an attention of the config's kind; RoPE by the
+  layer type's ``rope_type``;
+- feed-forward: ``moe`` (Qwen3.5's sparse block in the MLP's place, Gemma 4's experts beside
+  it), else the gated MLP (``swiglu``, or ``geglu`` for ``gelu_pytorch_tanh``).
 """
 
 from __future__ import annotations
@@ -40,12 +21,10 @@ from dflash_ref.models.gemma import PostNormAddNorm
 from dflash_ref.models.gemma4 import (
     KEqVAttention,
     LayerOutputAdd,
-    PerLayerEmbeddings,
-    PerLayerInput,
     ProportionalRope,
     SharedKVAttention,
     VNormAttention,
-    no_per_layer_input,
+    per_layer_embeddings,
 )
 from dflash_ref.models.layers import (
     AddNorm,
@@ -60,28 +39,21 @@ from dflash_ref.models.moe import Gemma4MoE, QwenSparseMoE
 from dflash_ref.models.qwen3_5 import GatedAttention, GDNMixer
 
 FUSED_OPS = ("add_rms_norm", "qk_norm_rope")
-"""The fused ops a target's layers use by default: each residual add with the norm after it
-(``add_rms_norm``, and ``norm_add_rms_norm`` after a sandwich norm), each attention layer's q/k
-norms with its RoPE (``qk_norm_rope``)."""
+"""The fused ops a target's layers use by default (models/fused.py)."""
 
 
 def decoder_layers(cfg, be, weights: dict, embed, final_norm,
                    fused=FUSED_OPS) -> list[DecoderLayer]:
     """The ``cfg.num_hidden_layers`` decoder layers over ``weights`` (HF names, on the backend).
 
-    ``embed``: the target's token embedding (ids -> [T, H]), which Gemma 4's per-layer
-    embeddings read; they are made once per model and shared by its layers. ``final_norm``: the
-    norm after the last layer (its MLP add's norm). ``fused``: the fused ops the layers use, a
-    subset of :data:`FUSED_OPS` (``()``: the reference form, each add then its norm and the q/k
-    norms and RoPE as four calls).
+    ``embed``: ids -> [T, H] (Gemma 4's per-layer embeddings read it); ``final_norm``: the norm
+    after the last layer; ``fused``: a subset of :data:`FUSED_OPS` (``()``: the reference form).
     """
     unknown = set(fused) - set(FUSED_OPS)
     if unknown:
         raise ValueError(f"fused: unknown ops {sorted(unknown)}; choose from {FUSED_OPS}")
     p = cfg.weight_prefix
-    ple = None
-    if cfg.gemma4 is not None and cfg.gemma4.hidden_size_per_layer_input:
-        ple = PerLayerEmbeddings(cfg, be, weights, embed)
+    ple = per_layer_embeddings(cfg, be, weights, embed)  # Gemma 4 E2B / E4B, else None
     ws = [{k[len(f"{p}layers.{i}."):]: v for k, v in weights.items()
            if k.startswith(f"{p}layers.{i}.")} for i in range(cfg.num_hidden_layers)]
     input_norms = [RMSNorm(be, w["input_layernorm.weight"], cfg.rms_norm_eps, cfg.norm_offset)
@@ -113,9 +85,7 @@ def decoder_layer(cfg, be, idx: int, w: dict, input_norm, next_norm, ple=None,
         mixer_add, post_mlp = add(norm("post_attention_layernorm.weight")), Identity()
         mlp_add = add(next_norm)
     if cfg.gemma4 is not None:  # the stream is mapped after the MLP add: the next norm alone
-        per_layer_input = (no_per_layer_input if ple is None
-                           else PerLayerInput(be, idx, w, norm, ple))
-        mlp_add = LayerOutputAdd(post_mlp, per_layer_input, w["layer_scalar"], next_norm)
+        mlp_add = LayerOutputAdd.of(be, idx, w, norm, ple, post_mlp, next_norm)
     return DecoderLayer(idx, w, input_norm, mixer, mixer_add, feed_forward, mlp_add)
 
 

@@ -1,43 +1,21 @@
 """What one forward batch puts on the backend: one upload, then everything derived there, once.
 
-On CuPy a host array that reaches device code is copied to the device there and then: host
-positions given to the RoPE twin, a host ``np.arange`` inside a mask given to the attention
-twin, host slots given to a pager write. Built in every layer, that was a few copies per layer
-per decode step (docs/performance.md, "What was fixed by construction"). A :class:`BatchArrays`
-is made once per forward by :meth:`~dflash_ref.models.state.TargetState.begin_batch`: it packs
-the batch's small integer arrays into one host array and copies that to the backend once::
+:meth:`~dflash_ref.models.state.TargetState.begin_batch` makes one per forward (on CuPy each
+host array reaching device code is a copy), its small integer arrays packed and copied once::
 
     pack = [ids; positions; slots (pooled chain only); ancestor rows (tree only)]  # [R, T] int32
 
-Layers read views of that one copy, and what they derive from it is made on the backend the
-first time a layer asks and reused by the others (per batch)::
-
-    ids, positions, slots          rows of the copy                                    [T] int32
-    ancestors                      tree only: [i, a] is True iff node a is i or above it  [T, T]
-    causal_mask(S, window)         MaskSpec(positions, arange(S)): one per window kind
-    causal_over(k_pos, window)     the same rule over a fixed store's slot positions [C]
-    committed_mask(k_pos)          the pager's rule over its device slot table
-    tree_mask(prefix, window)      keys [prefix..., nodes]: committed prefix, then ancestors
-    once(key, make)                anything else (a layer type's proportional-RoPE cos / sin)
-
-A tree commit has its own one upload: the accepted path's node indices (:class:`TreePath`),
-which every store of the state reads.
-
-Default and linear RoPE need no table: the ``rope`` op reads the device positions, and its
-kernel forms the float32 angle and its sincos inline (a table would cost a launch per batch and
-a read per element to save one sincosf); proportional RoPE (Gemma 4) runs as array code, so its
-cos / sin table is built once per batch. On NumPy the copy is the pack itself; the code is the
-same on both backends.
-
-A state made for CUDA graphs passes ``buffers`` (models/graphs.py): the pack is then written
-into the state's persistent device array of its shape (the first batch of a shape makes it), so
-a captured step reads each step's ids and positions at the same addresses.
+Layers read views of that copy; what they derive from it is made on the backend the first time
+a layer asks and reused by the others: ``causal_mask`` (one per window kind), ``causal_over``
+(over a fixed store's slot positions), ``committed_mask`` (the pager's rule), ``once(key,
+make)`` for anything else; a tree's mask is :class:`~dflash_ref.models.tree.TreeArrays`'. A
+state made for CUDA graphs passes ``buffers``: each pack is written into its persistent array
+of that shape, so a captured step reads each step's inputs at one address.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,18 +29,10 @@ from dflash_ref.ops.masks import (
 
 
 class BatchArrays:
-    """The backend arrays of one forward batch (module docstring).
-
-    Args:
-        be: the Backend.
-        ids: [T] token ids (host).
-        positions: [T] absolute positions (host; start + depth for a tree).
-        start: the committed length before the batch (the masks' ``base_pos``).
-        slots: [T] pager slots of a pooled chain batch (host, already checked), or None.
-        parents: [T] tree parents (host; -1 for the root), or None for a chain.
-        buffers: a dict pack shape -> persistent backend array (the state's, for CUDA graphs),
-            or None: a new backend array per batch.
-    """
+    """The backend arrays of one forward batch: host ``ids`` [T], ``positions`` [T] (start +
+    depth for a tree), ``start`` (the committed length: the masks' ``base_pos``), pooled
+    ``slots`` [T] or None, tree ``parents`` [T] or None, ``buffers`` (shape -> persistent
+    array, for CUDA graphs) or None."""
 
     def __init__(self, be, ids, positions, start: int, slots=None, parents=None, buffers=None):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -94,8 +64,7 @@ class BatchArrays:
         return self._derived[key]
 
     def causal_mask(self, n_keys: int, window: int | None) -> MaskSpec:
-        """The batch's queries over a plain cache's keys at positions 0..n_keys-1, causal, with
-        the layer's sliding window (or None): :func:`~dflash_ref.ops.masks.causal_mask`."""
+        """Queries over a plain cache's keys at 0..n_keys-1, causal, with the layer's window."""
         key = ("causal", n_keys, window)
         if key not in self._derived:  # the first layer of the kind in this batch
             xp = self.be.xp
@@ -104,79 +73,26 @@ class BatchArrays:
         return self._derived[key]
 
     def causal_over(self, k_pos, window: int | None) -> MaskSpec:
-        """The batch's queries over a fixed-capacity store's slots at positions ``k_pos`` [C]
-        (a backend array, the same object every batch): causal, with the layer's window. Keys
-        past the queries are hidden by ``k <= q``, so the key count is no shape
-        (models/graphs.py)."""
+        """Queries over a fixed store's slot positions ``k_pos`` [C] (the same backend array
+        every batch), causal, with the layer's window: the key count is no shape."""
         return self.once(("causal_over", id(k_pos), window),
                          lambda: causal_mask(self.positions, k_pos, window=window))
 
     def committed_mask(self, k_pos) -> MaskSpec:
-        """The pager's rule over its slot table ``k_pos`` [P] (a backend array, the same object
-        for every layer of a batch): :func:`~dflash_ref.ops.masks.committed_prefix_mask` with
-        base_pos = start."""
+        """The pager's rule over its slot table ``k_pos`` [P] (a backend array):
+        :func:`~dflash_ref.ops.masks.committed_prefix_mask`, base_pos = start."""
         key = ("committed", id(k_pos))
         if key not in self._derived:  # the first pooled layer in this batch
             self._derived[key] = committed_prefix_mask(self.positions, k_pos,
                                                        base_pos=self.start)
         return self._derived[key]
 
-    def tree_mask(self, prefix, window: int | None) -> MaskSpec:
-        """Tree verify over keys ``[prefix..., the T nodes]``.
-
-        ``prefix``: an int P for a plain cache (keys at positions 0..P-1), or the pager's slot
-        table [P] (a backend array). Equals :func:`~dflash_ref.ops.masks.tree_mask` with
-        ``base_pos=start``, ``k_pos = concat(prefix positions, node positions)`` and
-        ``node_slots = P + arange(T)`` (tests/models/test_batch_arrays.py), built on the backend.
-        """
-        xp = self.be.xp
-
-        def make():
-            pre = (xp.arange(prefix, dtype=xp.int32) if isinstance(prefix, int)
-                   else prefix.astype(xp.int32, copy=False))  # [P]
-            P, n = pre.shape[0], self.positions.shape[0]
-            anc = xp.zeros((n, P + n), dtype=bool)  # committed columns stay False: they are
-            anc[:, P:] = self.ancestors  # visible through base_pos; node columns: ancestry
-            return MaskSpec(self.positions, xp.concatenate([pre, self.positions]), window=window,
-                            base_pos=self.start, ancestors=anc)
-
-        key = ("tree", "cache", prefix) if isinstance(prefix, int) else ("tree", id(prefix))
-        return self.once((*key, window), make)
-
 
 def _into(buffers: dict, dev):
-    """``dev`` [R, T] copied into ``buffers``' array of its shape (``dev`` itself becomes that
-    array the first time); returns the persistent array."""
+    """``dev`` [R, T] copied into ``buffers``' array of its shape (the first time: ``dev``)."""
     buf = buffers.get(dev.shape)
     if buf is None:
         buffers[dev.shape] = dev
         return dev
     buf[...] = dev  # [R, T] device -> device, at the addresses a captured step reads
     return buf
-
-
-@dataclass(frozen=True)
-class TreePath:
-    """The accepted branch of a tree verify, as every store of the state reads it.
-
-    Made once per commit by :meth:`~dflash_ref.models.state.TargetState.commit_path` (one host
-    -> backend copy of the node indices), then handed to each store's ``keep_path``.
-
-    Attributes:
-        start: the first position of the branch (the committed length before the tree).
-        nodes: [m] host node indices, root first (node 0 is the root).
-        dev: [m] the same indices on the backend.
-        rows: [m] ``start + dev`` on the backend: the nodes' rows in a cache that appended
-            every node after its committed rows, in node order.
-    """
-
-    start: int
-    nodes: np.ndarray
-    dev: object
-    rows: object
-
-    @classmethod
-    def upload(cls, be, start: int, nodes: np.ndarray) -> TreePath:
-        """The path ``nodes`` [m] at ``start``, copied to the backend once."""
-        dev = be.to_backend(nodes)  # [m] node indices: one copy for every store
-        return cls(int(start), nodes, dev, start + dev)

@@ -194,7 +194,7 @@ class FeatureBuffer:
 
     def keep_path(self, path, node_rows) -> None:
         """Append the accepted branch of a tree verify: ``node_rows`` [n, width] are every
-        node's features (node order), ``path`` a :class:`~dflash_ref.models.batch_arrays.TreePath`;
+        node's features (node order), ``path`` a :class:`~dflash_ref.models.tree.TreePath`;
         its rows land at positions path.start, path.start + 1, ..."""
         self.append(path.start, node_rows[path.dev])
 

@@ -1,23 +1,6 @@
-"""The fused forms of a decoder layer's components: each residual add with the RMSNorm that
-reads the sum (:class:`FusedAddNorm`, :class:`FusedPostNormAddNorm`), and an attention layer's
-q/k norms with its RoPE (:class:`FusedNormRope`).
-
-The layer (:class:`~dflash_ref.models.layers.DecoderLayer`) is handed its normed input and hands
-the next layer its own, so every add that a norm of the sum follows is one ``add_rms_norm``
-(docs/backend.md, "Fused ops"): the mixer's add with the layer's pre-MLP norm, the MLP's add with
-the next layer's input norm, the last layer's with the final norm. Where a sub-block ends with
-its own norm (Gemma's sandwich norms), that norm, the add and the next norm are one
-``norm_add_rms_norm``; where a layer maps the stream after its last add (Gemma 4's
-:class:`~dflash_ref.models.gemma4.LayerOutputAdd`), that add stays plain and the next norm runs
-alone. :func:`~dflash_ref.models.assemble.decoder_layers` chooses each form once, from the
-config: the ops a fused form calls take one eps and offset for both norms, as a config gives
-every norm of a target.
-
-Each form computes what its reference component computes, on the same values in the same order,
-so the results are the reference's bit for bit on NumPy (``add_rms_norm`` is the add then
-``rms_norm``): checked on every family, logits, features and every tap, by
-tests/models/test_fused_norms.py and test_fused_qk.py, as are the fused and plain calls per
-forward. A :class:`~dflash_ref.models.target.TargetModel` runs these forms by default.
+"""The fused forms of a decoder layer's components, one op where the reference makes several
+(docs/backend.md, "Fused ops"); each computes what its reference computes, in the same order, so
+the results are the reference's bit for bit on NumPy (tests/models/test_fused_norms.py, _qk.py).
 """
 
 from __future__ import annotations
@@ -28,9 +11,7 @@ from dflash_ref.models.state import no_tap
 
 
 class FusedAddNorm(AddNorm):
-    """:class:`~dflash_ref.models.layers.AddNorm` as one ``add_rms_norm``: ``(m, x + m,
-    norm(x + m))``, where the add and a norm would read h back; bit-identical to the pair on
-    NumPy. ``norm`` an :class:`~dflash_ref.models.layers.RMSNorm`."""
+    """:class:`~dflash_ref.models.layers.AddNorm` as one ``add_rms_norm``."""
 
     def __call__(self, x, m, batch):
         """x, m [T, H] -> three [T, H]."""
@@ -39,9 +20,8 @@ class FusedAddNorm(AddNorm):
 
 
 class FusedPostNormAddNorm(PostNormAddNorm):
-    """:class:`~dflash_ref.models.gemma.PostNormAddNorm` as one ``norm_add_rms_norm``: the post
-    norm of b, the add and the next norm in one launch where two took it. Both norms are
-    :class:`~dflash_ref.models.layers.RMSNorm` s of one eps and offset (a Gemma config's)."""
+    """:class:`~dflash_ref.models.gemma.PostNormAddNorm` as one ``norm_add_rms_norm`` (both
+    norms of one eps and offset, as a config gives them)."""
 
     def __call__(self, x, b, batch):
         """x, b [T, H] -> (post_norm(b), x + post_norm(b), norm(x + post_norm(b)))."""
@@ -50,16 +30,9 @@ class FusedPostNormAddNorm(PostNormAddNorm):
 
 
 class FusedNormRope(NormRope):
-    """:class:`~dflash_ref.models.layers.NormRope` (q and k normed, then rotated) as one
-    ``qk_norm_rope`` op: one launch on CuPy where the reference makes four (two norms, two
-    RoPEs), reading q and k in place from the stacked q/k/v product; equal to the four calls
-    bit for bit on NumPy (the op's reference is their composition; tests/models/test_fused_qk.py
-    runs every family both ways). Made by :func:`~dflash_ref.models.assemble.decoder_layers`
-    where :meth:`fits`.
-
-    The taps are the reference's: "q_rope", "k_rope" see the op's outputs; "q" and "k" (after
-    the norms, before RoPE) are computed for an observer alone (``batch.tap`` not ``no_tap``),
-    so observing adds two norms and changes nothing the layer computes.
+    """:class:`~dflash_ref.models.layers.NormRope` as one ``qk_norm_rope`` op (four launches
+    in one), where :meth:`fits`. The taps are the reference's: "q" and "k" (normed, before
+    RoPE) are computed for an observer alone, so observing changes nothing computed.
     """
 
     def __init__(self, reference: NormRope):
@@ -70,9 +43,8 @@ class FusedNormRope(NormRope):
 
     @staticmethod
     def fits(reference: NormRope) -> bool:
-        """Whether one op computes ``reference``: RoPE by the ``rope`` op (a :class:`Rope`; Gemma
-        4's proportional RoPE keeps the reference), the norms (RMSNorm, or Identity: no weight)
-        with one eps and offset. Asked once per layer, when the layers are assembled."""
+        """Whether one op computes ``reference``: RoPE by the ``rope`` op (a :class:`Rope`), the
+        norms (RMSNorm, or Identity: no weight) of one eps and offset."""
         norms = [n for n in (reference.q_norm, reference.k_norm) if n.weight is not None]
         return isinstance(reference.rope, Rope) and len({(n.eps, n.offset) for n in norms}) <= 1
 

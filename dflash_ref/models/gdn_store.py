@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash_ref.errors import StateError
-from dflash_ref.models.batch_arrays import BatchArrays, TreePath
+from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.gdn_layer import GDNState, GDNTrace, GDNTreeStates, rewind_state
 from dflash_ref.models.stores import Store
+from dflash_ref.models.tree import TreePath
 
 TRACE_MAX_TOKENS = 64
 """A batch of at most this many tokens keeps the GDN per-token trace (recurrent scan) so that

@@ -171,6 +171,13 @@ class PerLayerEmbeddings:
                            lambda: self(arrays.ids, self.embed(arrays.ids)))
 
 
+def per_layer_embeddings(cfg, be, w: dict, embed) -> PerLayerEmbeddings | None:
+    """The model's per-layer embeddings, made once and shared by its layers (None without)."""
+    if cfg.gemma4 is None or not cfg.gemma4.hidden_size_per_layer_input:
+        return None
+    return PerLayerEmbeddings(cfg, be, w, embed)
+
+
 class PerLayerInput:
     """The layer-level half of PLE: the gated residual add at the end of a decoder layer::
 
@@ -204,6 +211,14 @@ class LayerOutputAdd:
     def __init__(self, post_norm, per_layer_input, layer_scalar, norm):
         self.post_norm, self.norm = post_norm, norm
         self.per_layer_input, self.layer_scalar = per_layer_input, layer_scalar  # _, [1]
+
+    @classmethod
+    def of(cls, be, idx: int, w: dict, norm, ple, post_norm, next_norm) -> LayerOutputAdd:
+        """Layer ``idx``'s, with its :class:`PerLayerInput` where the model has embeddings
+        ``ple`` (a :class:`PerLayerEmbeddings`, or None)."""
+        per_layer_input = no_per_layer_input if ple is None else PerLayerInput(be, idx, w, norm,
+                                                                                ple)
+        return cls(post_norm, per_layer_input, w["layer_scalar"], next_norm)
 
     def __call__(self, x, b, batch):
         """x, b [T, H] -> (m, the layer's output, its norm), each [T, H]."""

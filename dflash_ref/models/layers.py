@@ -1,48 +1,24 @@
-"""The target's reference decoder layer and its common parts: norms, RoPE, attention, the MLP.
+"""The target's decoder layer, the one that runs on every backend, and its common parts.
 
 A decoder layer is picoGPT's block (jaymody/picoGPT ``gpt2.py``, ``transformer_block``)::
 
     x = x + mixer(input_norm(x))                     # mixer: attention, or a GDN mixer
     x = x + feed_forward(x, pre_mlp_norm(x))         # a gated MLP, or an MoE block
 
-Every residual add is read by a norm: the pre-MLP norm, then the next layer's input norm (the
-final norm after the last layer). So :class:`DecoderLayer` is handed its normed input and hands
-the next layer its own, each add and the norm after it one component (``mixer_add``,
-``mlp_add``)::
+Every residual add is read by a norm (the pre-MLP norm, then the next layer's input norm, the
+final norm last), so :class:`DecoderLayer` is handed its normed input and hands the next layer
+its own, each add and the norm after it one component::
 
     m, x, u = mixer_add(x, mixer(u))                 # x += m; u = pre_mlp_norm(x)
     m, x, u = mlp_add(x, feed_forward(x, u))         # x += m; u = next_norm(x)
 
-:func:`run_stack` runs the layers from ``u = input_norm_0(x)`` to ``u = final_norm(x_L)``. This
-is the layer that runs, on every backend; which form each component takes is chosen once, when
-the layers are assembled: :class:`AddNorm` here (the add, then the norm) or one
-``add_rms_norm`` (:class:`~dflash_ref.models.fused.FusedAddNorm`, what a target runs by
-default; equal bit for bit on NumPy, tests/models/test_fused_norms.py).
-
-What a family adds is a component or a subclass in that family's module, chosen once per layer
-by :func:`dflash_ref.models.assemble.decoder_layers`: Gemma's post-sub-block norms wrap the mixer
-and the feed-forward (:mod:`~dflash_ref.models.gemma`); mixture-of-experts blocks take the MLP's
-place (:mod:`~dflash_ref.models.moe`); the output-gated attention and the Gated DeltaNet mixer
-are :mod:`~dflash_ref.models.qwen3_5`'s; per-layer embeddings, the layer scalar, KV sharing,
-k = v and proportional RoPE are :mod:`~dflash_ref.models.gemma4`'s. Nothing here branches on
-a family.
-
-Interfaces (what the components of a layer are called with):
-
-- a norm: ``norm(x)`` [..., n] -> [..., n];
-- a residual add: ``add(x, b, batch)``, x the stream and b what a sub-block returned, both
-  [T, H] -> ``(m, x + m, norm(x + m))``, m what the sub-block adds (b, or Gemma's post norm of
-  b: :class:`~dflash_ref.models.gemma.PostNormAddNorm`);
-- a mixer: ``mixer(u, batch)``, u [T, H] -> [T, H];
-- a feed-forward: ``feed_forward(x, u, batch)``, x the residual stream [T, H] and
-  u = pre_mlp_norm(x) [T, H] -> [T, H] (most read u only; an MoE router may read x);
-- RoPE: ``rope(x, arrays)``, x [T, h, d] at the batch's positions -> [T, h, d].
-
-``batch`` is the state's per-forward view (:class:`~dflash_ref.models.state.Batch`): where K/V
-live and which mask applies is its KV store's business (``batch.kv[i]``:
-:mod:`dflash_ref.models.kv_store`), a GDN layer's state its GDN store's (``batch.gdn[i]``), the
-backend ids and positions are ``batch.arrays``, and ``batch.tap(layer, name, x)`` observes the
-intermediates. A layer only computes.
+Each component and its form (:class:`AddNorm`, or models/fused.py's) is chosen once per layer
+by :func:`dflash_ref.models.assemble.decoder_layers`; a family's components live in its module.
+Nothing here branches on a family or a form. Interfaces, all [T, H] -> [T, H]: ``add(x, b,
+batch)`` -> ``(m, x + m, norm(x + m))`` (m: b, or Gemma's post norm of b), ``mixer(u, batch)``,
+``feed_forward(x, u, batch)`` (an MoE router may read x). ``batch``
+(:class:`~dflash_ref.models.state.Batch`) holds the layer's K/V store ``batch.kv[i]``, GDN store
+``batch.gdn[i]``, the backend ``batch.arrays`` and ``batch.tap(layer, name, x)``, which observes.
 """
 
 from __future__ import annotations
@@ -70,8 +46,7 @@ class Identity:
 
 
 class Rope:
-    """RoPE of one layer type, the ``rope`` op: ``theta``, rotary dim and linear factor of the
-    layer's :class:`~dflash_ref.config.rope.RopeSpec`, at the batch's backend positions."""
+    """RoPE of one layer type (a :class:`~dflash_ref.config.rope.RopeSpec`), the ``rope`` op."""
 
     def __init__(self, be, spec):
         self.be, self.spec = be, spec
@@ -84,15 +59,8 @@ class Rope:
 
 
 class NormRope:
-    """q and k normed per head over d, then rotated: an attention layer's four steps::
-
-        q, k = q_norm(q), k_norm(k)                   # RMSNorm, or Identity
-        q, k = rope(q, arrays), rope(k, arrays)
-
-    ``batch.tap`` sees q and k after their norms ("q", "k") and after RoPE ("q_rope",
-    "k_rope"). :class:`~dflash_ref.models.fused.FusedNormRope` computes the same as one
-    ``qk_norm_rope`` op (what a target runs where its norms and RoPE allow; tested equal).
-    """
+    """q and k normed per head over d (RMSNorm, or Identity), then rotated: four calls, or one
+    ``qk_norm_rope`` in the fused form (:class:`~dflash_ref.models.fused.FusedNormRope`)."""
 
     def __init__(self, idx: int, q_norm, k_norm, rope):
         self.idx, self.q_norm, self.k_norm, self.rope = idx, q_norm, k_norm, rope
@@ -110,24 +78,21 @@ class NormRope:
 
 
 class Projections:
-    """Projections of one input as one product: ``u @ [W_1; ...; W_n]^T``, split by rows.
+    """Projections of one input as one product: ``u @ [W_1; ...; W_n]^T``, split by columns.
 
     ``Projections.stacked(be, w, ["q", "k", "v"])(u)`` -> ``(u @ w["q"]^T, u @ w["k"]^T,
-    u @ w["v"]^T)``, each [T, n_i] (column slices of one [T, sum n_i] product): u is read once
-    and one ``linear`` runs where n separate products would run n (vLLM's ``QKVParallelLinear`` /
-    ``MergedColumnParallelLinear`` stack the same weights).
+    u @ w["v"]^T)``, each [T, n_i]: one ``linear`` where n would run (vLLM's
+    ``QKVParallelLinear`` stacks the same weights).
     """
 
-    def __init__(self, be, weight, sizes):
-        """``weight`` [sum(sizes), H]: the stacked rows, ``sizes`` [n_1, ..., n_n] of them."""
+    def __init__(self, be, weight, sizes):  # weight [sum(sizes), H]: the stacked rows
         self.be, self.weight, self.sizes = be, weight, list(sizes)
         edges = np.cumsum([0, *self.sizes])
         self.slices = [slice(int(a), int(b)) for a, b in zip(edges, edges[1:])]
 
     @classmethod
     def stacked(cls, be, w: dict, names):
-        """Stack ``w[name]`` for ``names`` once, on the backend, when the layer is made; ``w``'s
-        entries become views of the stacked rows (the same memory, not a second copy)."""
+        """Stack ``w[name]`` for ``names`` once; ``w``'s entries become views of the stack."""
         p = cls(be, be.xp.concatenate([w[n] for n in names]), [w[n].shape[0] for n in names])
         for n, rows in zip(names, p.slices):
             w[n] = p.weight[rows]
@@ -152,17 +117,8 @@ class Attention:
         keys, values, mask = batch.kv[i].update(k, v)       # everything the batch may read
         o = attention(q, keys, values, mask, scale, softcap) @ Wo^T
 
-    ``scale`` is the config's attention scale (Gemma: query_pre_attn_scalar ** -0.5),
-    ``softcap`` its attention-logit softcap; ``rope`` the layer type's :class:`Rope` (or another
-    RoPE component). q and k are normed per head over d before RoPE (``cfg.qk_norm``).
-    ``batch.tap`` sees q and k after their norms ("q", "k"), after RoPE ("q_rope", "k_rope"),
-    and v ("v").
-
-    A family's attention is a subclass that overrides one of two methods: :meth:`attend` (the
-    attention of projected queries: a KV-sharing layer reads another layer's K/V) or
-    :meth:`values` (a v norm, or k = v); its ``PROJECTIONS`` name the weights it projects u by
-    (a KV-sharing layer projects queries only, a k = v layer has no v_proj).
-    :class:`~dflash_ref.models.qwen3_5.GatedAttention` gates what :meth:`attend` returns.
+    A family's attention overrides :meth:`attend` (KV sharing; an output gate) or
+    :meth:`values` (a v norm, k = v), and ``PROJECTIONS``, the weights it projects u by.
     """
 
     PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -192,11 +148,8 @@ class Attention:
         return self.be.ops.linear(self.attend(q, kv, batch), self.w["self_attn.o_proj.weight"])
 
     def attend(self, q, kv, batch):
-        """q [T, nh, d] (projected, before its norm), kv the layer's k (and v) projections
-        [T, nkv*d] -> attention output [T, nh*d].
-
-        q and k normed, then rotated; k and v go to the layer's KV store, and the queries attend
-        over everything it returns."""
+        """q [T, nh, d] (before its norm), kv the k (and v) projections [T, nkv*d] -> [T, nh*d]:
+        the queries attend over everything the layer's KV store returns."""
         k = kv[0].reshape(q.shape[0], self.n_kv, self.d)
         v = self.values(kv, k)
         q, k = self.norm_rope(q, k, batch)  # rope(q_norm(q)), rope(k_norm(k))
@@ -207,16 +160,13 @@ class Attention:
         return o.reshape(o.shape[0], -1)  # [T, nh*d]
 
     def values(self, kv, k):
-        """v [T, nkv, d]: the v projection ``u @ Wv^T`` (``k``, the raw k [T, nkv, d], unused
-        here)."""
+        """v [T, nkv, d]: the v projection (``k``, the raw k, unused here)."""
         return kv[1].reshape(k.shape)
 
 
 class GatedMLP:
-    """``down(act(gate(u), up(u)))``: ``act(g, up)`` [T, F] -> [T, F] is the ``swiglu`` op
-    (``silu(g) * up``) or the ``geglu`` op (``gelu_tanh(g) * up``, Gemma:
-    :func:`dflash_ref.models.gemma.gelu_tanh`); a feed-forward (module docstring). gate and up
-    are one product (:class:`Projections`); both ops read its column slices in place."""
+    """``down(act(gate(u), up(u)))``, ``act`` the ``swiglu`` op (``silu(g) * up``) or the
+    ``geglu`` op (``gelu_tanh(g) * up``, Gemma); gate and up one product."""
 
     def __init__(self, be, w: dict, act):
         self.be, self.w, self.act = be, w, act
@@ -229,9 +179,7 @@ class GatedMLP:
 
 
 class AddNorm:
-    """A residual add and the norm that reads the sum: ``(x, m) -> (m, x + m, norm(x + m))``, the
-    add, then ``norm``. :class:`~dflash_ref.models.fused.FusedAddNorm` computes the same as one
-    ``add_rms_norm``."""
+    """A residual add, then the norm that reads the sum: ``(x, m) -> (m, x + m, norm(x + m))``."""
 
     def __init__(self, norm):
         self.norm = norm
@@ -243,15 +191,7 @@ class AddNorm:
 
 
 class DecoderLayer:
-    """One decoder layer: picoGPT's block (module docstring), from its normed input.
-
-    Parts: ``input_norm``, ``mixer``, ``feed_forward`` (interfaces in the module docstring) and
-    the two residual adds: ``mixer_add``, whose norm is the pre-MLP norm, and ``mlp_add``, whose
-    norm is the next layer's input norm (the final norm after the last layer); ``w`` holds the
-    layer's tensors by HF name. A family changes a part, never this forward: Gemma's sandwich
-    norms and Gemma 4's layer output are residual adds of their own
-    (:mod:`~dflash_ref.models.gemma`, :mod:`~dflash_ref.models.gemma4`).
-    """
+    """One decoder layer (module docstring); ``w``: its tensors by HF name."""
 
     def __init__(self, idx: int, w: dict, input_norm, mixer, mixer_add, feed_forward, mlp_add):
         self.idx, self.w = idx, w
@@ -259,8 +199,7 @@ class DecoderLayer:
         self.feed_forward, self.mlp_add = feed_forward, mlp_add
 
     def __call__(self, x, u, batch):
-        """x [T, H] and u = input_norm(x) -> (x [T, H] after the layer, the next norm of it
-        [T, H]); ``batch.tap`` sees each intermediate (names in the parts)."""
+        """x [T, H], u = input_norm(x) -> (x after the layer, next_norm(x)), both [T, H]."""
         i, tap = self.idx, batch.tap
         tap(i, "attn_norm", u)  # input of the mixer (attention or GDN)
         m, x, u = self.mixer_add(x, self.mixer(u, batch), batch)  # x += m; u = pre_mlp_norm(x)
@@ -278,12 +217,8 @@ class DecoderLayer:
 
 
 def run_stack(layers, x, batch, capture=()):
-    """Every layer in turn, each handed its normed input by the one before.
-
-    x [T, H] (the embeddings) -> (final_norm(x_L) [T, H], {i: x_i [T, H]} for i in ``capture``),
-    x_i the residual stream after layer i, un-normed (the last layer's ``mlp_add`` applies the
-    final norm).
-    """
+    """Every layer in turn: x [T, H] (the embeddings) -> (final_norm(x_L) [T, H], {i: x_i} for
+    i in ``capture``), x_i [T, H] the residual stream after layer i, un-normed."""
     u = layers[0].input_norm(x)  # [T, H]
     captured = {}
     for layer in layers:

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from dflash_ref.errors import StateError
-from dflash_ref.models.batch_arrays import BatchArrays, TreePath
+from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.cache import FeatureBuffer
 from dflash_ref.models.gdn_store import GDNStore
 from dflash_ref.models.kv_store import KVStore
 from dflash_ref.models.snapshot import StateSnapshot, restore_stores, take_snapshot
 from dflash_ref.models.stores import CacheStore, FixedCacheStore, PoolStore, Store
+from dflash_ref.models.tree import TreeArrays, TreePath
 from dflash_ref.ops.masks import tree_depths
 
 
@@ -222,7 +223,8 @@ class TargetState:
         uploads = {"buffers": self.runner.buffers}
         for store in self._reserving:
             uploads.update(store.reserve(start, T, parents))
-        arrays = BatchArrays(self.be, ids, positions, start, parents=parents, **uploads)
+        arrays = (BatchArrays if parents is None else TreeArrays)(self.be, ids, positions, start,
+                                                                  parents=parents, **uploads)
         kv = {i: v for store in self.kv_stores for i, v in store.views(arrays, parents).items()}
         gdn = {i: v for store in self.gdn_stores for i, v in store.views(arrays, parents).items()}
         return Batch(start, positions, parents, ids, kv, gdn, tap or no_tap, arrays)

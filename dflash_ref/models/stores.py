@@ -38,7 +38,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from dflash_ref.errors import ConfigError, StateError
-from dflash_ref.models.batch_arrays import BatchArrays, TreePath
+from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.cache import KVCache
 from dflash_ref.models.kv_store import (
     CacheKV,
@@ -48,6 +48,7 @@ from dflash_ref.models.kv_store import (
     PooledTreeKV,
     TreeKV,
 )
+from dflash_ref.models.tree import TreePath
 
 
 class Store(ABC):

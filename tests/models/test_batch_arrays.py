@@ -21,6 +21,7 @@ from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.kvflash.pager import KVFlashPager
 from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.target import TargetModel
+from dflash_ref.models.tree import TreeArrays
 from dflash_ref.ops.masks import tree_mask, visible
 from dflash_ref.tiny import tiny_target_config, tiny_weights
 from tests.device_counter import counted, counting_backend
@@ -144,13 +145,13 @@ def test_a_tree_verify_copies_one_array_and_its_commit_one_more(pooled):
 
 
 def test_the_device_tree_mask_equals_the_tree_mask_builder():
-    # BatchArrays.tree_mask builds the spec from device arrays; masks.tree_mask (host) is the
+    # TreeArrays.tree_mask builds the spec from device arrays; masks.tree_mask (host) is the
     # readable definition. Checked on a plain cache and on a pool whose slot table holds free
     # slots (-1), stale drafts (>= base) and committed positions in shuffled order.
     parents = np.array([-1, 0, 0, 1, 3, 3, 2])
     depth = np.array([0, 1, 1, 2, 3, 3, 2])
     base = 9
-    arrays = BatchArrays(counting_backend(), np.arange(7), base + depth, base, parents=parents)
+    arrays = TreeArrays(counting_backend(), np.arange(7), base + depth, base, parents=parents)
     for window in (None, 3):
         got = arrays.tree_mask(base, window)
         want = tree_mask(parents, base, window=window)

@@ -8,8 +8,8 @@ import pytest
 
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError
-from dflash_ref.models.batch_arrays import TreePath
 from dflash_ref.models.cache import FeatureBuffer, KVCache
+from dflash_ref.models.tree import TreePath
 
 be = get_backend("numpy")
 

@@ -22,6 +22,7 @@ from dflash_ref.kvflash.pager import KVFlashPager
 from dflash_ref.kvflash.scorers import ModelTailScorer
 from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.target import TargetModel
+from dflash_ref.models.tree import TreeArrays
 from dflash_ref.ops.rope import rope, rope_inv_freq
 from dflash_ref.testing import TOLERANCES, Tolerance, assert_close
 from dflash_ref.tiny import tiny_target_config, tiny_weights
@@ -142,8 +143,8 @@ def test_attention_twin_reads_mask_positions_built_on_the_device(rng):
         v = rng.standard_normal((n_keys, 2, 64)).astype(np.float32)
         outs = []
         for be in (cpu_be, gpu_be):
-            arrays = BatchArrays(be, np.zeros(T, np.int64), pos, base,
-                                 parents=parents if tree else None)
+            arrays = (TreeArrays if tree else BatchArrays)(be, np.zeros(T, np.int64), pos, base,
+                                                           parents=parents if tree else None)
             mask = build(arrays)
             if be is gpu_be:
                 assert isinstance(mask.q_pos, cp.ndarray) and mask.q_pos.dtype == cp.int32
