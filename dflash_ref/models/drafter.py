@@ -18,8 +18,8 @@ nh / nkv heads, d head_dim, B block size, ctx context rows.
 
 The context rows are never queries and are identical in every layer (each layer projects the
 same ``c`` with its own Wk / Wv / k_norm). The drafter borrows the target's embedding and
-lm_head (never copies them). DFlash 2 (models/dflash2.py) overrides :meth:`DFlashDrafter.around`
-(its convolutions) and :meth:`DFlashDrafter.propose` (a candidate selector).
+lm_head (never copies them). DFlash 2 (models/dflash2.py) wraps :meth:`DFlashDrafter.attention`
+and :meth:`DFlashDrafter.mlp` in its convolutions and overrides :meth:`DFlashDrafter.propose`.
 
 The context is recomputed from the features every call (:meth:`DFlashDrafter.forward_block`,
 stateless, the oracle), or cached as per-layer K/V appended as features arrive
@@ -186,14 +186,9 @@ class DFlashDrafter:
         K/V followed by them, [ctx + B, nkv, d] each (a copy, or a cache's views)."""
         w, ops, eps = self.layers[i], self.be.ops, self.config.rms_norm_eps
         u = ops.rms_norm(h, w["input_layernorm.weight"], eps)  # noise only
-        m = self.around(i, "attention_conv", u, self.attention, join_kv, ctx_pos, noise_pos)
+        m = self.attention(i, u, join_kv, ctx_pos, noise_pos)
         h, u = ops.add_rms_norm(m, h, w["post_attention_layernorm.weight"], eps)  # h += m; norm
-        return h + self.around(i, "mlp_conv", u, self.mlp)
-
-    def around(self, i: int, name: str, u, block, *args):
-        """``block(i, u, *args)``: what a sub-block adds to the residual stream (DFlash 2 wraps
-        it in its convolution ``name``)."""
-        return block(i, u, *args)
+        return h + self.mlp(i, u)
 
     def attention(self, i: int, u, join_kv, ctx_pos, noise_pos):
         """Attention of the noise rows u [B, H] over the context and the block: [B, H]."""

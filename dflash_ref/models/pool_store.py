@@ -48,7 +48,7 @@ class PoolStore(Store):
                               f"use {sorted(shapes)}")
         (nkv, d), = shapes
         pager.attach(be, layers, nkv, d)
-        pager.reset()
+        pager.reset()  # a reused pager must not carry the previous request's chunks
         self.pager, self.be, self.layers = pager, be, tuple(layers)
         self.nodes: dict = {}  # layer -> (k, v) [n, Hkv, D] of a pending tree's nodes
 

@@ -1,9 +1,8 @@
 """Per-sequence state of the target: its stores, the committed tokens, commit and rollback.
 
 :class:`TargetState` is everything a continuation depends on: its stores (models/stores.py),
-one per attention layer (or one pool for the layers a KVFlash pager pools) and per Gated
-DeltaNet layer, the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, the committed
-tokens and length, a pending tree verify. The model talks to it through two calls::
+the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, the committed tokens and length,
+a pending tree verify. The model talks to it through two calls::
 
     batch = state.begin_batch(ids, parents=None) # arrays on the backend once, a view per layer
     ... every layer runs on batch.kv[i] or batch.gdn[i] ...
@@ -55,18 +54,11 @@ class EagerRunner:
 @dataclass(frozen=True)
 class StorePlan:
     """Where each layer of a target keeps its per-position state, read from its config once
-    (:meth:`of`, when the target loads).
+    (:meth:`of`, when the target loads)."""
 
-    Attributes:
-        caches: ``(layer, n_kv_heads, head_dim, window)`` of every attention layer that keeps
-            its own K/V; ``window`` None for full attention.
-        full: the full-attention layers among them (the ones a KVFlash pager pools).
-        gdn: the linear-attention (Gated DeltaNet) layers.
-    """
-
-    caches: tuple[tuple[int, int, int, int | None], ...]
-    full: tuple[int, ...]
-    gdn: tuple[int, ...]
+    caches: tuple[tuple[int, int, int, int | None], ...]  # (layer, Hkv, D, window or None)
+    full: tuple[int, ...]  # the full-attention layers among them (a pager pools these)
+    gdn: tuple[int, ...]  # the linear-attention (Gated DeltaNet) layers
 
     @classmethod
     def of(cls, config) -> StorePlan:
@@ -96,46 +88,22 @@ def build_stores(plan: StorePlan, be, pager=None, kv_capacity=None) -> tuple[lis
 
 @dataclass
 class Batch:
-    """One forward's view of the state (made by :meth:`TargetState.begin_batch`).
+    """One forward's view of the state (made by :meth:`TargetState.begin_batch`)."""
 
-    Attributes:
-        start: the first position (the committed length before the batch).
-        positions: [T] host absolute positions (start + depth for a tree).
-        parents: [n] tree parents, or None for a chain.
-        ids: [T] host token ids (node order for a tree).
-        kv: attention layer id -> its :class:`~dflash_ref.models.kv_store.KVStore`.
-        gdn: GDN layer id -> its view (models/gdn_store.py).
-        tap: ``tap(layer, name, x)`` observer of intermediate tensors.
-        arrays: the batch's :class:`BatchArrays` (ids, positions, masks on the backend).
-    """
-
-    start: int
-    positions: np.ndarray
-    parents: np.ndarray | None
-    ids: np.ndarray
-    kv: dict[int, KVStore]
-    gdn: dict[int, object]
-    tap: Callable
-    arrays: BatchArrays
+    start: int  # the first position (the committed length before the batch)
+    positions: np.ndarray  # [T] host absolute positions (start + depth for a tree)
+    parents: np.ndarray | None  # [T] tree parents, or None for a chain
+    ids: np.ndarray  # [T] host token ids (node order for a tree)
+    kv: dict[int, KVStore]  # attention layer id -> its view
+    gdn: dict[int, object]  # GDN layer id -> its view (models/gdn_store.py)
+    tap: Callable  # tap(layer, name, x): observer of intermediate tensors
+    arrays: BatchArrays  # ids, positions, masks on the backend, once per batch
 
 
 class TargetState:
-    """Per-sequence state (module docstring). Made by ``TargetModel.new_state``.
-
-    Args:
-        plan: the target's :class:`StorePlan`.
-        be: the Backend the model runs on.
-        capture_width: C * hidden, the width of a captured feature row (0: no capture).
-        feature_capacity, feature_window: see :class:`FeatureBuffer`.
-        pager: a KVFlash pager for the full-attention layers' K/V, or None.
-        kv_capacity: K/V in that many fixed rows, or None.
-        runner: the step runner (:class:`EagerRunner` when None).
-
-    Attributes:
-        kv_stores, gdn_stores, stores: the attention stores, the GDN stores, both.
-        features: the captured :class:`FeatureBuffer`, or None.
-        length: the committed positions.
-    """
+    """Per-sequence state (module docstring), made by ``TargetModel.new_state``: the stores
+    of ``plan`` (:func:`build_stores`), ``features`` (C * hidden = ``capture_width`` wide; None
+    without capture), the committed ``length``; ``runner`` :class:`EagerRunner` by default."""
 
     def __init__(self, plan: StorePlan, be, capture_width: int = 0,
                  feature_capacity: int | None = None, feature_window: int | None = None,
@@ -256,20 +224,11 @@ class TargetState:
     # ------------------------------------------------------------------ snapshot and restore
 
     def snapshot(self, upto: int | None = None) -> StateSnapshot:
-        """A copy of the first ``upto`` positions (default: all committed); with GDN layers
-        ``upto`` must lie in the last chain batch (models/snapshot.py)."""
-        n = self.length if upto is None else int(upto)
-        if self._pending is not None:
-            raise StateError("snapshot: a tree verify is pending; call commit_path(path) first")
-        if not 0 <= n <= self.length:
-            raise StateError(f"snapshot(upto={n}): the state holds {self.length} positions")
-        return take_snapshot(self, n)
+        """A copy of the first ``upto`` positions (default: all; models/snapshot.py)."""
+        return take_snapshot(self, self.length if upto is None else int(upto))
 
     def restore(self, snap: StateSnapshot) -> None:
-        """Make this state hold exactly ``snap``; a capturing state refuses a snapshot
-        without the features the drafter will read (models/snapshot.py)."""
-        if self._pending is not None:
-            raise StateError("restore: a tree verify is pending; call commit_path(path) first")
+        """Make this state hold exactly ``snap`` (checked: models/snapshot.py)."""
         restore_stores(self, snap)
         self._tokens = np.asarray(snap.tokens, dtype=np.int64).tolist()
         self.length = snap.length
