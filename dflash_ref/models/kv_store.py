@@ -6,12 +6,10 @@ layer's storage) and gets back everything its queries attend to, with the mask::
     keys, values, mask = store.update(k, v)      # k, v: [T, Hkv, D] post-norm, post-RoPE
     o = attention(q, keys, values, mask)          # keys, values: [S, Hkv, D]; mask: [T, S]
 
-The store that keeps the rows for the sequence opens the view per batch (``views(arrays,
-parents)``, models/stores.py) and owns what happens to the rows afterwards. A chain over a plain
-:class:`~dflash_ref.models.cache.KVCache` (:class:`CacheKV`) sees keys at p from a query at q
-when ``p <= q``, and on a sliding layer also ``q - p < W`` (HF's: the window includes the current
-token; docs/conventions.md). The other views: models/tree_verify.py (a tree's nodes),
-models/pool_store.py (the KVFlash pool), models/fixed_stores.py (fixed rows).
+The store that keeps the rows opens the view per batch (models/stores.py). Over a plain
+:class:`~dflash_ref.models.cache.KVCache` (:class:`CacheKV`) a query at q sees the key at p
+when ``p <= q``, and on a sliding layer ``q - p < W`` (HF's: the window includes the current
+token; docs/conventions.md). Other views: models/tree_verify.py, pool_store.py, fixed_stores.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ things (HF's ``Cache.update`` / ``crop``: the storage decides how, the caller sa
 
     reserve(start, n, parents)  make room for a batch of n rows at positions start..; returns
                                 host arrays for the batch's one upload (optional)
-    views(arrays, parents)      layer id -> the per-forward view a layer runs on
+    views(arrays, parents)      layer id -> the per-forward view a layer runs on (a KVStore)
     refusal(n)                  why it cannot go back to n positions, or None (optional)
     truncate(n)                 keep positions < n (rollback of rejected drafts)
     keep_path(path)             keep a tree verify's accepted branch at start, start+1, ...
@@ -30,32 +30,26 @@ from dflash_ref.models.tree_verify import TreeKV
 
 class Store(ABC):
     """The transitions of a store (module docstring); ``layers``: the model layer ids it holds.
-    ``reserve`` and ``refusal`` are None on a store that never needs them (the state calls
-    each only on the stores that have it)."""
+    ``reserve`` and ``refusal`` are None on a store that never needs them."""
 
     layers: tuple[int, ...] = ()
     reserve = None
     refusal = None
 
     @abstractmethod
-    def views(self, arrays: BatchArrays, parents) -> dict:
-        """Layer id -> the view its layer runs this batch on."""
+    def views(self, arrays: BatchArrays, parents) -> dict: ...
 
     @abstractmethod
-    def truncate(self, n: int) -> None:
-        """Keep positions < n."""
+    def truncate(self, n: int) -> None: ...
 
     @abstractmethod
-    def keep_path(self, path: TreePath) -> None:
-        """Keep the accepted branch of the pending tree verify; drop the other nodes."""
+    def keep_path(self, path: TreePath) -> None: ...
 
     @abstractmethod
-    def snapshot(self, n: int) -> dict:
-        """Layer id -> a copy of what positions < n left in this store."""
+    def snapshot(self, n: int) -> dict: ...
 
     @abstractmethod
-    def restore(self, length: int, pieces: dict) -> None:
-        """Hold exactly ``pieces[layer]`` (what :meth:`snapshot` made) for positions < length."""
+    def restore(self, length: int, pieces: dict) -> None: ...
 
     def caches(self) -> dict[int, KVCache]:
         """Layer id -> the plain KVCache it keeps (for inspection); none by default."""
