@@ -262,6 +262,7 @@ TIERS = (
         MODELS + r"(gemma|gemma4|qwen3_5|moe|gdn_\w+)\.py",  # the other families
         MODELS + r"dflash2\w*\.py", MODELS + r"dspark\.py",  # DFlash 2, DSpark
         r"kernels_cupy/.*",  # the GPU twins
+        MODELS + r"(pool_store|fixed_stores|tree_verify|drafter_loading)\.py",  # stores, loaders
         r".*")),  # batches, prompt caches, diagnose, oracle, io, config, cli, ...
 )
 

@@ -69,7 +69,7 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     ),
     (
         '4 pager not reset on reuse',
-        'dflash_ref/models/stores.py',
+        'dflash_ref/models/pool_store.py',
         '        pager.reset()  # a reused pager',
         '        pass  # a reused pager',
         'tests/kvflash/test_pager_reuse.py',
@@ -308,7 +308,7 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     ),
     (
         '22b CUDA graphs: a fixed draft cache ignores the context window',
-        'dflash_ref/models/draft_cache.py',
+        'dflash_ref/models/fixed_stores.py',
         '        k_pos[lo:self.length] = np.arange(lo, self.length)',
         '        k_pos[:self.length] = np.arange(self.length)',
         'tests/models/test_graphs.py',

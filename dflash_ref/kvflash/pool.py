@@ -295,7 +295,7 @@ class ChunkTable:
     def attach(self, backend: Backend | str, layers: Sequence[int], n_kv_heads: int,
                head_dim: int, dtype="float32") -> None:
         """Give a mapping-only pager its device pool: what ``TargetModel.new_state(pager=...)``
-        calls with the target's full-attention layers (``PoolStore``, models/stores.py). A
+        calls with the target's full-attention layers (``PoolStore``, models/pool_store.py). A
         pager that already holds a pool for the same layers and shapes on the same backend is
         kept as it is; any other is an error."""
         be = as_backend(backend)
@@ -329,7 +329,7 @@ class ChunkTable:
 
     def write_slots(self, layer: int, slots, k, v) -> None:
         """:meth:`write` at ``slots``: the backend copy of :meth:`batch_slots`, made once per
-        forward (``PoolStore.reserve`` in models/stores.py) for every layer, so no lookup, check
+        forward (``PoolStore.reserve`` in models/pool_store.py) for every layer, so no lookup, check
         or copy here."""
         self._require_pool().write(layer, slots, k, v, checked=True)
 

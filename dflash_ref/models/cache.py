@@ -1,10 +1,9 @@
-"""Per-sequence state of the target: the KV cache of one attention layer, and the feature buffer.
+"""The K/V cache of one attention layer, and the captured feature buffer.
 
-Both index rows by **absolute position** and both truncate on rollback. Neither is a ring: a ring
-indexed by ``pos % cap`` silently overwrites old rows once the context passes ``cap`` (the
-lucebox 4096-slot feature ring dropped acceptance from 85% to 7.7% exactly at 4096 prompt tokens;
-docs/conventions.md, "Lessons from the seeds"). Here exceeding a capacity is an error, or, for
-features only, an explicit eviction of the oldest rows when a drafter context window is set.
+Both index rows by **absolute position** and truncate on rollback. Neither is a ring (a ring
+indexed by ``pos % cap`` silently overwrites old rows; docs/conventions.md, "Lessons from the
+seeds"): exceeding a capacity is an error, or, for features with a drafter context window, an
+explicit eviction of the oldest rows.
 """
 
 from __future__ import annotations
@@ -14,14 +13,9 @@ from dflash_ref.errors import ConfigError
 
 
 class KVCache:
-    """Keys and values of one attention layer for positions 0..len-1, in position order.
-
-    K and V live in one storage ``[2, capacity, n_kv_heads, head_dim]`` (K rows, then V rows),
-    so a batch's keys and values are one ``write_kv`` (one kernel on CuPy). Storage grows by
-    doubling, so it usually has spare rows after the committed ones; ``k``/``v`` return views of
-    the committed part: ``[len, n_kv_heads, head_dim]`` each (post-norm, post-RoPE keys, as
-    attention consumes them). :meth:`stage` writes rows into the spare part without committing
-    them (the drafter's block K/V, docs/drafter.md, "Draft cache").
+    """Keys and values of one attention layer for positions 0..len-1, in one storage
+    ``[2, capacity, Hkv, D]`` (K rows, then V rows: a batch is one ``write_kv``) that grows by
+    doubling. ``k``/``v``: views of the committed rows [len, Hkv, D] (post-norm, post-RoPE).
     """
 
     def __init__(self, be: Backend, n_kv_heads: int, head_dim: int, dtype="float32"):
@@ -31,11 +25,8 @@ class KVCache:
         self.length = 0
 
     def append(self, k, v):
-        """Append ``k``, ``v`` [T, n_kv_heads, head_dim] at positions len..len+T-1.
-
-        Returns ``(keys, values)``: views of every committed row, ``[len, n_kv_heads, head_dim]``
-        each (``self.k``, ``self.v`` after the append), valid until the next append or stage.
-        """
+        """Append ``k``, ``v`` [T, Hkv, D] at positions len..len+T-1; returns views of every
+        committed row ``[len, Hkv, D]``, valid until the next append or stage."""
         T = k.shape[0]
         if k.shape != (T, self.n_kv_heads, self.head_dim) or v.shape != k.shape:
             raise ValueError(
@@ -53,14 +44,9 @@ class KVCache:
         return self._kv[0, :end], self._kv[1, :end]
 
     def stage(self, k, v, start: int = 0):
-        """Write ``k``, ``v`` [T, n_kv_heads, head_dim] after the committed rows, uncommitted:
-        :meth:`append`, then the length goes back (the authors' append, then ``crop``).
-
-        Returns views of rows ``start .. len+T-1`` of the storage, ``[len - start + T,
-        n_kv_heads, head_dim]`` each: the committed rows from ``start`` followed by the new ones,
-        with nothing committed copied. ``length`` is unchanged, so the next ``append`` or
-        ``stage`` overwrites the new rows; the views are valid until then.
-        """
+        """Write ``k``, ``v`` [T, Hkv, D] after the committed rows, uncommitted (append, then
+        the length goes back: the authors' ``crop``). Returns views of rows ``start .. len+T-1``
+        ``[len - start + T, Hkv, D]``, nothing copied, valid until the next append or stage."""
         if not 0 <= start <= self.length:
             raise ValueError(f"KVCache.stage(start={start}): cache holds {self.length} positions")
         keys, values = self.append(k, v)
@@ -76,18 +62,15 @@ class KVCache:
         return self._kv[1, : self.length]
 
     def keep_rows(self, start: int, rows) -> None:
-        """Keep rows < start, then the rows at indices ``rows`` (>= start) in that order.
-
-        Tree verify appends every node's K/V at start.. in node order; committing the accepted
-        branch keeps exactly the path's rows, which then sit at positions start, start+1, ...
-        """
+        """Keep rows < start, then the rows at indices ``rows`` (>= start) in that order (a
+        tree verify's accepted branch, at positions start, start+1, ...)."""
         rows = self.be.xp.asarray(rows)
         kv = self._kv[:, rows].copy()  # [2, n, Hkv, D]
         self.truncate(start)
         self.append(kv[0], kv[1])
 
     def truncate(self, n_keep: int) -> None:
-        """Drop positions >= n_keep (rejected drafts). Keeping more than present is an error."""
+        """Drop positions >= n_keep (rejected drafts)."""
         if not 0 <= n_keep <= self.length:
             raise ValueError(f"KVCache.truncate({n_keep}): cache holds {self.length} positions")
         self.length = n_keep
@@ -96,16 +79,9 @@ class KVCache:
 class FeatureBuffer:
     """Captured target features (rows [C*hidden]) by absolute position, for the drafter.
 
-    Rows arrive with the target forward that computed them (prefill micro-batches, decode steps,
-    verify batches) and must be appended in position order: a gap or an overlap is an error, so a
-    buffer can never hold only the last micro-batch or skip rows restored from a
-    cache (docs/conventions.md, "Lessons from the seeds"). ``truncate`` on rollback keeps the
-    accepted rows only (docs/spec_decode.md).
-
-    Capacity: at most ``capacity`` rows are held. When ``window`` (a drafter context window of the
-    last W features) is set, appending past capacity evicts the oldest rows, keeping at least
-    ``window``; without a window, exceeding capacity raises :class:`ConfigError`. Rows are never
-    overwritten in place.
+    Rows are appended in position order (a gap or an overlap is an error). At most ``capacity``
+    rows are held: past it, with a drafter context ``window``, the oldest rows are evicted
+    (keeping at least ``window``); without one, :class:`ConfigError`.
     """
 
     def __init__(self, be: Backend, width: int, capacity: int | None = None,
@@ -159,10 +135,7 @@ class FeatureBuffer:
         self.end = start_pos + T
 
     def rows(self, start: int | None = None, end: int | None = None):
-        """Rows for positions [start, end) (default: everything held) as [end-start, width].
-
-        A view of the storage, valid until the next append or truncate (as ``KVCache.k``).
-        """
+        """Rows for positions [start, end) (default: all held), a view [end-start, width]."""
         start = self.start if start is None else start
         end = self.end if end is None else end
         if start < self.start or end > self.end or start > end:
@@ -193,20 +166,16 @@ class FeatureBuffer:
     # ------------------------------------------------------------------ as a store of the state
 
     def keep_path(self, path, node_rows) -> None:
-        """Append the accepted branch of a tree verify: ``node_rows`` [n, width] are every
-        node's features (node order), ``path`` a :class:`~dflash_ref.models.tree.TreePath`;
-        its rows land at positions path.start, path.start + 1, ..."""
+        """Append the accepted branch (a ``TreePath``) of a tree's ``node_rows`` [n, width]."""
         self.append(path.start, node_rows[path.dev])
 
     def snapshot(self, n: int):
-        """``(rows, start)``: a copy of the held rows for positions start..n-1, start being the
-        first held position (> 0 after eviction), or n when nothing before n is held."""
+        """``(rows, start)``: a copy of the held rows for positions start..n-1."""
         start = min(self.start, n)
         return self.rows(start, n).copy(), start
 
     def restore(self, start: int, rows, length: int) -> None:
-        """Hold exactly ``rows`` [length - start, width] for positions start..length-1 (a
-        snapshot's; ``rows`` None holds nothing, and the next append starts at ``start``)."""
+        """Hold exactly ``rows`` [length - start, width] (None: nothing) from ``start``."""
         self.reset(start)
         if rows is not None and length > start:
             self.append(start, rows)

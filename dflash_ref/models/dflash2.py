@@ -152,6 +152,14 @@ class DFlash2Drafter(DFlashDrafter):
                           "step yet: make the target state without a recorded step runner "
                           "(new_state's default), or draft with drafter.new_cache()")
 
+    def attention(self, i: int, u, *args):
+        """The drafter's attention between the halves of its convolution pair (:meth:`around`)."""
+        return self.around(i, "attention_conv", u, super().attention, *args)
+
+    def mlp(self, i: int, u):
+        """The drafter's MLP between the halves of its convolution pair (:meth:`around`)."""
+        return self.around(i, "mlp_conv", u, super().mlp)
+
     def around(self, i: int, name: str, u, block, *args):
         """``conv(block(conv(u, D[:, 0], base[0])), D[:, 1], base[1])``: the block between the
         two halves of its convolution pair, ``D = (u P^T)`` (module docstring)."""

@@ -16,42 +16,32 @@ nh / nkv heads, d head_dim, B block size, ctx context rows.
         h = h + W_down(swiglu(W_gate u', W_up u')),  u' = RMSNorm_post(h)
     logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   head
 
-DFlash 2 drafters (``DFlash2DraftModel``) add a grouped dynamic causal convolution before and
-after the attention and the MLP of every layer (:mod:`dflash_ref.models.dflash2_conv`), and draft
-a path through a candidate selector instead of a per-row argmax: they are
-:class:`~dflash_ref.models.dflash2.DFlash2Drafter`, which overrides
-:meth:`DFlashDrafter.around` (the convolutions) and :meth:`DFlashDrafter.propose`. The head follows
-the release's draft-head keys: ``logits * output_multiplier``, then the drafter's
-``final_logit_softcapping`` when its config states one (else the target's cap).
-
 The context rows are never queries and are identical in every layer (each layer projects the
-same ``c`` with its own Wk / Wv / k_norm). The drafter owns no embedding or lm_head: it borrows the
-target's (never copies them). Binding to a target sets the target's capture layers to the
-drafter's ``target_layer_ids`` when the target has none, and raises when they conflict.
+same ``c`` with its own Wk / Wv / k_norm). The drafter borrows the target's embedding and
+lm_head (never copies them). DFlash 2 (models/dflash2.py) wraps :meth:`DFlashDrafter.attention`
+and :meth:`DFlashDrafter.mlp` in its convolutions and overrides :meth:`DFlashDrafter.propose`.
 
-Two equivalent ways to hold the context:
-
-- stateless: :meth:`DFlashDrafter.forward_block` recomputes context K/V from the features every
-  call (lucebox ``build_draft_graph``), the oracle other implementations can call directly;
-- cached: :class:`~dflash_ref.models.draft_cache.DraftCache` keeps per-layer context K/V
-  (post k_norm, post RoPE at absolute positions) appended as committed features arrive; the
-  block's K/V go into the cache's spare rows after the context, uncommitted, so a draft copies
-  no context (the authors' ``DynamicCache`` + ``crop(s)``). tests/models/test_drafter.py checks
-  that cached == stateless.
+The context is recomputed from the features every call (:meth:`DFlashDrafter.forward_block`,
+stateless, the oracle), or cached as per-layer K/V appended as features arrive
+(:class:`~dflash_ref.models.draft_cache.DraftCache`, the authors' ``DynamicCache`` +
+``crop(s)``); tests/models/test_drafter.py checks that cached == stateless.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
 from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
-from dflash_ref.errors import ConfigError, FormatError
-from dflash_ref.io.compare import check_finite_weights
-from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
-from dflash_ref.models.draft_cache import DraftCache, FixedDraftCache, step_now
+from dflash_ref.errors import ConfigError
+from dflash_ref.models.draft_cache import DraftCache
+from dflash_ref.models.drafter_loading import (
+    bind_capture,
+    checked_config,
+    load_gguf,
+    load_pretrained,
+)
+from dflash_ref.models.fixed_stores import FixedDraftCache, step_now
 from dflash_ref.models.layers import Projections
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
@@ -60,29 +50,15 @@ from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_rows
 
 
 class DFlashDrafter:
-    """A DFlash drafter bound to its target. Construct with :meth:`from_pretrained`.
-
-    ``kind`` is the :attr:`DrafterConfig.kind <dflash_ref.config.DrafterConfig.kind>` a class
-    runs; the loaders return the subclass of a config's kind (:meth:`class_for`).
-    """
+    """A DFlash drafter bound to its target; load with :meth:`from_pretrained`. ``kind``: the
+    ``DrafterConfig.kind`` a class runs."""
 
     kind = "dflash"
 
     def __init__(self, config: DrafterConfig, weights: dict, target: TargetModel):
-        if config.kind != self.kind:
-            raise ConfigError(f"a {config.kind!r} drafter config cannot run as "
-                              f"{type(self).__name__} ({self.kind!r}); load it with "
-                              f"DFlashDrafter.from_pretrained (or from_gguf)")
-        fc_name = config.fc_name
-        if fc_name not in weights:
-            raise FormatError(
-                f"drafter checkpoint lacks {fc_name} ({config.layout} layout); found e.g. "
-                f"{sorted(weights)[:4]}"
-            )
-        config = config.validate_against(target.config, fc_shape=tuple(weights[fc_name].shape))
+        config = checked_config(type(self), config, weights, target)
         self.config, self.target = config, target
         self.be: Backend = target.be
-        self._check_weights(weights)
         xp = self.be.xp
         w = {k: xp.asarray(v, dtype=xp.float32) for k, v in weights.items()}
         self.fc = w[config.fc_name]  # [H, C*H]
@@ -92,19 +68,16 @@ class DFlashDrafter:
             {k[len(f"layers.{i}."):]: v for k, v in w.items() if k.startswith(f"layers.{i}.")}
             for i in range(config.num_hidden_layers)
         ]
-        self.products = [self._products(w) for w in self.layers]  # stacked projections
+        self.products = [self.stack_products(w) for w in self.layers]
         self.embedding_scale = config.noise_embedding_scale(target.config)
         self.block_size = config.block_size  # B, the block drafted by default
         # each layer's key-visibility rule (DrafterConfig.visibility), read once for every draft
         self.visibility = [config.visibility(i) for i in range(config.num_hidden_layers)]
-        self._bind(target)
+        bind_capture(config, target)
 
-    # ------------------------------------------------------------------ construction
-
-    def _products(self, w: dict) -> dict:
-        """One layer's stacked projections (:class:`~dflash_ref.models.layers.Projections`):
-        the block's q, k, v; the context's k, v; the MLP's gate and up. The k and v rows are
-        stacked once and shared by the two products that read them."""
+    def stack_products(self, w: dict) -> dict:
+        """One layer's stacked projections: the block's q, k, v; the context's k, v (the same
+        rows); the MLP's gate and up."""
         a = "self_attn."
         qkv = Projections.stacked(self.be, w, [f"{a}{p}_proj.weight" for p in "qkv"])
         gate_up = Projections.stacked(self.be, w, ["mlp.gate_proj.weight", "mlp.up_proj.weight"])
@@ -114,54 +87,19 @@ class DFlashDrafter:
     def from_pretrained(cls, path, target: TargetModel, backend=None,
                         swa_convention: str | None = None,
                         check_finite: bool = False) -> DFlashDrafter:
-        """Load a drafter directory (``config.json`` + safetensors) for ``target``.
-
-        Reads the z-lab layout (``fc``, ``hidden_norm``, ``layers.N.*``, ``norm``; DFlash keys at
-        the top level or under ``dflash_config``) and the HF DFlash-assistant layout
-        (``encoder.fc``, ``encoder.output_norm_enc``). ``backend`` must match the target's (the
-        drafter shares the target's arrays); ``swa_convention`` overrides the config default;
-        ``check_finite`` refuses weights holding NaN or inf, naming the tensors.
-        """
-        _check_target(target, "from_pretrained")
-        path = Path(path)
-        if backend is not None and getattr(backend, "name", backend) != target.be.name:
-            raise ConfigError(
-                f"drafter backend {backend!r} differs from the target's {target.be.name!r}; the "
-                f"drafter shares the target's embedding and lm_head, so load both on one backend"
-            )
-        cfg_path = path / "config.json"
-        if not cfg_path.exists():
-            raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
-        config = DrafterConfig.from_file(cfg_path, swa_convention=swa_convention)
-        weights = load_checkpoint(path)
-        if check_finite:
-            check_finite_weights(weights, path)
-        return cls.class_for(config)(config, weights, target)
+        """Load a drafter directory for ``target`` (models/drafter_loading.py)."""
+        return load_pretrained(cls, path, target, backend, swa_convention, check_finite)
 
     @classmethod
     def from_gguf(cls, path, target: TargetModel,
                   swa_convention: str | None = None) -> DFlashDrafter:
-        """Load a drafter GGUF for ``target``, in either public naming (docs/formats.md).
-
-        llama.cpp files (arch ``dflash``) store the captured layers as HF ids + 1; lucebox files
-        (arch ``*-dflash-draft``) store raw ids.
-        :func:`~dflash_ref.io.drafter_from_gguf.read_gguf_drafter`
-        turns either into the z-lab config and HF-named weights, and this constructor checks them
-        exactly as for :meth:`from_pretrained`.
-        """
-        from dflash_ref.io.drafter_from_gguf import read_gguf_drafter
-
-        _check_target(target, "from_gguf")
-        config_dict, weights = read_gguf_drafter(path, target.config)
-        config = DrafterConfig.from_hf(config_dict, swa_convention=swa_convention)
-        return cls.class_for(config)(config, weights, target)
+        """Load a drafter GGUF for ``target`` (models/drafter_loading.py)."""
+        return load_gguf(cls, path, target, swa_convention)
 
     @classmethod
     def class_for(cls, config: DrafterConfig) -> type[DFlashDrafter]:
-        """The class that runs ``config.kind``: this class when it runs that kind (a user's
-        subclass stays itself), else the subclass that declares it (DFlash 2:
-        :class:`~dflash_ref.models.dflash2.DFlash2Drafter`, defined when ``dflash_ref.models``
-        is imported)."""
+        """The class that runs ``config.kind``: this class when it runs that kind, else the
+        subclass that declares it (DFlash 2, defined when ``dflash_ref.models`` is imported)."""
         if cls.kind == config.kind:
             return cls
         for klass in DFlashDrafter.__subclasses__():
@@ -169,25 +107,9 @@ class DFlashDrafter:
                 return klass
         raise ConfigError(f"no drafter class runs kind {config.kind!r}")
 
-    def _bind(self, target: TargetModel) -> None:
-        ids = list(self.config.target_layer_ids)
-        if not target.target_layer_ids:
-            target.set_target_layer_ids(ids)
-        elif list(target.target_layer_ids) != ids:
-            raise ConfigError(
-                f"the target captures layers {target.target_layer_ids} but this drafter reads "
-                f"{ids}; load the target with target_layer_ids=None (the drafter sets them) or "
-                f"with exactly the drafter's ids"
-            )
-
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         """Every tensor name of this drafter's layout with its PyTorch [out, in] shape."""
         return drafter_expected_tensors(self.config)
-
-    def _check_weights(self, weights: dict) -> None:
-        check_tensor_shapes(weights, drafter_expected_tensors(self.config),
-                            f"the drafter checkpoint ({self.config.layout} layout)",
-                            hint="is it complete and in this layout?")
 
     @property
     def is_dflash2(self) -> bool:
@@ -209,9 +131,8 @@ class DFlashDrafter:
         return self.be.ops.rms_norm(c, self.hidden_norm, cfg.rms_norm_eps)
 
     def embed_block(self, anchor_token: int, n_rows: int | None = None):
-        """Embed: the block [anchor, mask x (n-1)] through the target's embedding rows: [n, H].
-        ``n_rows`` defaults to the block size B; the release's loop drafts shorter blocks
-        (``verify_size``) near the end of a generation."""
+        """Embed: the block [anchor, mask x (n-1)] through the target's embedding: [n, H]
+        (``n_rows`` defaults to B)."""
         ids = self.block_ids(anchor_token, self.block_rows(n_rows))
         return self.embed_ids(self.be.xp.asarray(ids))
 
@@ -222,8 +143,7 @@ class DFlashDrafter:
         return ids
 
     def embed_ids(self, ids):
-        """Block ids [n] on the backend -> their embeddings [n, H]: the target's raw rows
-        (including the mask token's), times the drafter's embedding scale."""
+        """Block ids [n] on the backend -> the target's embedding rows [n, H] * scale."""
         e = self.target.embed_tokens[ids]
         return e if self.embedding_scale == 1.0 else e * self.be.xp.float32(self.embedding_scale)
 
@@ -241,10 +161,8 @@ class DFlashDrafter:
         return k, v
 
     def layer_mask(self, layer: int, ctx_pos, noise_pos) -> MaskSpec:
-        """The attention mask of one layer.
-
-        Non-causal; sliding layers follow ``swa_convention`` (docs/conventions.md, SWA).
-        """
+        """One layer's mask: non-causal; sliding layers follow ``swa_convention``
+        (docs/conventions.md, SWA)."""
         cfg = self.config
         vis = self.visibility[layer]
         causal = vis.max_ahead == 0
@@ -263,26 +181,14 @@ class DFlashDrafter:
         return drafter_mask(ctx_pos, noise_pos, window=vis.max_back + 1, causal=causal)
 
     def decoder_layer(self, i: int, h, join_kv, ctx_pos, noise_pos):
-        """One decoder layer over the noise rows h [B, H]: two residual lines, as the module
-        docstring draws them (``around`` is where a DFlash 2 drafter adds its convolutions).
-
-        ``join_kv(nk, nv)`` takes the block's K/V [B, nkv, d] and returns this layer's context
-        K/V followed by them, [ctx + B, nkv, d] each, context FIRST: :func:`context_then_block`
-        copies (the stateless form); :meth:`KVCache.stage
-        <dflash_ref.models.cache.KVCache.stage>` writes the block into the cache's spare rows
-        and returns views (:class:`DraftCache`, no copy of the context).
-        """
+        """One decoder layer over the noise rows h [B, H]: two residual lines (module
+        docstring). ``join_kv(nk, nv)``: the block's K/V [B, nkv, d] -> this layer's context
+        K/V followed by them, [ctx + B, nkv, d] each (a copy, or a cache's views)."""
         w, ops, eps = self.layers[i], self.be.ops, self.config.rms_norm_eps
         u = ops.rms_norm(h, w["input_layernorm.weight"], eps)  # noise only
-        m = self.around(i, "attention_conv", u, self.attention, join_kv, ctx_pos, noise_pos)
+        m = self.attention(i, u, join_kv, ctx_pos, noise_pos)
         h, u = ops.add_rms_norm(m, h, w["post_attention_layernorm.weight"], eps)  # h += m; norm
-        return h + self.around(i, "mlp_conv", u, self.mlp)
-
-    def around(self, i: int, name: str, u, block, *args):
-        """``block(i, u, *args)``: what a sub-block adds to the residual stream. A DFlash 2
-        drafter overrides this with its convolutions before and after the block (``name``:
-        "attention_conv" or "mlp_conv")."""
-        return block(i, u, *args)
+        return h + self.mlp(i, u)
 
     def attention(self, i: int, u, join_kv, ctx_pos, noise_pos):
         """Attention of the noise rows u [B, H] over the context and the block: [B, H]."""
@@ -307,12 +213,9 @@ class DFlashDrafter:
         return self.be.ops.linear(self.be.ops.swiglu(g, up), self.layers[i]["mlp.down_proj.weight"])
 
     def logits(self, z):
-        """Draft logits from final-normed rows z [n, H] (docs/drafter.md, "Head").
-
-        ``l = z E_out^T * output_multiplier``, then ``cap * tanh(l / cap)`` with the drafter's
-        ``final_logit_softcapping`` when its config states one (0: none), else with the target's
-        (the target's ``lm_head``, unchanged when neither key is present).
-        """
+        """Draft logits from final-normed rows z [n, H]: ``l = z E_out^T * output_multiplier``,
+        then ``cap * tanh(l / cap)``, cap the drafter's ``final_logit_softcapping`` if stated
+        (0: none), else the target's (docs/drafter.md, "Head")."""
         cfg, xp = self.config, self.be.xp
         if cfg.output_multiplier is None and cfg.final_logit_softcapping is None:
             return self.target.lm_head(z)
@@ -326,16 +229,13 @@ class DFlashDrafter:
         return logits
 
     def head(self, h, with_hidden: bool = False):
-        """Head: the final norm ``z = RMSNorm_norm(h)``, then the draft logits; ``with_hidden``
-        also returns z (the rows the DFlash 2 selector reads)."""
+        """Head: ``z = RMSNorm_norm(h)``, then the logits (and z with ``with_hidden``)."""
         z = self.be.ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
         return (self.logits(z), z) if with_hidden else self.logits(z)
 
     def run_block(self, h, joins, ctx_pos, noise_pos, with_hidden: bool = False):
-        """The block's embedded rows h [n, H] through every decoder layer, then the head: logits
-        [n, V] (and the normed rows with ``with_hidden``). ``joins``: layer i's ``join_kv``
-        (:meth:`decoder_layer`), in layer order (an iterable, read as the layers run); every
-        form of the drafter (stateless, cached, fixed rows) runs its block through this."""
+        """The embedded block h [n, H] through every layer (``joins``: each layer's
+        ``join_kv``, read as the layers run), then the head: logits [n, V]."""
         for i, join_kv in enumerate(joins):
             h = self.decoder_layer(i, h, join_kv, ctx_pos, noise_pos)
         return self.head(h, with_hidden)
@@ -350,18 +250,9 @@ class DFlashDrafter:
 
     def propose(self, hidden, logits, anchor_token: int, law: SamplingParams | None = None,
                 rng=None) -> DraftProposal:
-        """The drafts of rows 1..n-1 of one block: the argmax per row for ``law`` None (or
-        greedy), else one draw per row from ``sampling_probs`` (one uniform per row), returned
-        with its law q. :class:`~dflash_ref.models.dflash2.DFlash2Drafter` overrides it.
-
-        Args:
-            hidden, logits: :meth:`forward_block` with ``with_hidden=True`` ([n, H], [n, V]);
-                ``hidden`` and ``anchor_token`` are what a selector reads (unused here).
-            law: the sampling parameters, or None.
-            rng: ``np.random.Generator`` for the draws.
-        Returns:
-            :class:`~dflash_ref.ops.sampling.DraftProposal`: tokens [n-1] (and q [n-1, V]).
-        """
+        """The drafts of rows 1..n-1 (``logits`` [n, V]): the argmax per row for greedy ``law``
+        (or None), else one draw per row with its law q [n-1, V]. ``hidden`` [n, H] and
+        ``anchor_token`` are what DFlash 2's selector reads."""
         if law is None or law.greedy:
             return DraftProposal(self.draft_tokens(logits))
         return sample_rows(self.be, logits[1:], law, rng)
@@ -371,19 +262,13 @@ class DFlashDrafter:
     def forward_block(self, context_features, context_positions, anchor_token: int,
                       anchor_position: int, n_rows: int | None = None,
                       with_hidden: bool = False):
-        """Draft logits for one block, recomputing context K/V from the features.
+        """Draft logits [n, vocab] for one block, recomputing context K/V from the features.
 
         Args:
-            context_features: [ctx, C*H] features as captured by the target (any backend array).
-            context_positions: [ctx] absolute positions of those features.
-            anchor_token: the last committed token t_s (the bonus not yet run by the target).
-            anchor_position: s; the block occupies positions s .. s+B-1.
-            n_rows: a block of n rows (default B; fewer as the release drafts near the end, more
-                only when generate is asked to draft past the trained block).
-            with_hidden: also return the final-normed rows [n, H] (the DFlash 2 selector's input).
-        Returns:
-            logits [B, vocab] float32 on the drafter's backend; rows 1..B-1 are the drafts
-            (and the normed rows with ``with_hidden``).
+            context_features: [ctx, C*H] captured features; context_positions: [ctx] theirs.
+            anchor_token: the last committed token t_s; anchor_position: s.
+            n_rows: the block's rows n (default B).
+            with_hidden: also return the final-normed rows [n, H].
         """
         xp = self.be.xp
         feats = xp.asarray(context_features, dtype=xp.float32)
@@ -401,18 +286,14 @@ class DFlashDrafter:
                               with_hidden)
 
     def draft_tokens(self, logits) -> np.ndarray:
-        """Greedy drafts = argmax of rows 1..B-1, as host int64 [B-1].
-
-        Raises NonFiniteLogitsError (rows named as block rows) when a row holds NaN or +-inf,
-        instead of drafting valid-looking ids (docs/conventions.md, "Non-finite logits").
-        """
+        """Greedy drafts: argmax of rows 1..B-1, host int64 [B-1]; a non-finite row raises
+        (docs/conventions.md, "Non-finite logits")."""
         return argmax_rows_checked(self.be, logits[1:], role="draft", first_row=1)
 
     # ------------------------------------------------------------------ cached form
 
     def cache_for(self, state) -> DraftCache:
-        """An empty draft cache for drafting over the target ``state``, as its step runner hands
-        it out: :meth:`new_cache`, or a :meth:`fixed_cache` whose step the runner replays."""
+        """An empty draft cache over the target ``state``, as its step runner hands it out."""
         return state.runner.draft_cache(self)
 
     def new_cache(self, window=None) -> DraftCache:
@@ -420,25 +301,14 @@ class DFlashDrafter:
         return DraftCache(self, window)
 
     def fixed_cache(self, capacity: int, window=None, run_step=step_now) -> FixedDraftCache:
-        """An empty draft cache in fixed rows of ``capacity`` context positions, its draft step
-        run by ``run_step`` (:class:`~dflash_ref.models.draft_cache.FixedDraftCache`)."""
+        """An empty draft cache in fixed rows (models/fixed_stores.py)."""
         return FixedDraftCache(self, capacity, window, run_step)
 
 
 def context_then_block(xp, ctx_k, ctx_v):
-    """The stateless form's ``join_kv``: ``(nk, nv) -> ([ctx_k ; nk], [ctx_v ; nv])``.
-
-    ctx_k, ctx_v: [ctx, nkv, d]; nk, nv: [B, nkv, d]; returns new arrays [ctx + B, nkv, d].
-    """
+    """The stateless form's ``join_kv``: ``(nk, nv) -> ([ctx_k ; nk], [ctx_v ; nv])``, new
+    arrays [ctx + B, nkv, d]."""
     def join_kv(nk, nv):
         return xp.concatenate([ctx_k, nk], axis=0), xp.concatenate([ctx_v, nv], axis=0)
     return join_kv
 
-
-def _check_target(target, method: str) -> None:
-    """Refuse a ``target`` that is not a loaded :class:`TargetModel` (say, its path)."""
-    if not isinstance(target, TargetModel):
-        raise ConfigError(f"DFlashDrafter.{method}(path, target): target must be a loaded "
-                          f"TargetModel, got {type(target).__name__} {target!r:.80}; load it "
-                          f"first: target = TargetModel.from_pretrained(target_path), then "
-                          f"DFlashDrafter.{method}(path, target)")

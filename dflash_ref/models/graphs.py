@@ -24,7 +24,7 @@ step graph-shaped:
 - per-step inputs in persistent device buffers: the batch's ids and positions are written into
   one buffer per batch shape, owned by the runner (``BatchArrays(..., buffers=...)``: the one
   host -> device copy of the step, before the replay);
-- fixed-capacity K/V stores (``models/stores.py``, ``FixedCacheStore``; the same stores serve an
+- fixed-capacity K/V stores (``models/fixed_stores.py``, ``FixedCacheStore``; the same serve an
   eager state made with ``kv_capacity`` alone): rows [C, Hkv, D] written at the device
   positions, read whole; the key count is not a shape but the mask's rule ``k_pos <= q`` over
   the constant slot positions 0..C-1 against the device query positions, so rollback is a host
@@ -33,7 +33,7 @@ step graph-shaped:
   serves 1-16 rows, kernels_cupy/linear_plan.py), no tap, no tree, all logits rows
   (:func:`graph_key`).
 
-The draft cache of a graphed state is the drafter's fixed-row one (models/draft_cache.py,
+The draft cache of a graphed state is the drafter's fixed-row one (models/fixed_stores.py,
 ``FixedDraftCache``), its draft step replayed by row count. The outputs of a replay are the
 recording's buffers, rewritten by the next replay; the runner copies them out. ``be.capture`` is
 the backend's (dflash_ref/backend.py): a CUDA graph on CuPy (kernels_cupy/graphs.py); on NumPy

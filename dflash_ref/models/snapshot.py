@@ -48,7 +48,15 @@ class StateSnapshot:
 def take_snapshot(state, n: int) -> StateSnapshot:
     """A copy of ``state``'s first ``n`` positions (a
     :class:`~dflash_ref.models.state.TargetState`; ``0 <= n <= state.length``, nothing
-    pending): each store's pieces, the feature rows and the tokens."""
+    pending): each store's pieces, the feature rows and the tokens.
+
+    Attention rows and features can be cut anywhere. A GDN state exists only at the committed
+    length or inside the last chain batch (from its trace): a hybrid model's ``n`` must lie
+    there, so a server takes checkpoints while it prefills."""
+    if state.pending:
+        raise StateError("snapshot: a tree verify is pending; call commit_path(path) first")
+    if not 0 <= n <= state.length:
+        raise StateError(f"snapshot(upto={n}): the state holds {state.length} positions")
     kv = {i: p for store in state.kv_stores for i, p in store.snapshot(n).items()}
     gdn = {i: p for store in state.gdn_stores for i, p in store.snapshot(n).items()}
     features, start = (None, 0) if state.features is None else state.features.snapshot(n)
@@ -63,8 +71,11 @@ def empty_snapshot(state) -> StateSnapshot:
 
 
 def check_restorable(state, snap: StateSnapshot) -> None:
-    """Raise :class:`StateError` unless ``snap`` fits ``state``: the same layers, and every
-    feature row the state's drafter window needs at ``snap.length``."""
+    """Raise :class:`StateError` unless ``snap`` fits ``state``: nothing pending, the same
+    layers, and every feature row the state's drafter window needs at ``snap.length`` (rather
+    than drafting from garbage later)."""
+    if state.pending:
+        raise StateError("restore: a tree verify is pending; call commit_path(path) first")
     kv_layers = {i for store in state.kv_stores for i in store.layers}
     gdn_layers = {i for store in state.gdn_stores for i in store.layers}
     if set(snap.kv) != kv_layers or set(snap.gdn) != gdn_layers:

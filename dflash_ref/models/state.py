@@ -1,25 +1,16 @@
 """Per-sequence state of the target: its stores, the committed tokens, commit and rollback.
 
-:class:`TargetState` is everything a continuation depends on. The per-position state lives in
-stores that own their transitions (models/stores.py): a
-:class:`~dflash_ref.models.stores.CacheStore` per attention layer, or one
-:class:`~dflash_ref.models.stores.PoolStore` for the full-attention layers a KVFlash pager
-pools; a :class:`~dflash_ref.models.gdn_store.GDNStore` per Gated DeltaNet layer; and the
-captured :class:`~dflash_ref.models.cache.FeatureBuffer`. The state itself keeps the committed
-tokens and length, and a pending tree verify. The model talks to it through two calls::
+:class:`TargetState` is everything a continuation depends on: its stores (models/stores.py),
+the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, the committed tokens and length,
+a pending tree verify. The model talks to it through two calls::
 
     batch = state.begin_batch(ids, parents=None) # arrays on the backend once, a view per layer
     ... every layer runs on batch.kv[i] or batch.gdn[i] ...
     state.end_batch(batch, features)             # chain: committed; tree: pending
 
-Every forward's step runs through the state's step runner (``state.runner``, an
-:class:`EagerRunner` unless the state was made to replay its steps: models/graphs.py), which
-also hands the drafter its draft cache. The loop talks to the state through two calls:
-:meth:`TargetState.rollback` (chain verify: keep the accepted rows) and
-:meth:`TargetState.commit_path` (tree verify: keep the accepted branch). Each transition is
-the same call on every store; which store a layer gets is read from the config once per
-model (:class:`StorePlan`) and the stores are built from it (:func:`build_stores`). Snapshot and
-restore are in models/snapshot.py. The state never calls into the model's layers.
+and runs each forward's step through ``state.runner`` (:class:`EagerRunner` by default). The
+loop calls :meth:`TargetState.rollback` (chain) or :meth:`TargetState.commit_path` (tree); each
+is the same call on every store. The state never calls into the model's layers.
 """
 
 from __future__ import annotations
@@ -32,11 +23,14 @@ import numpy as np
 from dflash_ref.errors import StateError
 from dflash_ref.models.batch_arrays import BatchArrays
 from dflash_ref.models.cache import FeatureBuffer
+from dflash_ref.models.fixed_stores import FixedCacheStore
 from dflash_ref.models.gdn_store import GDNStore
 from dflash_ref.models.kv_store import KVStore
+from dflash_ref.models.pool_store import PoolStore
 from dflash_ref.models.snapshot import StateSnapshot, restore_stores, take_snapshot
-from dflash_ref.models.stores import CacheStore, FixedCacheStore, PoolStore, Store
+from dflash_ref.models.stores import CacheStore, Store
 from dflash_ref.models.tree import TreeArrays, TreePath
+from dflash_ref.models.tree_verify import PendingTree
 from dflash_ref.ops.masks import tree_depths
 
 
@@ -45,11 +39,9 @@ def no_tap(layer: int, name: str, x) -> None:
 
 
 class EagerRunner:
-    """A state's step runner by default: every step runs as it comes. A runner (models/graphs.py
-    has the other) is asked for ``run(batch, rows, step)``, ``step()``'s result (the target's
-    forward of ``batch`` computing the logits ``rows``); ``draft_cache(drafter)``, an empty draft
-    cache for drafting over the state; ``buffers``, where a batch's backend arrays are written
-    (:class:`~dflash_ref.models.batch_arrays.BatchArrays`; None: new arrays per batch)."""
+    """A state's step runner by default: ``run(batch, rows, step)`` is ``step()`` (the target's
+    forward); ``draft_cache(drafter)`` an empty draft cache over the state; ``buffers`` where a
+    batch's backend arrays are written (None: new arrays per batch)."""
 
     buffers = None
 
@@ -62,22 +54,12 @@ class EagerRunner:
 
 @dataclass(frozen=True)
 class StorePlan:
-    """Where each layer of a target keeps its per-position state, read from its config once.
+    """Where each layer of a target keeps its per-position state, read from its config once
+    (:meth:`of`, when the target loads)."""
 
-    :class:`~dflash_ref.models.target.TargetModel` makes it when it loads (:meth:`of`); every
-    new state builds its stores from it (:func:`build_stores`) and asks the config nothing.
-
-    Attributes:
-        caches: ``(layer, n_kv_heads, head_dim, window)`` of every attention layer that keeps
-            its own K/V (Gemma 4 KV-sharing layers read their source layer's); ``window`` is the
-            sliding window, None for full attention.
-        full: the full-attention layers among them (the ones a KVFlash pager pools).
-        gdn: the linear-attention (Gated DeltaNet) layers.
-    """
-
-    caches: tuple[tuple[int, int, int, int | None], ...]
-    full: tuple[int, ...]
-    gdn: tuple[int, ...]
+    caches: tuple[tuple[int, int, int, int | None], ...]  # (layer, Hkv, D, window or None)
+    full: tuple[int, ...]  # the full-attention layers among them (a pager pools these)
+    gdn: tuple[int, ...]  # the linear-attention (Gated DeltaNet) layers
 
     @classmethod
     def of(cls, config) -> StorePlan:
@@ -93,13 +75,9 @@ class StorePlan:
 
 
 def build_stores(plan: StorePlan, be, pager=None, kv_capacity=None) -> tuple[list, list]:
-    """The stores of a new state: ``(attention stores, GDN stores)``.
-
-    Every attention layer of ``plan.caches`` gets a :class:`CacheStore` (a ``FixedCacheStore``
-    of ``kv_capacity`` rows if given); with a ``pager``, the full-attention ones share one
-    :class:`PoolStore` instead (sliding-window layers are bounded anyway and GDN layers hold a
-    fixed-size state). Each linear-attention layer gets a :class:`GDNStore`.
-    """
+    """``(attention stores, GDN stores)`` of a new state: a ``CacheStore`` per attention layer
+    (``FixedCacheStore`` with ``kv_capacity``), the full-attention ones in one ``PoolStore``
+    with a ``pager``; a ``GDNStore`` per linear-attention layer."""
     dims = {i: (n_kv, d) for i, n_kv, d, _ in plan.caches}
     pool = [PoolStore(pager, be, list(plan.full), dims)] if pager is not None else []
     in_pool = {i for store in pool for i in store.layers}
@@ -111,59 +89,22 @@ def build_stores(plan: StorePlan, be, pager=None, kv_capacity=None) -> tuple[lis
 
 @dataclass
 class Batch:
-    """One forward's view of the state (made by :meth:`TargetState.begin_batch`).
+    """One forward's view of the state (made by :meth:`TargetState.begin_batch`)."""
 
-    Attributes:
-        start: the first position (the committed length before the batch).
-        positions: [T] host absolute positions (start + depth for a tree).
-        parents: [n] tree parents, or None for a chain.
-        ids: [T] host token ids (node order for a tree).
-        kv: attention layer id -> its :class:`~dflash_ref.models.kv_store.KVStore`.
-        gdn: GDN layer id -> its ``ChainGDN`` / ``TreeGDN`` view (models/gdn_store.py).
-        tap: ``tap(layer, name, x)`` observer of intermediate tensors.
-        arrays: the ids, positions (and pager slots) on the backend, one copy per batch, and the
-            masks derived there (:class:`~dflash_ref.models.batch_arrays.BatchArrays`).
-    """
-
-    start: int
-    positions: np.ndarray
-    parents: np.ndarray | None
-    ids: np.ndarray
-    kv: dict[int, KVStore]
-    gdn: dict[int, object]
-    tap: Callable
-    arrays: BatchArrays
-
-
-@dataclass
-class _PendingTree:
-    """A tree verify waiting for :meth:`TargetState.commit_path`: its span and node features."""
-
-    start: int
-    ids: np.ndarray  # [n] node tokens
-    features: object  # [n, C*H] every node's features, or None without capture
+    start: int  # the first position (the committed length before the batch)
+    positions: np.ndarray  # [T] host absolute positions (start + depth for a tree)
+    parents: np.ndarray | None  # [T] tree parents, or None for a chain
+    ids: np.ndarray  # [T] host token ids (node order for a tree)
+    kv: dict[int, KVStore]  # attention layer id -> its view
+    gdn: dict[int, object]  # GDN layer id -> its view (models/gdn_store.py)
+    tap: Callable  # tap(layer, name, x): observer of intermediate tensors
+    arrays: BatchArrays  # ids, positions, masks on the backend, once per batch
 
 
 class TargetState:
-    """Per-sequence state (see the module docstring). Made by ``TargetModel.new_state``.
-
-    Args:
-        plan: the target's :class:`StorePlan` (which store each layer gets).
-        be: the Backend the model runs on.
-        capture_width: C * hidden, the width of a captured feature row (0: no capture).
-        feature_capacity, feature_window: see :class:`~dflash_ref.models.cache.FeatureBuffer`.
-        pager: a :class:`~dflash_ref.kvflash.pager.KVFlashPager`; the full-attention layers then
-            keep K/V in its bounded pool (attached and reset here, once per sequence).
-        kv_capacity: K/V in that many fixed rows (``TargetModel.new_state``).
-        runner: the step runner (:class:`EagerRunner` when None; ``TargetModel.new_state``).
-
-    Attributes:
-        kv_stores, gdn_stores: the attention stores and the GDN stores (:func:`build_stores`).
-        stores: every store: the attention stores, then the GDN stores.
-        runner: the step runner every forward of the state runs its step through.
-        features: the captured :class:`~dflash_ref.models.cache.FeatureBuffer`, or None.
-        length: the committed positions.
-    """
+    """Per-sequence state (module docstring), made by ``TargetModel.new_state``: the stores
+    of ``plan`` (:func:`build_stores`), ``features`` (C * hidden = ``capture_width`` wide; None
+    without capture), the committed ``length``; ``runner`` :class:`EagerRunner` by default."""
 
     def __init__(self, plan: StorePlan, be, capture_width: int = 0,
                  feature_capacity: int | None = None, feature_window: int | None = None,
@@ -172,13 +113,12 @@ class TargetState:
         self.runner = EagerRunner() if runner is None else runner
         self.kv_stores, self.gdn_stores = build_stores(plan, be, pager, kv_capacity)
         self.stores: list[Store] = [*self.kv_stores, *self.gdn_stores]
-        # the optional transitions (models/stores.py, Store), asked of the stores that have them
         self._reserving = [s for s in self.stores if s.reserve is not None]
         self._refusing = [s for s in self.stores if s.refusal is not None]
         self.features = (FeatureBuffer(be, capture_width, capacity=feature_capacity,
                                        window=feature_window) if capture_width else None)
         self.length = 0
-        self._pending: _PendingTree | None = None
+        self._pending: PendingTree | None = None
         self._tokens: list[int] = []  # the token ids at positions 0..; those past length are stale
 
     @property
@@ -193,8 +133,7 @@ class TargetState:
 
     @property
     def kv(self) -> dict:
-        """Layer id -> the plain :class:`~dflash_ref.models.cache.KVCache` of each layer that
-        keeps one, for inspection (pooled layers' rows are in ``pager``)."""
+        """Layer id -> the plain KVCache of each layer that keeps one (for inspection)."""
         return {i: c for store in self.kv_stores for i, c in store.caches().items()}
 
     @property
@@ -206,13 +145,8 @@ class TargetState:
 
     def begin_batch(self, ids, parents=None, tap: Callable | None = None) -> Batch:
         """Open a batch of tokens ``ids`` [T] at positions length.. (a chain), or a tree with
-        ``parents`` (node i at length + depth(i)).
-
-        The stores that reserve first make room for the batch (the pool allocates a chain's
-        slots before any layer writes), then ids, positions and whatever the stores ask for go
-        to the backend in one piece (:class:`BatchArrays`) and each store opens its layers'
-        views on it.
-        """
+        ``parents`` (node i at length + depth(i)): the stores reserve room, the arrays go to the
+        backend in one piece, each store opens its layers' views."""
         if self._pending is not None:
             raise ValueError("the state holds an uncommitted tree verify; call "
                              "state.commit_path(path) first")
@@ -233,7 +167,7 @@ class TargetState:
         """Close a batch: a chain is committed (features appended, length advanced); a tree is
         left pending until :meth:`commit_path`."""
         if batch.parents is not None:
-            self._pending = _PendingTree(batch.start, batch.ids, features)
+            self._pending = PendingTree(batch.start, batch.ids, features)
             return
         if features is not None:
             self.features.append(batch.start, features)
@@ -243,21 +177,13 @@ class TargetState:
     # ------------------------------------------------------------------ commit and rollback
 
     def commit_path(self, path) -> None:
-        """Keep the accepted branch of the pending tree verify.
-
-        ``path`` = node indices root first (node 0 is the root). Afterwards the state holds the
-        committed prefix plus the path's nodes at positions start, start+1, ...: KV rows of the
-        path, their features, and each GDN layer's state after the path's last node, exactly as
-        if the path's tokens had been run as a chain.
-        """
+        """Keep the accepted branch ``path`` (node indices, root 0 first) of the pending tree
+        verify at positions start, start+1, ..., as if its tokens had run as a chain."""
         tree = self._pending
         if tree is None:
             raise ValueError("commit_path: no tree verify is pending (call forward_tree first)")
         path = np.asarray(path, dtype=np.int64)
-        n = tree.ids.size
-        if path.size == 0 or path[0] != 0 or np.any(path >= n):
-            raise ValueError(f"commit_path: path must start at the root 0 and index the "
-                             f"{n} tree nodes, got {path.tolist()}")
+        tree.check(path)
         kept = TreePath.upload(self.be, tree.start, path)
         for store in self.stores:
             store.keep_path(kept)
@@ -268,13 +194,9 @@ class TargetState:
         self._pending = None
 
     def rollback(self, n_keep: int) -> None:
-        """Drop positions >= n_keep from every store and the features.
-
-        Attention rows and features truncate; a GDN state cannot be truncated: it is rewound
-        from the last batch's trace, so ``n_keep`` must lie within the last batch
-        ``[start, start + T]`` unless no GDN layer exists. Rolling back further is an error,
-        raised before any store changes.
-        """
+        """Drop positions >= n_keep from every store and the features. A GDN state is rewound
+        from the last batch's trace, so ``n_keep`` must lie within the last batch; further is
+        an error, raised before any store changes."""
         if self._pending is not None:
             raise ValueError("rollback: a tree verify is pending; call commit_path(path)")
         if not 0 <= n_keep <= self.length:
@@ -292,11 +214,8 @@ class TargetState:
         self.length = n_keep
 
     def truncate(self, n_keep: int) -> None:
-        """Keep positions < n_keep, as a prompt cache reusing a common prefix does.
-
-        Like :meth:`rollback`, but a GDN state that cannot be rewound there (outside the last
-        batch) raises :class:`~dflash_ref.errors.StateError` naming the fix.
-        """
+        """Keep positions < n_keep (a prompt cache's common prefix): :meth:`rollback`, but a
+        GDN state that cannot be rewound there raises :class:`StateError` naming the fix."""
         if n_keep < self.length and any(s.refusal(n_keep) is not None for s in self._refusing):
             raise StateError(
                 f"truncate({n_keep}): a GDN state cannot be truncated to an earlier position "
@@ -307,29 +226,11 @@ class TargetState:
     # ------------------------------------------------------------------ snapshot and restore
 
     def snapshot(self, upto: int | None = None) -> StateSnapshot:
-        """A copy of the state's first ``upto`` positions (default: all committed).
-
-        Attention rows and features can be cut anywhere. A GDN state exists only at the
-        committed length or inside the last chain batch (from its trace): a hybrid model's
-        ``upto`` must lie there, so a server takes checkpoints while it prefills.
-        """
-        n = self.length if upto is None else int(upto)
-        if self._pending is not None:
-            raise StateError("snapshot: a tree verify is pending; call commit_path(path) first")
-        if not 0 <= n <= self.length:
-            raise StateError(f"snapshot(upto={n}): the state holds {self.length} positions")
-        return take_snapshot(self, n)
+        """A copy of the first ``upto`` positions (default: all; models/snapshot.py)."""
+        return take_snapshot(self, self.length if upto is None else int(upto))
 
     def restore(self, snap: StateSnapshot) -> None:
-        """Make this state hold exactly ``snap`` (any previous content is dropped).
-
-        A state that captures features needs them for every position the drafter will read:
-        a snapshot without features, or with fewer rows than the drafter's window needs, is
-        refused here rather than drafting from garbage later
-        (:func:`~dflash_ref.models.snapshot.restore_stores`).
-        """
-        if self._pending is not None:
-            raise StateError("restore: a tree verify is pending; call commit_path(path) first")
+        """Make this state hold exactly ``snap`` (checked: models/snapshot.py)."""
         restore_stores(self, snap)
         self._tokens = np.asarray(snap.tokens, dtype=np.int64).tolist()
         self.length = snap.length

@@ -1,7 +1,7 @@
 """Snapshot and restore of a state whose full-attention layers live in a KVFlash pool.
 
 The pool store gathers its rows by position for a snapshot and refills a pool chunk by chunk on
-restore (models/stores.py, ``PoolStore``), so a snapshot does not depend on slot order. The
+restore (models/pool_store.py, ``PoolStore``), so a snapshot does not depend on slot order. The
 reference is the same computation on the plain KV cache (an independent store): a pooled state
 restored into another pool, even one that hands its blocks out in another order, continues as
 the restored plain state does, to float32 reassociation.

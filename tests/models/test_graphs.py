@@ -26,9 +26,9 @@ import pytest
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.models.drafter import DFlashDrafter
+from dflash_ref.models.fixed_stores import FixedCacheStore
 from dflash_ref.models.graphs import GRAPH_MAX_ROWS, GraphRunner, StepGraphs
 from dflash_ref.models.state import EagerRunner
-from dflash_ref.models.stores import FixedCacheStore
 from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
