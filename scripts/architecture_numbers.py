@@ -238,7 +238,7 @@ TIERS = (
     ("the one page", (r"dflash_ref/minimal\.py",)),
     ("the real loop", (
         SPEC + r"loop\.py", SPEC + r"decoding\.py", SPEC + r"(cursor|context|drafting)\w*\.py",
-        SPEC + r"verifiers\.py", SPEC + r"verify\.py")),
+        SPEC + r"gating\.py", SPEC + r"verifiers\.py", SPEC + r"verify\.py")),
     ("the real target, state and drafter", (
         MODELS + r"target\.py", MODELS + r"output\.py", MODELS + r"(step_)?runners?\.py",
         MODELS + r"assemble\.py", MODELS + r"layers\.py", MODELS + r"fused\.py",

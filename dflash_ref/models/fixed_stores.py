@@ -15,10 +15,10 @@ import functools
 import numpy as np
 
 from dflash_ref.errors import ConfigError, StateError
-from dflash_ref.models.tree import TreePath
 from dflash_ref.models.draft_cache import DraftCache
 from dflash_ref.models.kv_store import KVStore, Remember
 from dflash_ref.models.stores import Store
+from dflash_ref.models.tree import TreePath
 
 
 class FixedCacheStore(Store):

@@ -55,11 +55,9 @@ from dflash_ref.spec_decode.extra_verifiers import (
     TreeVerifier,
     chain_sampled_core,
 )
-from dflash_ref.spec_decode.gate import (
+from dflash_ref.spec_decode.gate import COMMIT_EMA_VERSIONS, CommitEmaGate, EntropyGate
+from dflash_ref.spec_decode.gating import (
     ALWAYS_SPECULATE,
-    COMMIT_EMA_VERSIONS,
-    CommitEmaGate,
-    EntropyGate,
     GateDecision,
     GateObservation,
     StepObservation,

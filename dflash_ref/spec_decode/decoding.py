@@ -15,7 +15,7 @@ import numpy as np
 from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.ops.sampling import SamplingParams, sample_tokens
 from dflash_ref.spec_decode.drafting import DraftingContext, Proposer
-from dflash_ref.spec_decode.gate import ALWAYS_SPECULATE, GateObservation, StepObservation
+from dflash_ref.spec_decode.gating import ALWAYS_SPECULATE, GateObservation, StepObservation
 from dflash_ref.spec_decode.observe import UNWATCHED, Clock
 from dflash_ref.spec_decode.stats import acceptance_rate as _acceptance_rate
 from dflash_ref.spec_decode.verifiers import ChainBlock

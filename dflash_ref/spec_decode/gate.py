@@ -21,21 +21,8 @@ source); a gate built without it judges a sampled run like a greedy one. A
 :class:`~dflash_ref.spec_decode.cost.CostModel` replaces wall times with modelled ones so that a
 loop (or :func:`~dflash_ref.spec_decode.cost.simulate_gated_decode`) runs deterministically.
 
-The protocol every gate implements, and all the loop knows of a gate (it never checks a class)::
-
-    n_warmup = gate.start_turn(max_new_tokens, sampled)  # AR tokens to run before speculating
-    gate.end_warmup(walls)                    # their wall times (or modelled ones)
-    while generating:
-        decision = gate.check(GateObservation(...))  # loop top, before any draft work
-        if decision.floor: AR-decode the rest of the turn
-        ... draft, verify, commit ...
-        gate.observe(StepObservation(...))    # after the commit
-
-Each gate takes from the observations what its rule needs: the entropy gate the target's p1 at
-the decision point, the commit-EMA gate the tokens a step committed and its time. Warm-up (the
-commit-EMA gate's t_ar measurement) is the gate's own business. A run without a gate holds
-:data:`ALWAYS_SPECULATE` (as an unwatched run holds ``observe.UNWATCHED``): no warm-up, never a
-floor, nothing learnt.
+The protocol and the null gate :data:`ALWAYS_SPECULATE` are in
+:mod:`~dflash_ref.spec_decode.gating`.
 """
 
 from __future__ import annotations
@@ -43,117 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from dflash_ref.backend import Backend, as_backend
 from dflash_ref.errors import ConfigError
-from dflash_ref.ops.reductions import top1_prob_rows
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """One gate evaluation at the top of the loop.
-
-    Attributes:
-        floor: True: stop speculating, AR-decode the rest of the turn.
-        reason: why: "disabled", "sampled", "floored" (already floored this turn), "no-logits"
-            (entropy gate without p1), "probe" (too few spec steps to judge), "tie" / "streak" /
-            "hard" (the floor rule that fired), "spec" (keep speculating), "always"
-            (:data:`ALWAYS_SPECULATE`, which judges nothing).
-        n_draft_steps: spec steps taken this turn before this decision.
-        ema: the gate's EMA after this decision's update (ema_p1 or the commit-ratio EMA).
-        streak: the low streak after this decision's update.
-        p1: the entropy gate's input (None for the commit-EMA gate).
-    """
-
-    floor: bool
-    reason: str
-    n_draft_steps: int
-    ema: float
-    streak: int
-    p1: float | None = None
-
-
-@dataclass(frozen=True)
-class GateObservation:
-    """What the loop knows at a decision point (the top of a step).
-
-    Attributes:
-        be: the Backend of ``logits_row``.
-        logits_row: [V] the target's logits row that produced the newest token: the prefill's
-            last row, a plain step's row, or the verify row of the bonus token (row a of a
-            chain verify, the path's last node of a tree verify); None where there is none
-            (a modelled turn, :func:`~dflash_ref.spec_decode.cost.simulate_gated_decode`).
-        n_generated: tokens emitted so far this turn.
-    """
-
-    be: object
-    logits_row: object
-    n_generated: int
-
-    @property
-    def p1(self) -> float | None:
-        """The target's top-1 probability at this point (host float64; syncs the device), or
-        None without a logits row."""
-        if self.logits_row is None:
-            return None
-        return p1_from_logits(self.be, self.logits_row)
-
-
-@dataclass(frozen=True)
-class StepObservation:
-    """What one committed speculative step reports to the gate.
-
-    Attributes:
-        commit_n: tokens the step committed, bonus included (chain: a + 1).
-        step_wall: the step's time in seconds, from just after the gate check to the end of the
-            commit (modelled with a cost model).
-        t_ar: one plain decode step's modelled time with a cost model; None: the gate uses
-            its own measurement.
-    """
-
-    commit_n: int
-    step_wall: float
-    t_ar: float | None = None
-
-
-def p1_from_logits(be: Backend | str, logits_row) -> float:
-    """The target's top-1 probability ``p1 = 1 / sum_i exp(l_i - l_max)`` in float64.
-
-    Args:
-        logits_row: [V] (backend array): the prefill's last row at step 0, afterwards the last
-            row of the verify logits for the committed tokens.
-    """
-    host = as_backend(be).to_numpy(logits_row).astype(np.float64)
-    return float(top1_prob_rows(host.reshape(-1)))
-
-
-class AlwaysSpeculate:
-    """The gate of a run given none: it needs no warm-up, never floors and learns nothing.
-
-    The loop asks it as it asks any gate, so it has no branch on whether a gate exists (the
-    analogue of ``observe.UNWATCHED`` for the observer). What it answers is no judgement (reason
-    "always") and a run given no gate records none of it (no ``gate_decisions``, no
-    ``on_gate``); passed explicitly as ``gate=``, it is recorded like any gate.
-    """
-
-    SPECULATE = GateDecision(False, "always", 0, 0.0, 0)
-
-    def start_turn(self, max_new_tokens: int, sampled: bool) -> int:
-        return 0
-
-    def end_warmup(self, walls: Sequence[float]) -> None:
-        """Nothing to calibrate."""
-
-    def check(self, obs: GateObservation) -> GateDecision:
-        return self.SPECULATE
-
-    def observe(self, step: StepObservation) -> None:
-        """Nothing to learn."""
-
-
-ALWAYS_SPECULATE = AlwaysSpeculate()
-
+from dflash_ref.spec_decode.gating import GateDecision, GateObservation, StepObservation
 
 # ---------------------------------------------------------------------------------------------
 # Entropy gate.

@@ -19,7 +19,8 @@ from dflash_ref.models.target import TargetModel
 from dflash_ref.spec_decode import extra_verifiers, verifiers
 from dflash_ref.spec_decode.decoding import Decoding, TokenCursor
 from dflash_ref.spec_decode.drafting import DraftingContext, Proposer
-from dflash_ref.spec_decode.gate import ALWAYS_SPECULATE, EntropyGate, GateObservation
+from dflash_ref.spec_decode.gate import EntropyGate
+from dflash_ref.spec_decode.gating import ALWAYS_SPECULATE, GateObservation
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.observe import Observer
 from dflash_ref.spec_decode.verifiers import ChainVerifier

@@ -17,13 +17,8 @@ from hypothesis import strategies as st
 from dflash_ref.backend import get_backend
 from dflash_ref.errors import ConfigError
 from dflash_ref.spec_decode.cost import CostModel, probe_steps_bound, simulate_gated_decode
-from dflash_ref.spec_decode.gate import (
-    CommitEmaGate,
-    EntropyGate,
-    GateObservation,
-    StepObservation,
-    p1_from_logits,
-)
+from dflash_ref.spec_decode.gate import CommitEmaGate, EntropyGate
+from dflash_ref.spec_decode.gating import GateObservation, StepObservation, p1_from_logits
 
 NP = get_backend("numpy")
 T_AR, STEP, COMMIT = 0.008, 0.054, 3  # the worked trace: 3 * 8 / 54 = 4/9
