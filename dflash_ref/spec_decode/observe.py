@@ -1,31 +1,11 @@
 """Watching a generation: one observer protocol (progress, streaming, recording), and the clock.
 
 ``generate(..., observer=...)`` reports what the loop does to an :class:`Observer`: a progress
-bar (:class:`Progress`), a text stream (:class:`Stream`), the golden-vector recorder
-(:class:`dflash_ref.oracle.record.Recorder`), or several at once (:class:`Observers`). An observer
-watches: it never changes what is generated. Without one the events go to :data:`UNWATCHED`,
-whose every event is one no-op; the loop's own timing is not an observer but its :class:`Clock`
-(``GenerationResult.timings``).
-
-The events, in the order a step sends them (docs/spec_decode.md, "Observers"):
-
-- ``on_start(state)``: before the prefill; the request's ``TargetState`` (and its ``pager``);
-- ``on_gate(observation, decision)``: a gate judged the step (``GateObservation``,
-  ``GateDecision``);
-- ``on_draft_context(features, positions)``: committed rows [n, C*H] at ``positions`` [n] enter
-  the drafter's context (n may be 0);
-- ``on_draft(anchor, positions, logits, proposal)``: the drafter ran ``[anchor, MASK x (n-1)]``
-  at ``positions`` [n] and gave ``logits`` [n, V]; ``proposal`` is its ``DraftProposal``, or
-  None when only the logits were used (a tree);
-- ``before_forward(ids, positions, parents)``: the target is about to run ``ids`` [T] at
-  ``positions`` [T] (``parents`` [T] for a tree, else None); returns a ``tap(layer, name, x)``
-  for the per-layer intermediates, or None;
-- ``after_forward(logits)``: its logits [T, V] (prefill: the last row, or every row when an
-  observer sets ``full_prefill_logits``);
-- ``on_commit(tokens)``: the step's tokens are committed (the state rolled back or the path
-  kept), before the ``max_new_tokens`` cut;
-- ``on_emit(ids)``: the ids the caller receives, cut at ``max_new_tokens`` (possibly none);
-- ``on_finish(result)``: the ``GenerationResult`` is complete.
+bar (:class:`Progress`), a text stream (:class:`Stream`), the golden-vector recorder, or several
+(:class:`Observers`). An observer watches: it never changes what is generated. Without one the
+events go to :data:`UNWATCHED`, one no-op. The events are :class:`Observer`'s methods, in the
+order a step sends them (docs/spec_decode.md, "Observers"). The loop's timing is its
+:class:`Clock`.
 """
 
 from __future__ import annotations
@@ -54,17 +34,21 @@ class Observer:
         """Feature rows [n, C*H] of committed ``positions`` [n] join the drafter's context."""
 
     def on_draft(self, anchor: int, positions, logits, proposal) -> None:
-        """The drafter ran ``[anchor, MASK x (n-1)]`` at ``positions`` [n]: ``logits`` [n, V]."""
+        """The drafter ran ``[anchor, MASK x (n-1)]`` at ``positions`` [n]: ``logits`` [n, V];
+        ``proposal`` its ``DraftProposal``, None when only the logits were used (a tree)."""
 
     def before_forward(self, ids, positions, parents=None):
-        """The target will run ``ids`` at ``positions``; return a tap or None."""
+        """The target will run ``ids`` [T] at ``positions`` [T] (``parents`` [T] for a tree);
+        return a ``tap(layer, name, x)`` for the per-layer intermediates, or None."""
         return None
 
     def after_forward(self, logits) -> None:
-        """The target's ``logits`` for the forward just reported."""
+        """The target's ``logits`` [T, V] for the forward just reported (prefill: the last row,
+        or every row when an observer sets ``full_prefill_logits``)."""
 
     def on_commit(self, tokens) -> None:
-        """The step committed ``tokens`` (the state already holds them)."""
+        """The step committed ``tokens`` (the state already holds them), before the
+        ``max_new_tokens`` cut."""
 
     def on_emit(self, ids) -> None:
         """``ids`` (cut at max_new_tokens) were emitted."""
