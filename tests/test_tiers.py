@@ -1,6 +1,6 @@
 """The reading order in tiers (scripts/architecture_numbers.py, ``TIERS``): every file lands in
 one tier, tiers 1 + 2 (the real loop, target, state and drafter) stay within their line budget,
-and one greedy speculative step runs no extra (tier 4)."""
+and every file one greedy speculative step runs is in a tier."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def test_a_file_lands_in_the_first_tier_that_matches(path, tier):
 
 
 def test_every_file_a_greedy_speculative_step_runs_is_in_some_tier():
-    # "In some tier", not "in tiers 0 to 3": the step reports to the null observer and the
-    # always-speculate gate, which live with the extras they stand in for (observe.py, gate.py).
+    # "In some tier", not "in tiers 0 to 3": the step reports to the null observer, which lives
+    # with the observers it stands in for (observe.py, tier 4).
     _, files, _ = SCRIPT.spec_step()
     outside = [f for f in files if not 0 <= SCRIPT.tier_of(f)[0] < len(SCRIPT.TIERS)]
     assert files and not outside, f"the greedy step runs files in no tier: {outside}"
