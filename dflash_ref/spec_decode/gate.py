@@ -8,9 +8,9 @@ back to speculation within the turn (docs/spec_decode.md, gates).
 
 Two gates, both pure objects fed with numbers so they are deterministic under test:
 
-- :class:`EntropyGate` (Luce-Org/lucebox pull 487, commit 8e47b477): an EMA of the target's
+- :class:`EntropyGate` (lucebox's first gate, docs/conventions.md): an EMA of the target's
   top-1 probability p1.
-- :class:`CommitEmaGate` (Luce-Org/lucebox pull 487, ``server/src/common/spec_gate.h``): an EMA
+- :class:`CommitEmaGate` (lucebox's ``server/src/common/spec_gate.h``): an EMA
   of the measured speed ratio ``commit_n * t_ar / step_wall`` (tokens this step would have
   cost under AR over what the step cost), self-calibrating. Versions v1, v2 (default) and v3
   differ in their initial EMA, timing fallback, hard floor and state lifetime
@@ -39,7 +39,7 @@ from dflash_ref.spec_decode.gating import GateDecision, GateObservation, StepObs
 
 
 class EntropyGate:
-    """The p1-entropy gate (Luce-Org/lucebox 8e47b477, replaced a day later).
+    """The p1-entropy gate (lucebox's first gate, replaced a day later by the commit-EMA gate).
 
     State per turn: ``ema_p1 = 1.0`` (optimistic), ``low_streak = 0``. At each loop top with a
     valid p1:
@@ -154,7 +154,8 @@ COMMIT_EMA_VERSIONS: dict[str, CommitEmaVersion] = {
                            "assumed as v2"),
 }
 DEFAULT_COMMIT_EMA_VERSION = "v2"
-"""The gates exist only on PR#487 (never merged); its tip, 05bebe70, is v2."""
+"""The version of the gates' last revision (``source``; docs/conventions.md, "Where things came
+from")."""
 
 T_AR_WARMUP_TOKENS = 3
 """AR tokens emitted to measure t_ar; token 1 is untimed (v1 times tokens 2-3, v2 token 3)."""

@@ -1,5 +1,4 @@
-"""Warm-up before timing: what a timed run must not pay for (issue 27, "Timing that a user can
-trust").
+"""Warm-up before timing: what a timed run must not pay for.
 
 The first call of each path pays one-time costs that are not decoding: on CuPy, NVRTC compiles each
 kernel family and the driver loads it (seconds), attention kernels opt in to their shared memory,
