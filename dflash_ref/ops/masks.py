@@ -175,7 +175,7 @@ def full_mask(q_pos, k_pos, window: int | None = None, window_mode: str = "left"
 def drafter_mask(ctx_pos, noise_pos, window: int | None = None, causal: bool = False,
                  window_mode: str = "left") -> MaskSpec:
     """The DFlash drafter's mask: B noise queries over keys [context..., noise...], non-causal
-    by default (docs/drafter.md; the window conventions per checkpoint: docs/attention.md).
+    by default (window conventions: docs/drafter.md, "Sliding-window drafter layers").
 
     ctx_pos: [C] (-1 for a dropped slot); noise_pos: [B] (s..s+B-1). Returns a MaskSpec with
     q_pos = noise_pos, k_pos = concat(ctx_pos, noise_pos).
