@@ -1,16 +1,5 @@
-"""The backend contract (docs/backend.md).
-
-A :class:`Backend` bundles an array module ``xp`` (numpy or cupy) with the op table ``ops``.
-Components are written once against a Backend::
-
-    be = get_backend("auto")
-    y = be.ops.rms_norm(be.xp.asarray(x), be.xp.asarray(w), 1e-6)
-    y_host = be.to_numpy(y)
-
-``get_backend("numpy")`` always works. ``get_backend("cupy")`` raises
-:class:`~dflash_ref.errors.BackendUnavailable` with the precise reason (CuPy not installed, no
-driver, no device) when CuPy cannot run. ``get_backend("auto")`` picks CuPy when it can run and
-NumPy otherwise.
+"""The backend contract (docs/backend.md): an array module ``xp`` (numpy or cupy) and the op
+table ``ops``, chosen by :func:`get_backend`; components are written once against a Backend.
 """
 
 from __future__ import annotations
@@ -34,21 +23,9 @@ BACKEND_NAMES = ("numpy", "cupy", "auto")
 class Backend:
     """A compute backend: ``name`` ("numpy" | "cupy"), array module ``xp``, op table ``ops``.
 
-    State objects (KV caches, GDN states, pager pools) hold arrays of the backend that made them;
-    moving data between backends is explicit, through two functions chosen once, when the
-    backend is made:
-
-    - ``to_numpy(arr)``: ``arr`` as a host NumPy array: ``np.asarray`` on NumPy,
-      ``cupy.asnumpy`` on CuPy (a copy from the device for a CuPy array);
-    - ``to_backend(arr)``: ``arr`` as an array of this backend: ``xp.asarray`` (a host-to-device
-      copy on CuPy).
-
-    Either may be given instead (tests/device_counter.py gives both, to count the copies).
-
-    ``capture(step) -> replay`` records a step function (no arguments, fixed buffers) once and
-    returns ``replay()``, which runs it again and returns its outputs: a CUDA graph on CuPy
-    (:func:`kernels_cupy.graphs.capture`); on NumPy :func:`capture_by_calling`, which keeps the
-    step function as it was built and calls it again (models/graphs.py).
+    ``to_numpy(arr)`` / ``to_backend(arr)``: the only ways data moves between host and backend
+    (given, or chosen for ``xp``). ``capture(step) -> replay``: records a step function once
+    (a CUDA graph on CuPy; :func:`capture_by_calling` on NumPy).
     """
 
     name: str
@@ -73,14 +50,8 @@ class Backend:
 
 
 def capture_by_calling(step: Callable) -> Callable:
-    """The NumPy backend's graph capture: run ``step()`` once (the warm-up CuPy's capture runs
-    too), then return ``step`` itself as the replay.
-
-    Replaying calls the step function made at the first step of its shape, with the Python
-    values it closed over then: as a CUDA graph replays the kernels and arguments recorded at
-    capture. A step that reads anything other than its fixed buffers gives a different result
-    from an eager step here, on the CPU (tests/models/test_graphs.py).
-    """
+    """The NumPy backend's capture: run ``step()`` once (the warm-up), return ``step`` as the
+    replay, with the values it closed over, as a CUDA graph replays its recorded arguments."""
     step()
     return step
 
@@ -97,11 +68,7 @@ def _op_table(package: str) -> SimpleNamespace:
 
 @functools.lru_cache(maxsize=1)
 def cupy_unavailable_reason() -> str | None:
-    """Why the CuPy backend cannot run here, or ``None`` when it can.
-
-    Checks, in order: CuPy importable, CUDA driver usable, at least one device, and a tiny
-    allocation on device 0. The first failure is reported with a hint for the fix.
-    """
+    """Why the CuPy backend cannot run here (import, driver, device, allocation), or None."""
     try:
         import cupy
     except ImportError as exc:
@@ -144,12 +111,8 @@ def cupy_device_description() -> str:
 
 @functools.cache
 def get_backend(name: str = "numpy") -> Backend:
-    """Return the backend ``name``: "numpy", "cupy" or "auto" (CuPy when usable, else NumPy).
-
-    Raises:
-        BackendUnavailable: ``name == "cupy"`` and CuPy cannot run here (the message says why).
-        ValueError: ``name`` is not one of ``BACKEND_NAMES``.
-    """
+    """The backend ``name``: "numpy", "cupy" or "auto" (CuPy when usable, else NumPy); raises
+    BackendUnavailable (saying why) for an unusable "cupy"."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
     if name == "auto":
@@ -176,16 +139,9 @@ from 1.87-2.87x to 1.09-1.21x with the default threads on a busy machine)."""
 
 
 def limit_blas_threads(hidden_size: int | None = None, threads: int = 1):
-    """Limit the host BLAS (OpenBLAS, MKL, BLIS) to ``threads`` threads for a small model.
-
-    A model of hidden size below :data:`SMALL_MODEL_HIDDEN` multiplies [T, 128] by [128, 512]
-    matrices: each thread's share is smaller than the cost of waking it, and threads of several
-    processes on one machine oversubscribe its cores. Uses ``threadpoolctl`` (a runtime
-    dependency). Returns the limiter, also a context manager (``with limit_blas_threads(128):
-    ...``; ``limiter.restore_original_limits()`` undoes a plain call), or None for a larger model,
-    whose threads are left alone. ``hidden_size=None``: limit anyway (the caller knows its
-    models are small, e.g. a notebook of tiny random models).
-    """
+    """Limit the host BLAS to ``threads`` threads when ``hidden_size`` is below
+    :data:`SMALL_MODEL_HIDDEN` or None; returns the threadpoolctl limiter (a context manager),
+    or None for a larger model."""
     if hidden_size is not None and hidden_size >= SMALL_MODEL_HIDDEN:
         return None
     from threadpoolctl import threadpool_limits

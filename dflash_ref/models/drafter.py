@@ -16,15 +16,9 @@ nh / nkv heads, d head_dim, B block size, ctx context rows.
         h = h + W_down(swiglu(W_gate u', W_up u')),  u' = RMSNorm_post(h)
     logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   head
 
-The context rows are never queries and are identical in every layer (each layer projects the
-same ``c`` with its own Wk / Wv / k_norm). The drafter borrows the target's embedding and
-lm_head (never copies them). DFlash 2 (models/dflash2.py) wraps :meth:`DFlashDrafter.attention`
-and :meth:`DFlashDrafter.mlp` in its convolutions and overrides :meth:`DFlashDrafter.propose`.
-
-The context is recomputed from the features every call (:meth:`DFlashDrafter.forward_block`,
-stateless, the oracle), or cached as per-layer K/V appended as features arrive
-(:class:`~dflash_ref.models.draft_cache.DraftCache`, the authors' ``DynamicCache`` +
-``crop(s)``); tests/models/test_drafter.py checks that cached == stateless.
+The context rows are never queries; the embedding and lm_head are the target's, borrowed. The
+context K/V is recomputed every call (:meth:`DFlashDrafter.forward_block`, the oracle) or cached
+(:class:`~dflash_ref.models.draft_cache.DraftCache`).
 """
 
 from __future__ import annotations
@@ -262,14 +256,9 @@ class DFlashDrafter:
     def forward_block(self, context_features, context_positions, anchor_token: int,
                       anchor_position: int, n_rows: int | None = None,
                       with_hidden: bool = False):
-        """Draft logits [n, vocab] for one block, recomputing context K/V from the features.
-
-        Args:
-            context_features: [ctx, C*H] captured features; context_positions: [ctx] theirs.
-            anchor_token: the last committed token t_s; anchor_position: s.
-            n_rows: the block's rows n (default B).
-            with_hidden: also return the final-normed rows [n, H].
-        """
+        """Draft logits [n, vocab] (n = n_rows, default B; with_hidden: and the final-normed
+        rows [n, H]) from context_features [ctx, C*H] at context_positions [ctx] and the anchor
+        token t_s at anchor_position s, recomputing the context K/V."""
         xp = self.be.xp
         feats = xp.asarray(context_features, dtype=xp.float32)
         ctx_pos = np.asarray(self.be.to_numpy(context_positions), dtype=np.int64)

@@ -6,10 +6,8 @@ layer's storage) and gets back everything its queries attend to, with the mask::
     keys, values, mask = store.update(k, v)      # k, v: [T, Hkv, D] post-norm, post-RoPE
     o = attention(q, keys, values, mask)          # keys, values: [S, Hkv, D]; mask: [T, S]
 
-The store that keeps the rows opens the view per batch (models/stores.py). Over a plain
-:class:`~dflash_ref.models.cache.KVCache` (:class:`CacheKV`) a query at q sees the key at p
-when ``p <= q``, and on a sliding layer ``q - p < W`` (HF's: the window includes the current
-token; docs/conventions.md). Other views: models/tree_verify.py, pool_store.py, fixed_stores.py.
+Over a :class:`~dflash_ref.models.cache.KVCache` (:class:`CacheKV`) a query at q sees the key at
+p when ``p <= q`` (and ``q - p < W`` on a sliding layer).
 """
 
 from __future__ import annotations

@@ -12,13 +12,9 @@ its own, each add and the norm after it one component::
     m, x, u = mixer_add(x, mixer(u))                 # x += m; u = pre_mlp_norm(x)
     m, x, u = mlp_add(x, feed_forward(x, u))         # x += m; u = next_norm(x)
 
-Each component and its form (:class:`AddNorm`, or models/fused.py's) is chosen once per layer
-by :func:`dflash_ref.models.assemble.decoder_layers`; a family's components live in its module.
-Nothing here branches on a family or a form. Interfaces, all [T, H] -> [T, H]: ``add(x, b,
-batch)`` -> ``(m, x + m, norm(x + m))`` (m: b, or Gemma's post norm of b), ``mixer(u, batch)``,
-``feed_forward(x, u, batch)`` (an MoE router may read x). ``batch``
-(:class:`~dflash_ref.models.state.Batch`) holds the layer's K/V store ``batch.kv[i]``, GDN store
-``batch.gdn[i]``, the backend ``batch.arrays`` and ``batch.tap(layer, name, x)``, which observes.
+Components are chosen once per layer (:func:`dflash_ref.models.assemble.decoder_layers`); nothing
+here branches on a family. All [T, H] -> [T, H]: ``add(x, b, batch)`` -> ``(m, x + m,
+norm(x + m))``, ``mixer(u, batch)``, ``feed_forward(x, u, batch)``.
 """
 
 from __future__ import annotations
@@ -80,9 +76,7 @@ class NormRope:
 class Projections:
     """Projections of one input as one product: ``u @ [W_1; ...; W_n]^T``, split by columns.
 
-    ``Projections.stacked(be, w, ["q", "k", "v"])(u)`` -> ``(u @ w["q"]^T, u @ w["k"]^T,
-    u @ w["v"]^T)``, each [T, n_i]: one ``linear`` where n would run (vLLM's
-    ``QKVParallelLinear`` stacks the same weights).
+    ``Projections.stacked(be, w, ["q", "k", "v"])(u)`` -> ``(u @ w["q"]^T, ...)``, [T, n_i] each.
     """
 
     def __init__(self, be, weight, sizes):  # weight [sum(sizes), H]: the stacked rows

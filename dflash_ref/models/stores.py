@@ -1,7 +1,6 @@
 """Where a target state keeps its per-position state, and the transitions each place owns.
 
-A :class:`~dflash_ref.models.state.TargetState` holds a few **stores** and asks each the same
-things (HF's ``Cache.update`` / ``crop``: the storage decides how, the caller says what)::
+A :class:`~dflash_ref.models.state.TargetState` asks each of its stores the same things::
 
     reserve(start, n, parents)  make room for a batch of n rows at positions start..; returns
                                 host arrays for the batch's one upload (optional)
@@ -12,10 +11,7 @@ things (HF's ``Cache.update`` / ``crop``: the storage decides how, the caller sa
     snapshot(n)                 layer id -> a copy of positions < n
     restore(length, pieces)     hold exactly a snapshot's positions 0..length-1
 
-:class:`CacheStore` keeps one attention layer's K/V in a KVCache; the other stores are
-``GDNStore`` (models/gdn_store.py), ``PoolStore`` (models/pool_store.py, the KVFlash pool) and
-``FixedCacheStore`` (models/fixed_stores.py, fixed rows). The captured features
-(:class:`~dflash_ref.models.cache.FeatureBuffer`) go through the same transitions.
+Here :class:`CacheStore`; the others: gdn_store.py, pool_store.py, fixed_stores.py.
 """
 
 from __future__ import annotations
@@ -58,14 +54,8 @@ class Store(ABC):
 
 
 class CacheStore(Store):
-    """One attention layer's K/V in a plain :class:`KVCache` (rows in position order).
-
-    Args:
-        be: the Backend.
-        layer: the model layer id.
-        n_kv_heads, head_dim: the layer's K/V shape.
-        window: the layer's sliding window W, or None for full attention.
-    """
+    """One attention layer's K/V [n, n_kv_heads, head_dim] in a :class:`KVCache`, rows in
+    position order; ``window``: the sliding window W, or None."""
 
     def __init__(self, be, layer: int, n_kv_heads: int, head_dim: int, window: int | None):
         self.layers, self.window = (layer,), window

@@ -1,8 +1,5 @@
-"""The compute-dtype rule shared by every NumPy reference op (docs/backend.md, "Dtypes").
-
-Reference compute is float32. A float64 input stays float64 so that tests can check an algorithm
-against its own closed form at ~1e-12; every other dtype (f16, bf16 stored as f32, ints) is
-computed in float32. The CuPy twins accept float32 only.
+"""The compute-dtype rule of the NumPy reference ops (docs/backend.md, "Dtypes"): float32, or
+float64 when an input is float64 (closed-form tests); the CuPy twins take float32 only.
 """
 
 import numpy as np

@@ -1,8 +1,6 @@
-"""Elementwise and row-wise activations: SwiGLU, GeGLU, the sigmoid output gate, the GDN gates,
-softmax, log-softmax.
+"""Activations: SwiGLU, GeGLU, the sigmoid output gate, the GDN gates, (log-)softmax.
 
-Softmax-type ops are max-subtracted (``exp(x - max)``) so that any finite input is safe; they
-work along ``axis`` (last by default).
+All return the compute dtype; softmax-type ops subtract the max along ``axis`` first.
 """
 
 from __future__ import annotations
@@ -16,36 +14,15 @@ SOFTPLUS_THRESHOLD = 20.0  # softplus(x) = x above this (FLA ``fla/ops/utils/sof
 
 
 def swiglu(gate, up) -> np.ndarray:
-    """SwiGLU activation of the gated MLP: ``silu(gate) * up``.
-
-    The full MLP is ``down_proj(swiglu(x @ gate_proj^T, x @ up_proj^T))``.
-
-    Args:
-        gate: [..., F] output of gate_proj.
-        up: [..., F] output of up_proj.
-    Returns:
-        [..., F] in the compute dtype.
-    """
+    """``silu(gate) * up``; gate, up: [..., F] (gate_proj, up_proj outputs)."""
     gate, up = in_compute_dtype(gate, up)
     return silu(gate) * up
 
 
 def geglu(gate, up) -> np.ndarray:
-    """GeGLU activation of Gemma's gated MLP: ``gelu_tanh(gate) * up``.
-
-    GELU with the tanh approximation (HF ``gelu_pytorch_tanh``: ``0.5 g (1 + tanh(z))``,
-    ``z = sqrt(2/pi) (g + 0.044715 g^3)``), evaluated as ``g / (1 + exp(-2 z))``, the same
-    function without the cancellation of ``1 + tanh(z)`` in float32; the written-out form and
-    why are :func:`dflash_ref.models.gemma.gelu_tanh`'s, and this op equals
-    ``gelu_tanh(np, gate) * up`` bit for bit (tests/ops/test_activations.py). ``exp`` overflows
-    to ``inf`` below ``g ~ -10.3``, where the quotient is ``-0`` (the true value is under 1e-37).
-    The CuPy twin is one launch (the NumPy expression is nine array operations).
-
-    Args:
-        gate: [..., F] output of gate_proj.
-        up: [..., F] output of up_proj.
-    Returns:
-        [..., F] in the compute dtype.
+    """Gemma's ``gelu_tanh(gate) * up``, gelu_tanh(g) = ``g / (1 + exp(-2 z))``,
+    ``z = sqrt(2/pi) (g + 0.044715 g^3)`` (as :func:`dflash_ref.models.gemma.gelu_tanh`, bit for
+    bit); gives -0 below g ~ -10.3, where exp overflows. gate, up: [..., F].
     """
     g, up = in_compute_dtype(gate, up)
     c = np.float32(2.0 * np.sqrt(2.0 / np.pi))  # 2 sqrt(2/pi)
@@ -55,19 +32,7 @@ def geglu(gate, up) -> np.ndarray:
 
 
 def sigmoid_gate(x, gate) -> np.ndarray:
-    """An output gate: ``x * sigmoid(gate) = x * (1 / (1 + exp(-gate)))``, elementwise.
-
-    Qwen3.5 / Qwen3-Next full-attention layers gate the attention output per head with the
-    second half of each q_proj head (dflash_ref/models/qwen3_5.py; HF ``Qwen3NextAttention``).
-    The CuPy twin is one launch (five array operations in NumPy terms) and reads x and gate in
-    place when they are 2-D or 3-D with contiguous channels (the gate: a strided view of the
-    [q | gate] heads).
-
-    Args:
-        x: [..., n]; gate: the same shape.
-    Returns:
-        [..., n] in the compute dtype.
-    """
+    """``x * (1 / (1 + exp(-gate)))``, x and gate [..., n] (Qwen3-Next's attention gate)."""
     x, gate = in_compute_dtype(x, gate)
     if x.shape != gate.shape:
         raise ValueError(f"sigmoid_gate: x {x.shape} and gate {gate.shape} must have the same "
@@ -76,21 +41,12 @@ def sigmoid_gate(x, gate) -> np.ndarray:
 
 
 def gdn_gates(b, a, A, dt_bias):
-    """The layer's per-token write strength and log decay from its b and a projections
-    (docs/gdn.md, "The layer"; HF ``Qwen3NextGatedDeltaNet``; dflash_ref/models/gdn_layer.py)::
+    """GDN's write strength and log decay (docs/gdn.md, "The layer")::
 
-        beta = sigmoid(b)                          # written exp(-logaddexp(0, -b)): no overflow
-        g    = A * softplus(a + dt_bias)           # A = -exp(A_log) < 0, so g <= 0
+        beta = sigmoid(b)                  # as exp(-logaddexp(0, -b))
+        g    = A * softplus(a + dt_bias)   # softplus(u) = u above SOFTPLUS_THRESHOLD
 
-    softplus is ``log1p(exp(u))``, and ``u`` itself above ``SOFTPLUS_THRESHOLD`` (FLA's rule).
-    The CuPy twin is one launch (the NumPy expression is eleven array operations) and reads b
-    and a in place as the column slices of the layer's stacked input projection.
-
-    Args:
-        b, a: [T, HV] per token and value head.
-        A: [HV] ``-exp(A_log)``; dt_bias: [HV].
-    Returns:
-        (beta, g): [T, HV] each, in the compute dtype.
+    b, a: [T, HV]; A = -exp(A_log), dt_bias: [HV]. Returns (beta, g), [T, HV] each.
     """
     b, a, A, dt_bias = in_compute_dtype(b, a, A, dt_bias)
     if b.ndim != 2 or a.shape != b.shape or A.shape != (b.shape[1],) or A.shape != dt_bias.shape:

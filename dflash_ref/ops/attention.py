@@ -1,27 +1,13 @@
-"""Scaled dot-product attention under a :class:`~dflash_ref.ops.masks.MaskSpec`, with GQA.
-
-One op serves every attention of the system (target causal / SWA layers, drafter, verify, tree
-verify, paged KV pools); only the mask differs (dflash_ref/ops/masks.py, docs/attention.md).
-
-For query row i, query head h, with kv head ``h // g`` where ``g = nh // nkv`` (grouped
-mapping: query heads 0..g-1 share kv head 0, the next g share kv head 1, ...; HF ``repeat_kv``,
-as in z-lab/dflash ``dflash/model.py``; docs/drafter.md)::
+"""Scaled dot-product attention under a :class:`~dflash_ref.ops.masks.MaskSpec`, with GQA
+(docs/attention.md). Query head h reads kv head ``h // g``, ``g = nh // nkv`` (HF ``repeat_kv``)::
 
     s_ij = scale * q[i, h] . k[j, h // g]            scale defaults to d^-0.5
     s_ij = cap * tanh(s_ij / cap)                    only with softcap=cap (before the mask)
     p_i  = softmax_j( s_ij + M_ij )                  M = materialize(mask): 0 / -inf; float32
     out[i, h] = sum_j p_ij v[j, h // g]
 
-A row with no visible key (every M_ij = -inf, e.g. all slots invalid) outputs **zeros**, in
-both backends; the softmax is never evaluated on an empty row (no NaN). A key slot that no
-query sees never reaches the output, whatever it holds: NaN or inf left in a free pool slot is
-harmless (both backends).
-
-:func:`attention` is the reference (it materialises the mask). :func:`attention_online` is the
-same function computed the way the CuPy kernel computes it: key tiles, the mask evaluated per
-tile, fully masked tiles skipped, an online softmax (the flash-attention recurrence) and a
-split-K combine. It exists to be read next to kernels_cupy/cuda/attention.cu and to test that
-recurrence on a CPU.
+A row with no visible key outputs zeros (no NaN); a slot no query sees never reaches the output,
+whatever it holds (NaN, inf). :func:`attention_online` is the CuPy kernel's algorithm on a CPU.
 """
 
 from __future__ import annotations
@@ -81,18 +67,8 @@ def _scores(q, k, scale, softcap, dt):
 
 
 def attention(q, k, v, mask=None, scale=None, softcap=None) -> np.ndarray:
-    """Masked GQA attention (reference): see the module docstring for the equations.
-
-    Args:
-        q: [Tq, nh, d] queries (already normed / rotated as the model requires).
-        k: [Tk, nkv, d] keys, one per key slot, in any slot order.
-        v: [Tk, nkv, d] values.
-        mask: a :class:`MaskSpec` for [Tq, Tk], or None (every key visible).
-        scale: multiplies q.k; None means d^-0.5.
-        softcap: logit soft-cap ``cap * tanh(s / cap)`` applied to the scaled scores before the
-            mask (Gemma-2 style), or None.
-    Returns:
-        [Tq, nh, d] in the compute dtype (float32; float64 for float64 inputs).
+    """Masked GQA attention (the module's equations): q [Tq, nh, d], k and v [Tk, nkv, d] in any
+    slot order, mask for [Tq, Tk] or None (all visible). [Tq, nh, d] in the compute dtype.
     """
     q, k, v = in_compute_dtype(q, k, v)
     dt = q.dtype

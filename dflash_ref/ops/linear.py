@@ -1,11 +1,4 @@
-"""The projection ``y = x W^T`` of every linear layer (no bias: Qwen3 / Llama / Gemma projections).
-
-Weights keep the layout of the checkpoints and of HF ``nn.Linear``: ``W [N, K]`` (out features,
-in features), row ``n`` holding output ``n``'s coefficients. The reference is the plain NumPy
-product; the CuPy twin (kernels_cupy/linear.py) reads each weight once with its own kernel for
-1 to 16 rows and hands larger row counts to cuBLAS (docs/performance.md, "The projection
-kernel").
-"""
+"""The projection ``y = x W^T`` of every linear layer (no bias), W [N, K] as HF ``nn.Linear``."""
 
 from __future__ import annotations
 
@@ -27,18 +20,7 @@ def check_linear_shapes(x_shape: tuple, w_shape: tuple, op: str = "linear") -> N
 
 
 def linear(x, w) -> np.ndarray:
-    """``y = x @ w.T``: every row of x projected by the weight matrix.
-
-    ``y[t, n] = sum_k x[t, k] * w[n, k]`` (the NumPy product; its summation order is BLAS's).
-
-    Args:
-        x: [T, K] rows (T may be 0).
-        w: [N, K] weight in the HF ``nn.Linear`` layout (out features, in features).
-    Returns:
-        [T, N] in the compute dtype (float32; float64 if an input is float64).
-    Raises:
-        ValueError: x or w not 2-D, or their K differ.
-    """
+    """``y[t, n] = sum_k x[t, k] * w[n, k]``: x [T, K] (T may be 0), w [N, K] -> [T, N]."""
     x, w = in_compute_dtype(x, w)
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
         check_linear_shapes(x.shape, w.shape)  # raises, saying which rule is broken

@@ -1,56 +1,22 @@
-"""Attention masks as small explicit objects: which key may each query see.
+"""Attention masks as small explicit objects: which key may each query see (docs/attention.md).
 
-Every attention in dflash-ref is one computation under a different mask (docs/attention.md): the
-target's causal and sliding-window layers, the DFlash drafter's non-causal block over context +
-noise (docs/drafter.md; z-lab/dflash ``dflash/model.py``), verify batches, tree verify, and
-attention over a KVFlash pool whose slots are not in position order (docs/kvflash.md). A
-:class:`MaskSpec` describes the mask from positions and a few scalars, so that
+A :class:`MaskSpec` describes the mask from positions and a few scalars; the NumPy reference
+materialises it as an additive [Tq, Tk] mask (:func:`materialize`), the CuPy kernel evaluates the
+same predicate tile by tile (kernels_cupy/cuda/attention.cu, ``att_key_visible``). Per query row i
+and key slot j, with q = q_pos[i], k = k_pos[j]::
 
-- the NumPy reference materialises it as an additive [Tq, Tk] mask (:func:`materialize`), and
-- the CuPy attention kernel evaluates the very same predicate inline, tile by tile, without a
-  Tq x Tk matrix in memory (kernels_cupy/cuda/attention.cu, ``att_key_visible``).
-
-The rule (one predicate, evaluated per query row i and key slot j)::
-
-    q = q_pos[i],  k = k_pos[j]
     visible(i, j) = valid  and  (committed or batch_rule)  and  in_window
-      valid      = k >= 0                       (k_pos = -1 marks a free / paged-out slot)
+      valid      = k >= 0                       (-1 marks a free / paged-out / stale slot)
       committed  = base_pos is set and k < base_pos
-      batch_rule = ancestors[i, j]              if an ancestor matrix is given (tree verify)
-                 = k <= q                        elif causal
-                 = True                          otherwise (fully visible)
-      in_window  = True                          if window is None
-                 = q - k < W                     if window_mode == "left"  (HF: the window
-                                                  includes the current token; keys with k > q
-                                                  are left to the causal / ancestor rule)
-                 = |q - k| <= W                  if window_mode == "bidirectional"
-                                                  (HF DFlash-assistant sliding layers;
-                                                  docs/drafter.md, "Sliding-window drafter
-                                                  layers")
+      batch_rule = ancestors[i, j]  if an ancestor matrix is given (tree verify)
+                 = k <= q           elif causal
+                 = True             otherwise
+      in_window  = True             if window is None
+                 = q - k < W        if window_mode == "left" (HF: includes the current token)
+                 = |q - k| <= W     if window_mode == "bidirectional" (HF DFlash assistants)
 
-Named cases (builders below):
-
-- causal (target prefill/decode/verify):  causal=True                    k <= q
-- sliding window W (HF convention):       causal=True, window=W          0 <= q - k < W
-- committed prefix (pager validity):      causal=True, base_pos=b        k < b  or  k <= q
-- drafter (docs/drafter.md):               causal=False                   every valid key
-- tree verify:                            base_pos=b, ancestors=A        k < b  or  A[i, j]
-
-Keys are identified by their absolute position only, never by their slot index: permuting the
-key slots together with ``k_pos`` (and the ancestor columns) permutes nothing in the output.
-Positions must fit in int32 (the kernel's type).
-
-Positions may be host (NumPy) or device (CuPy) arrays: the CuPy attention twin copies host
-positions to the device on every call (4 bytes per slot) and reads device int32 positions as
-they are. :func:`causal_mask` (with ``k_pos`` given), :func:`full_mask` and
-:func:`committed_prefix_mask` keep device arrays on the device, and a spec of device arrays is
-not range-checked on the host (that would synchronise). The target builds its masks this way,
-from positions it uploads once per forward (dflash_ref/models/batch_arrays.py); :func:`tree_mask`
-builds on the host.
-
-Also here: :func:`layer_windows`, the per-layer window from ``layer_types`` /
-``sliding_window_pattern`` (an SWA layer run as full attention is exact until the context passes
-the window, so the pattern must be explicit; docs/conventions.md).
+Keys are identified by position, never by slot index; positions fit in int32. Device (CuPy)
+positions stay on the device and are not range-checked (that would synchronise).
 """
 
 from __future__ import annotations
@@ -67,11 +33,7 @@ INT32_MAX = 2**31 - 1
 
 
 def _index_array(x, name: str, lowest: int):
-    """``x`` as a 1-D integer array of positions in [lowest, 2^31 - 1] (the kernel's int32).
-
-    Lists and NumPy arrays become NumPy and are checked here. A device (CuPy) array is kept on its
-    device and only its shape is checked: reading its values would synchronise.
-    """
+    """``x`` as 1-D integer positions in [lowest, 2^31 - 1]; a CuPy array: shape check only."""
     on_host = not type(x).__module__.startswith("cupy")
     if on_host:
         x = np.asarray(x)
@@ -88,25 +50,18 @@ def _index_array(x, name: str, lowest: int):
 
 @dataclass(frozen=True, eq=False)
 class MaskSpec:
-    """Which key slot each query row may see; see the module docstring for the predicate.
+    """Which key slot each query row may see (the predicate: module docstring). Immutable.
 
     Attributes:
-        q_pos: [Tq] int absolute position of each query row (>= 0).
-        k_pos: [Tk] int absolute position of each key slot; -1 marks an invalid slot (free,
-            paged out, stale), never visible.
-        causal: batch keys (k >= base_pos, or every key when base_pos is None) need k <= q.
-        window: sliding window W >= 1, or None (0 is accepted and means None).
-        window_mode: "left" (q - k < W; HF convention, the window includes the current token)
-            or "bidirectional" (|q - k| <= W; HF DFlash-assistant sliding layers).
-        base_pos: the committed-prefix boundary b: keys with k < b are visible to every query
-            (subject to the window), whatever the batch rule says. None: no such term.
-        ancestors: [Tq, Tk] bool, tree verify only: replaces the causal / full batch rule for
-            keys with k >= base_pos. ancestors[i, j] is True when key slot j holds query i
-            itself or one of its ancestors. Incompatible with ``causal=True``.
+        q_pos: [Tq] int position of each query row (>= 0).
+        k_pos: [Tk] int position of each key slot; -1: invalid, never visible.
+        causal: batch keys need k <= q.
+        window: sliding window W >= 1, or None (0 means None); window_mode "left" or
+            "bidirectional".
+        base_pos: keys with k < base_pos are visible to every query (window aside); None: no term.
+        ancestors: [Tq, Tk] bool (tree verify): the batch rule instead of causal, which must be
+            False; [i, j] is True when slot j holds query i or one of its ancestors.
         shape: (Tq, Tk), set when the spec is made.
-
-    Arrays may be NumPy (the reference) or CuPy (read on the device by the CuPy twin). The
-    spec is immutable; builders (:func:`causal_mask`, :func:`drafter_mask`, ...) make them.
     """
 
     q_pos: np.ndarray
@@ -167,12 +122,8 @@ class MaskSpec:
 
 
 def visible(spec: MaskSpec, rows=None, cols=None, xp=np):
-    """The predicate of the module docstring as a bool matrix [len(rows), len(cols)].
-
-    ``rows`` / ``cols`` (index arrays or slices) restrict the evaluation to a tile, which is how
-    :func:`dflash_ref.ops.attention.attention_online` evaluates the spec inline. ``xp`` is the
-    array module (numpy, or cupy for the CuPy twin of :func:`materialize`).
-    """
+    """The predicate as bool [len(rows), len(cols)]; ``rows`` / ``cols`` pick a tile, ``xp`` the
+    array module."""
     rows = slice(None) if rows is None else rows
     cols = slice(None) if cols is None else cols
     q = xp.asarray(spec.q_pos)[rows].astype(xp.int64)[:, None]  # [r, 1]
@@ -196,11 +147,7 @@ def visible(spec: MaskSpec, rows=None, cols=None, xp=np):
 
 
 def materialize(spec: MaskSpec, dtype=np.float32) -> np.ndarray:
-    """The additive mask [Tq, Tk]: 0 where the key is visible, -inf where it is not.
-
-    Added to the (scaled, soft-capped) scores before the softmax. A row of all -inf is a query
-    with no visible key; :func:`dflash_ref.ops.attention.attention` outputs zeros for it.
-    """
+    """The additive mask [Tq, Tk]: 0 where the key is visible, -inf where it is not."""
     ok = visible(spec)  # [Tq, Tk]
     dt = np.dtype(dtype)
     return np.where(ok, dt.type(0.0), dt.type(-np.inf)).astype(dt)
@@ -210,13 +157,9 @@ def materialize(spec: MaskSpec, dtype=np.float32) -> np.ndarray:
 
 
 def causal_mask(q_pos, k_pos=None, window: int | None = None) -> MaskSpec:
-    """Target attention: causal, optionally with a sliding window W (HF: ``0 <= q - k < W``).
+    """Target attention: ``k <= q`` (and ``q - k < W`` with a window).
 
-    Args:
-        q_pos: [Tq] query positions (prefill 0..T-1; decode [p]; verify s..s+B-1).
-        k_pos: [Tk] positions of the key slots (the KV cache, -1 for empty slots). None means
-            ``arange(max(q_pos) + 1)``: a contiguous cache holding everything up to the last query.
-        window: the layer's sliding window, or None for a full-attention layer.
+    q_pos: [Tq]; k_pos: [Tk] (-1 for empty slots), None: ``arange(max(q_pos) + 1)``.
     """
     if k_pos is None:
         q_pos = _index_array(q_pos, "q_pos", lowest=0)
@@ -231,22 +174,11 @@ def full_mask(q_pos, k_pos, window: int | None = None, window_mode: str = "left"
 
 def drafter_mask(ctx_pos, noise_pos, window: int | None = None, causal: bool = False,
                  window_mode: str = "left") -> MaskSpec:
-    """The DFlash drafter's mask over keys [context..., noise...] (docs/drafter.md).
+    """The DFlash drafter's mask: B noise queries over keys [context..., noise...], non-causal
+    by default (window conventions: docs/drafter.md, "Sliding-window drafter layers").
 
-    Queries are the B noise rows; keys are the context rows FIRST, then the noise rows, which is
-    the order ``attention``'s k / v must follow. With the defaults every noise query sees every
-    context key and every noise key, including later noise positions (non-causal).
-
-    Args:
-        ctx_pos: [C] absolute positions of the context keys (-1 for a dropped slot).
-        noise_pos: [B] absolute positions of the noise block (s, s+1, ..., s+B-1).
-        window: for sliding-attention drafter layers. Which convention applies depends on the
-            checkpoint (docs/attention.md): HF ref with flash-attn: non-causal + "left";
-            vLLM / lucebox: ``causal=True`` + "left"; HF DFlash assistants: "bidirectional".
-        causal: make the noise block causal (vLLM / lucebox convention for SWA layers).
-        window_mode: "left" (q - k < W) or "bidirectional" (|q - k| <= W).
-    Returns:
-        MaskSpec with q_pos = noise_pos and k_pos = concat(ctx_pos, noise_pos).
+    ctx_pos: [C] (-1 for a dropped slot); noise_pos: [B] (s..s+B-1). Returns a MaskSpec with
+    q_pos = noise_pos, k_pos = concat(ctx_pos, noise_pos).
     """
     ctx_pos = _index_array(ctx_pos, "ctx_pos", lowest=-1)
     noise_pos = _index_array(noise_pos, "noise_pos", lowest=0)
@@ -255,14 +187,9 @@ def drafter_mask(ctx_pos, noise_pos, window: int | None = None, causal: bool = F
 
 
 def committed_prefix_mask(q_pos, k_pos, base_pos: int, window: int | None = None) -> MaskSpec:
-    """The pager's validity rule: committed keys (k < base_pos) plus causal among the batch.
+    """The pager's rule: visible iff ``k >= 0 and (k < base_pos or k <= q)`` (and the window).
 
-    Visible iff ``k >= 0 and (k < base_pos or k <= q)`` (and ``q - k < W`` with a window). Keys
-    may sit in any slot order (a KVFlash pool); a slot whose content is stale (a rejected draft
-    left at a position >= base_pos that this batch did not rewrite) must be given k_pos = -1.
-    For queries at q >= base_pos this equals causal attention over the committed keys plus the
-    batch; the rule differs from plain causal only for a query below base_pos, which still sees
-    the whole committed prefix.
+    Slots may be in any order; a stale slot (k >= base_pos, not rewritten) must carry k_pos = -1.
     """
     return MaskSpec(q_pos, k_pos, causal=True, window=window, base_pos=base_pos)
 
@@ -283,10 +210,7 @@ def tree_depths(parents) -> np.ndarray:
 
 
 def ancestor_matrix(parents) -> np.ndarray:
-    """[n, n] bool: entry [i, a] is True iff node a is node i or one of its ancestors.
-
-    ``parents[i] < i`` (topological order), -1 for a root; row i is its parent's row plus i.
-    """
+    """[n, n] bool: [i, a] is True iff node a is node i or an ancestor (parents[i] < i)."""
     parents = np.asarray(parents, dtype=np.int64)
     tree_depths(parents)  # checks the order
     anc = np.eye(parents.shape[0], dtype=bool)  # [n, n]
@@ -298,23 +222,15 @@ def ancestor_matrix(parents) -> np.ndarray:
 
 def tree_mask(parents, base_pos: int, k_pos=None, node_slots=None,
               window: int | None = None) -> MaskSpec:
-    """Tree verify: node i sees the committed prefix (k < base_pos) and its own ancestors.
-
-    Node i sits at position ``base_pos + depth(i)`` (a root, parents = -1, at base_pos: it is the
-    last committed token, not yet in the cache). A chain ``parents = [-1, 0, 1, ...]`` gives the
-    same mask as :func:`committed_prefix_mask` for positions base_pos, base_pos+1, ...
+    """Tree verify: node i, at position ``base_pos + depth(i)``, sees k < base_pos and its
+    ancestors.
 
     Args:
-        parents: [n] parent node index, -1 for a root; topologically ordered (parents[i] < i).
-        base_pos: the first position of the tree (= number of committed tokens in the cache).
-        k_pos: [Tk] positions of all key slots. None: ``[0..base_pos) + node positions``.
-        node_slots: [n] the key slot that holds node i. None: ``base_pos + i`` (the layout of
-            the default k_pos).
-        window: sliding window of the layer (positions are base_pos + depth, so the window is
-            measured along the branch, as in a chain verify).
-    Returns:
-        MaskSpec with ancestors [n, Tk]: columns of committed keys are False (they are visible
-        through base_pos), column node_slots[a] of row i is True iff a is i or an ancestor of i.
+        parents: [n] parent index, -1 for a root; parents[i] < i.
+        base_pos: committed tokens in the cache (the roots' position).
+        k_pos: [Tk] positions of all key slots; None: ``[0..base_pos) + node positions``.
+        node_slots: [n] the key slot of node i; None: ``base_pos + i``.
+        window: the layer's window, measured along the branch.
     """
     parents = np.asarray(parents, dtype=np.int64)
     n = parents.shape[0]
@@ -347,20 +263,10 @@ _NO_ATTENTION_TYPES = ("linear_attention",)  # GDN layers of Qwen3.5 / Qwen3-Nex
 
 def layer_windows(n_layers: int, sliding_window: int | None, layer_types=None,
                   sliding_window_pattern=None) -> list[int | None]:
-    """The sliding window of each layer (None = full attention), from the config.
-
-    Sources, first found wins:
-      - ``layer_types`` (HF config): "sliding_attention" -> W, "full_attention" -> None,
-        "linear_attention" (GDN, no softmax attention) -> None.
-      - ``sliding_window_pattern`` as a per-layer bool list (GGUF
-        ``<arch>.attention.sliding_window_pattern``; True = sliding): gemma-4-31B drafter
-        [T, T, T, T, F] (seed 001).
-      - ``sliding_window_pattern`` as an int P (Gemma 2/3 HF configs): layer l is sliding iff
-        ``(l + 1) % P != 0``, i.e. every P-th layer is full.
-      - neither: every layer is full (Qwen3 drafters: 5 x full).
-
-    Raises:
-        ConfigError: a length mismatch, an unknown layer type, or a sliding layer with no window.
+    """The sliding window of each layer (None = full attention), from the first source found:
+    ``layer_types`` ("sliding_attention" -> W); ``sliding_window_pattern`` as a bool per layer
+    (GGUF, True = sliding) or an int P (layer l sliding iff ``(l + 1) % P != 0``); else all full.
+    Raises ConfigError on a length mismatch, an unknown type, or a sliding layer with no window.
     """
     if layer_types is not None:
         layer_types = list(layer_types)

@@ -1,22 +1,8 @@
-"""Pager copies: moving KV rows between pool slots, and the slot -> position table.
+"""Pager copies: KV rows between pool slots, and the slot -> position table (docs/kvflash.md).
 
-The KVFlash pool (docs/kvflash.md, "The data model") stores the K and V rows of every pooled layer
-in *slots*; a logical position p lives in slot ``block(p // T) * T + p % T`` (T = chunk_tokens).
-These ops are the only array work the pager does, so they are the ones with CuPy twins:
-
-- :func:`gather_rows`: copy chosen slots out of a pool (page-out staging, reads by position);
-- :func:`scatter_rows`: copy rows into chosen slots of a pool **in place** (KV writes, page-in);
-- :func:`fill_slot_pos`: the absolute position held by every slot, -1 for free slots, the
-  ``k_pos`` array that the attention masks consume (docs/kvflash.md, "The validity rule and the
-  decode mask");
-- :func:`write_kv`: a batch's K and V rows into a layer's ``[2, C, H, D]`` storage **in place**,
-  both in one call (one kernel on CuPy: the KV caches' write, models/cache.py and
-  models/kv_store.py).
-
-The pool of a pager is one array ``[S, P, W]``: S segments (one per (layer, K|V) pair), P slots,
-W = n_kv_heads * head_dim elements per row. Copies are bit moves: any dtype, no arithmetic, so a
-page round trip is bit-exact (docs/kvflash.md, "Paging"). Public source: Luce-Org/lucebox
-``server/src/common/kvflash_pager.h``.
+A pool is one array [S, P, W]: S segments (one per (layer, K|V)), P slots, W = n_kv_heads *
+head_dim; position p lives in slot ``block(p // T) * T + p % T`` (T = chunk_tokens). Copies are
+bit moves (any dtype), so a page round trip is bit-exact.
 """
 
 from __future__ import annotations
@@ -59,16 +45,8 @@ def _check_out(out, shape, dtype) -> None:
 
 
 def gather_rows(pool, slots, out=None) -> np.ndarray:
-    """Copy the rows of ``slots`` out of every segment: ``rows[s, i] = pool[s, slots[i]]``.
-
-    Args:
-        pool: [S, P, W] any dtype.
-        slots: [n] integer slot indices in [0, P) (repeats allowed).
-        out: optional C-contiguous [S, n, W] array of the pool's dtype to write into (the pager
-            passes its host buffer, saving an allocation per page-out).
-    Returns:
-        [S, n, W] of the pool's dtype (bit copies): ``out`` when given, else a new array.
-    """
+    """``rows[s, i] = pool[s, slots[i]]``: pool [S, P, W], slots [n] in [0, P) -> [S, n, W],
+    written into ``out`` (C-contiguous [S, n, W]) when given."""
     _check_pool(pool, "gather_rows")
     slots = check_slots(slots, pool.shape[1], "gather_rows", distinct=False)
     if out is None:
@@ -78,22 +56,10 @@ def gather_rows(pool, slots, out=None) -> np.ndarray:
 
 
 def scatter_rows(pool, slots, rows, checked: bool = False):
-    """In place: ``pool[s, slots[i]] = rows[s, i]`` for every segment s and row i.
+    """In place: ``pool[s, slots[i]] = rows[s, i]``; returns ``pool``.
 
-    One of the two ops that mutate an argument (with :func:`write_kv`): copying a whole pool to
-    change 64 rows would defeat the pager. The CuPy twin writes into the same device array, so
-    reference and twin agree on both the returned value and the argument afterwards.
-
-    Args:
-        pool: [S, P, W] C-contiguous, modified in place.
-        slots: [n] distinct integer slot indices in [0, P).
-        rows: [S, n, W] values; cast to the pool's dtype (must be the same dtype for the twin).
-        checked: the caller has checked ``slots`` already (the pager checks a forward's slots
-            on the host once and every layer writes through one device copy of them); the CuPy
-            twin then skips the synchronising check of device slots. The reference checks
-            anyway: on the host it costs nothing.
-    Returns:
-        ``pool`` itself.
+    pool: [S, P, W] C-contiguous; slots: [n] distinct in [0, P); rows: [S, n, W]. ``checked``:
+    the caller checked ``slots``, so the CuPy twin skips its synchronising check.
     """
     _check_pool(pool, "scatter_rows")
     if not pool.flags.c_contiguous:
@@ -128,20 +94,11 @@ def check_chunk_blocks(chunk_block, T: int, P: int) -> np.ndarray:
 
 
 def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> np.ndarray:
-    """The absolute position held by each pool slot, -1 for free slots (lucebox's fill_slot_pos).
+    """[P] int32: the position held by each slot, -1 for free slots; slot ``b*T + i`` of
+    chunk c in block b = chunk_block[c] >= 0 holds ``c*T + i`` (``out[slot_for(p)] == p``).
 
-    For a resident chunk c in block b = chunk_block[c] >= 0, slot ``b*T + i`` holds position
-    ``c*T + i`` for every i in [0, T) (all T slots of the chunk, written or not: the attention
-    mask's ``k <= q`` and ``k < base_pos`` tests hide the unwritten ones). Slots of blocks that no
-    chunk maps to get -1. Inverts the pager's mapping: ``out[slot_for(p)] == p``.
-
-    Args:
-        chunk_block: [n_chunks] integer, the block of each chunk or -1 (not resident); the
-            non-negative entries must be distinct and below ``pool_tokens // chunk_tokens``.
-        chunk_tokens: T, tokens per chunk (64 upstream).
-        pool_tokens: P, a positive multiple of T.
-    Returns:
-        [P] int32 (positions must fit int32, the attention kernels' type).
+    chunk_block: [n_chunks], distinct blocks or -1; T = chunk_tokens; P = pool_tokens, a
+    multiple of T.
     """
     T, P = int(chunk_tokens), int(pool_tokens)
     chunk_block = check_chunk_blocks(chunk_block, T, P)  # [n_chunks] int64
@@ -155,27 +112,11 @@ def fill_slot_pos(chunk_block, chunk_tokens: int, pool_tokens: int) -> np.ndarra
 
 
 def write_kv(kv, k, v, rows=None, start: int = 0, checked: bool = False):
-    """In place: ``kv[0, r_i] = k[i]`` and ``kv[1, r_i] = v[i]`` for every row i of the batch,
-    where ``r_i = rows[i]``, or ``start + i`` when ``rows`` is None.
+    """In place: ``kv[0, r_i] = k[i]``, ``kv[1, r_i] = v[i]``, r_i = ``rows[i]`` or
+    ``start + i``; returns ``kv``.
 
-    One layer's K/V storage holds K in ``kv[0]`` and V in ``kv[1]``, so a batch's keys and
-    values are one write (on CuPy one kernel, where two assignments or a stack and a scatter
-    were two): the growing cache appends at ``start`` = its length (a host int, that cache is
-    never captured), a fixed-capacity store writes at the batch's device positions (``rows``,
-    what a captured step reads: models/graphs.py).
-
-    Args:
-        kv: [2, C, H, D] C-contiguous, modified in place (K rows, then V rows).
-        k, v: [T, H, D] the batch's keys and values (post-norm, post-RoPE keys); any strides,
-            cast to kv's dtype.
-        rows: [T] distinct integer rows in [0, C), or None: rows ``start .. start+T-1``.
-        start: the first row when ``rows`` is None (0 <= start, start + T <= C); must stay 0
-            when ``rows`` is given.
-        checked: the caller has checked device ``rows`` already (a store checks a forward's
-            positions on the host once); the CuPy twin then skips its synchronising check. The
-            reference checks anyway (on the host it costs nothing).
-    Returns:
-        ``kv`` itself.
+    kv: [2, C, H, D] C-contiguous; k, v: [T, H, D]; rows: [T] distinct in [0, C) or None
+    (then start + T <= C; with rows, start = 0). ``checked`` as in :func:`scatter_rows`.
     """
     T = check_kv_args(kv, k, v, start, rows is not None)
     if rows is None:
@@ -190,9 +131,7 @@ def write_kv(kv, k, v, rows=None, start: int = 0, checked: bool = False):
 
 
 def check_kv_args(kv, k, v, start, with_rows: bool) -> int:
-    """The argument checks of :func:`write_kv` but the rows' own (the twin runs them too):
-    shapes, a contiguous ``kv``, and ``start`` (rows start..start+T-1 within the C rows, or
-    0 beside ``rows``). Returns T."""
+    """:func:`write_kv`'s checks but the rows' own (the twin runs them too); returns T."""
     if kv.ndim != 4 or kv.shape[0] != 2:
         raise ValueError(f"write_kv: kv has shape {tuple(kv.shape)}; expected [2, C, H, D] "
                          f"(K rows, then V rows, of one layer)")
