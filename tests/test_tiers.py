@@ -59,8 +59,6 @@ def test_every_file_a_greedy_speculative_step_runs_is_in_some_tier():
     assert files and not outside, f"the greedy step runs files in no tier: {outside}"
 
 
-@pytest.mark.xfail(strict=True, reason="tiers 1 + 2 are 4,268 lines before the redesign of the "
-                                       "loop and the models (budget 2,500)")
 def test_tiers_1_and_2_fit_their_budget():
     numbers = SCRIPT.tier_numbers()
     assert numbers["tier12_lines"] <= TIER12_BUDGET, numbers["tier_lines"]
