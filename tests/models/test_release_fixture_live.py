@@ -46,4 +46,8 @@ def test_release_fixture_matches_a_fresh_recording():
         if np.issubdtype(stored.dtype, np.integer):
             np.testing.assert_array_equal(value, stored, err_msg=key)
         else:
-            np.testing.assert_allclose(value, stored, atol=1e-6, rtol=1e-5, err_msg=key)
+            # The fixture was recorded on another CPU: torch's float32 GEMMs sum in an order that
+            # depends on the instruction set, so a fresh recording with the same torch differs
+            # by float32 rounding (measured 2.3e-6 abs on logits of magnitude <= 3 between two
+            # x86 machines); 1e-5 abs still fails any real change of the computation.
+            np.testing.assert_allclose(value, stored, atol=1e-5, rtol=1e-5, err_msg=key)
