@@ -4,21 +4,11 @@ and every file one greedy speculative step runs is in a tier."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_architecture_numbers import _script
+
 TIER12_BUDGET = 2500
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "architecture_numbers", ROOT / "scripts/architecture_numbers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 SCRIPT = _script()
