@@ -22,6 +22,5 @@ def check_linear_shapes(x_shape: tuple, w_shape: tuple, op: str = "linear") -> N
 def linear(x, w) -> np.ndarray:
     """``y[t, n] = sum_k x[t, k] * w[n, k]``: x [T, K] (T may be 0), w [N, K] -> [T, N]."""
     x, w = in_compute_dtype(x, w)
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
-        check_linear_shapes(x.shape, w.shape)  # raises, saying which rule is broken
+    check_linear_shapes(x.shape, w.shape)
     return x @ w.T  # [T, K] @ [K, N] -> [T, N]
