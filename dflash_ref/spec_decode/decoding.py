@@ -69,7 +69,8 @@ class TokenCursor:
     """Where a request stands: the ``anchor`` t_s at ``position`` s (N - 1 before the first
     commit), emitted, not yet run; ``anchor_logits`` [1, V], the row that chose it (what a gate
     reads); ``remaining``; ``done`` once none remain or a stop id was emitted. Tokens enter by
-    :meth:`commit` only, cut by :meth:`cut`, the one stop cut (the finish uses it too)."""
+    :meth:`commit` only, cut there at ``remaining`` and by :meth:`cut`, the one stop cut, so
+    what was emitted is already the run's output."""
 
     prompt: np.ndarray
     max_new_tokens: int
@@ -104,7 +105,7 @@ class TokenCursor:
         return tokens
 
     def tokens(self) -> list[int]:
-        return self.cut(self.emitted[: self.max_new_tokens])
+        return list(self.emitted)
 
 
 @dataclass(frozen=True)
@@ -284,9 +285,9 @@ class Decoding:
         return StepObservation(commit_n=produced, step_wall=modelled, t_ar=cost.t_ar)
 
     def finish(self) -> GenerationResult:
-        """3. The tokens (cut after max_new_tokens and after a stop token) and the timings."""
+        """3. The tokens (the cursor cut them at max_new_tokens and after a stop) and timings."""
         self.result.tokens = self.cursor.tokens()
-        self.result.from_draft = self.cursor.from_draft[: len(self.result.tokens)]
+        self.result.from_draft = list(self.cursor.from_draft)
         self.clock.finish(self.result)  # timings and modelled time
         self.observer.on_finish(self.result)
         return self.result
