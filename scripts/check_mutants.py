@@ -183,6 +183,13 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'tests/io/test_tokenizer.py',
     ),
     (
+        '40e GGUF keys: the drafter\'s mask token written under a guessed key',
+        'dflash_ref/io/convert_drafter.py',
+        'md["tokenizer.ggml.mask_token_id"] = cfg.mask_token_id',
+        'md["tokenizer.ggml.mask_id"] = cfg.mask_token_id',
+        'tests/io/test_convert_drafter.py',
+    ),
+    (
         '41a output modes: a converted GGUF left private (mkstemp\'s 0600)',
         'dflash_ref/io/gguf_io.py',
         '        os.chmod(tmp, 0o666 & ~umask)',
