@@ -80,3 +80,32 @@ def test_spm_tie_order_randomized_through_a_gguf(tmp_path, seed):
     for _ in range(40):
         text = "".join(rng.choice(list("abc"), size=int(rng.integers(1, 30))))
         assert [tokens[i] for i in tok.encode(text)] == brute_force_llama_cpp(text, score)
+
+
+# Equal scores, left pieces of different lengths. "yz" merges first, then "xyz" (left piece "x",
+# one character, at position 0) and "yzw" (left piece "yz", two characters, at position 1) tie.
+# llama.cpp breaks the tie by the left symbol's index alone, whatever the pieces' lengths
+# (src/llama-vocab.cpp, llm_bigram_spm::comparator: ``(l.score < r.score) || (l.score ==
+# r.score && l.left > r.left)``; sentencepiece's src/bpe_model.cc SymbolPair comparator is the
+# same), and a merged symbol keeps its left part's index: "xyz" wins. The second case puts the
+# longer left piece first, the third the longer merge last. Catches a tie broken by the left
+# piece's (or the merged piece's) length instead of its position.
+LENGTH_TIES = [
+    ("xyzw", {"x": -9.0, "y": -9.0, "z": -9.0, "w": -9.0, "yz": 5.0, "xyz": 0.0, "yzw": 0.0},
+     ["xyz", "w"]),
+    ("xyzw", {"x": -9.0, "y": -9.0, "z": -9.0, "w": -9.0, "xy": 5.0, "xyz": 0.0, "zw": 0.0},
+     ["xyz", "w"]),
+    ("xyzw", {"x": -9.0, "y": -9.0, "z": -9.0, "w": -9.0, "zw": 5.0, "xy": 0.0, "yzw": 0.0},
+     ["xy", "zw"]),
+]
+
+
+@pytest.mark.parametrize(("text", "score", "expected"), LENGTH_TIES)
+def test_spm_tie_between_left_pieces_of_different_lengths(tmp_path, text, score, expected):
+    assert brute_force_llama_cpp(text, score) == expected  # the hand result is the rule's
+    assert spm_pieces(text, score) == expected
+    tokens = list(score)
+    path = write_tokenizer_gguf(tmp_path / "len.gguf", "llama", "llama", tokens,
+                                [NORMAL] * len(tokens), scores=[score[t] for t in tokens],
+                                add_bos=False, add_space_prefix=False)
+    assert [tokens[i] for i in load_tokenizer(path).encode(text)] == expected

@@ -141,7 +141,7 @@ NORMAL, UNKNOWN, CONTROL, USER, BYTE = 1, 2, 3, 4, 6
 
 
 def write_tokenizer_gguf(path, arch, model, tokens, types, *, scores=None, merges=None,
-                         pre=None, bos=None, eos=None, unk=None, add_bos=None,
+                         pre=None, bos=None, eos=None, unk=None, pad=None, add_bos=None,
                          add_space_prefix=None, chat_template=None):
     from gguf import GGUFWriter
 
@@ -157,7 +157,8 @@ def write_tokenizer_gguf(path, arch, model, tokens, types, *, scores=None, merge
     if merges is not None:
         w.add_token_merges(merges)
     for value, add in ((bos, w.add_bos_token_id), (eos, w.add_eos_token_id),
-                       (unk, w.add_unk_token_id), (add_bos, w.add_add_bos_token),
+                       (unk, w.add_unk_token_id), (pad, w.add_pad_token_id),
+                       (add_bos, w.add_add_bos_token),
                        (add_space_prefix, w.add_add_space_prefix),
                        (chat_template, w.add_chat_template)):
         if value is not None:
@@ -244,6 +245,22 @@ def gemma_gguf(tmp_path):
 ])
 def test_gguf_gemma_ids(gemma_gguf, text, ids):
     assert load_tokenizer(gemma_gguf).encode(text) == ids
+
+
+def test_gguf_special_tokens_read_under_gguf_pys_keys(tmp_path):
+    # The file is written by gguf-py's own add_{bos,eos,unk,pad}_token_id (gguf.Keys.Tokenizer);
+    # a chat template reads each by name. Catches a reader key respelled ("pad_token_id",
+    # "unk_token_id"): the token would be None and the template would render it empty.
+    path = write_tokenizer_gguf(tmp_path / "sp.gguf", "gemma3", "llama", GEMMA_TOKENS,
+                                GEMMA_TYPES, scores=GEMMA_SCORES, bos=2, eos=1, unk=3, pad=0,
+                                add_bos=True, add_space_prefix=False,
+                                chat_template="{{ bos_token }}{{ eos_token }}{{ unk_token }}"
+                                              "{{ pad_token }}")
+    tok = load_tokenizer(path)
+    assert tok.special_tokens == {"bos_token": "<bos>", "eos_token": "<eos>",
+                                  "unk_token": "<unk>", "pad_token": "<pad>"}
+    assert (tok.bos_token_id, tok.eos_token_id) == (2, 1)
+    assert tok.apply_chat_template([]) == "<bos><eos><unk><pad>"
 
 
 def test_gguf_gemma_decode(gemma_gguf):

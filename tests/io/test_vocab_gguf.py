@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gguf import GGUFReader
+from gguf import GGUFReader, Keys
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
@@ -110,3 +110,33 @@ def test_unknown_split_is_a_clear_error(tmp_path):
     (src / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(Exception, match="no llama.cpp name.*GPT2_PRE_SPLITS"):
         tokenizer_metadata(src)
+
+
+# Every special token the converters write, under the key gguf-py's writer uses for it
+# (gguf.Keys.Tokenizer; "seperator" is gguf's historical spelling, which llama.cpp reads).
+# gguf-py 0.19 has no constant for the CLS token: its key is llama.cpp's
+# LLM_KV_TOKENIZER_CLS_ID (src/llama-arch.cpp), "tokenizer.ggml.cls_token_id".
+SPECIAL_ROLES = [("bos_token", "<|bos|>", Keys.Tokenizer.BOS_ID),
+                 ("eos_token", "<|im_end|>", Keys.Tokenizer.EOS_ID),
+                 ("unk_token", "<|unk|>", Keys.Tokenizer.UNK_ID),
+                 ("sep_token", "<|sep|>", Keys.Tokenizer.SEP_ID),
+                 ("pad_token", "<|endoftext|>", Keys.Tokenizer.PAD_ID),
+                 ("cls_token", "<|cls|>", "tokenizer.ggml.cls_token_id"),
+                 ("mask_token", "<|mask|>", Keys.Tokenizer.MASK_ID)]
+
+
+def test_special_token_keys_are_gguf_pys_spellings(tmp_path):
+    # Catches a key respelled ("separator_token_id", "pad_token_id", "unk_token_id"): llama.cpp
+    # would then find no such token and the GGUF reader here none either.
+    assert Keys.Tokenizer.SEP_ID == "tokenizer.ggml.seperator_token_id"
+    src, _, _ = _qwen_like_dir(tmp_path / "all")
+    extra = [t for _, t, _ in SPECIAL_ROLES if t not in SPECIALS]
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in extra])
+    tok.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps(
+        {**{role: text for role, text, _ in SPECIAL_ROLES}, "add_bos_token": False}))
+    md = tokenizer_metadata(src)
+    written = {k: v for k, v in md.items() if k.endswith("_token_id")}
+    assert written == {key: tok.token_to_id(text) for _, text, key in SPECIAL_ROLES}
+    assert len(set(written.values())) == len(SPECIAL_ROLES)  # seven different tokens

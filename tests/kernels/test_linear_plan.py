@@ -268,6 +268,23 @@ def test_qwen3_4b_shapes_fill_the_gpu_in_one_wave():
     assert summation_depth(2561, vec4=False) == 11 + 12  # 2561 floats: 11 for thread 0
 
 
+@pytest.mark.parametrize("m", [0, 1, 3])
+@pytest.mark.parametrize("r", [0, 1, 5, THREADS - 1])
+@pytest.mark.parametrize("vec4", [True, False])
+def test_per_thread_loads_when_k_is_not_a_multiple_of_the_threads(m, r, vec4):
+    # K = group * (THREADS * m + r) elements (m = r = 0: K = 0). Thread i takes the groups
+    # i, i + THREADS, ...: threads 0..r-1 load m + 1, the others m, so the busiest loads
+    # m + (r > 0). Catches a floor instead of a ceiling (the r leftover groups lost) and a count
+    # in elements instead of float4 groups.
+    group = 4 if vec4 else 1
+    groups = THREADS * m + r
+    p = plan_linear(1, 8, group * groups, vec4=vec4)
+    assert p["group"] == group
+    assert p["per_thread"] == m + (1 if r else 0)
+    loads = [len(range(i, groups, THREADS)) for i in range(THREADS)]  # the kernel's j loop
+    assert max(loads) == p["per_thread"] and loads.count(m + 1) == r
+
+
 def test_resident_blocks_by_hand():
     # 256 threads = 8 warps. 128 registers: 4096 per warp, 16 warps per 65536 -> 2 blocks;
     # 96: 3072 -> 21 warps -> 2; 40 (-> 1280 per warp): 51 warps -> 6; 32: 8 by threads (2048).

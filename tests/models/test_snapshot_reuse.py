@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dflash_ref.errors import StateError
 from tests.spec_decode.drafters import FAMILIES, tiny_pairs
 
 # the same rows computed in batches of other sizes (float32 reassociation)
@@ -90,3 +91,30 @@ def test_snapshot_of_a_feature_buffer_with_evicted_rows(models):
     assert (state.features.start, state.features.end) == (fresh.features.start, 25)
     np.testing.assert_allclose(got[0], expected[0], atol=ATOL, rtol=RTOL)
     np.testing.assert_allclose(got[1], expected[1], atol=ATOL, rtol=RTOL)
+
+
+def test_rollback_right_after_a_restore_into_a_reused_hybrid_state(models):
+    # A reused hybrid state still holds its own last batch (positions 30..35, with the per-token
+    # GDN trace) when another prompt's snapshot is restored into it. A rollback right after the
+    # restore must be refused (no batch has run since: nothing to rewind from) or give what a
+    # fresh state gives; rewinding from the stale trace would give the old prompt's GDN state.
+    # The oracle: the snapshot's prompt cut at the rollback point, run on a fresh state.
+    target, _ = models["qwen3_5"]
+    y, cont = _ids(33, 12), _ids(4, 14)
+    donor = target.new_state()
+    target.forward(y[:30], donor)
+    target.forward(y[30:], donor)
+    snap = donor.snapshot()  # 33 positions
+    state = target.new_state()
+    target.forward(_ids(30, 11), state)
+    target.forward(_ids(5, 13), state)  # the last batch: positions 30..34, trace kept
+    state.restore(snap)
+    try:
+        state.rollback(31)  # inside the stale batch's span
+        expected = _run(target, target.new_state(), [y[:30], y[30:31], cont])
+    except (ValueError, StateError):  # refused: the state is still the snapshot's
+        assert state.length == 33
+        expected = _run(target, target.new_state(), [y[:30], y[30:], cont])
+    got = _run(target, state, [cont])
+    np.testing.assert_allclose(got[0], expected[0], atol=ATOL, rtol=RTOL)  # logits
+    np.testing.assert_allclose(got[1], expected[1], atol=ATOL, rtol=RTOL)  # features
