@@ -313,6 +313,64 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '        k_pos[:self.length] = np.arange(self.length)',
         'tests/models/test_graphs.py',
     ),
+    # ---- issue 37: the newest code's blind spots (fixed stores, replay keys, tree draft law,
+    # the last step's counts, the sampling law's boundaries)
+    (
+        '23a fixed store: a snapshot shares the rows rewritten after a rollback',
+        'dflash_ref/models/fixed_stores.py',
+        'return {self.layers[0]: (self.kv[0, :n].copy(), self.kv[1, :n].copy())}',
+        'return {self.layers[0]: (self.kv[0, :n], self.kv[1, :n])}',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '23b CUDA graphs: a replay hands out the recording\'s output buffers',
+        'dflash_ref/models/graphs.py',
+        '        return _copied(self.run(key, step))',
+        '        return self.run(key, step)',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24a fixed store: a batch ending exactly at kv_capacity refused',
+        'dflash_ref/models/fixed_stores.py',
+        '        if start + n > self.capacity:',
+        '        if start + n >= self.capacity:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24b fixed store: a snapshot of exactly kv_capacity positions refused',
+        'dflash_ref/models/fixed_stores.py',
+        '        if length > self.capacity:',
+        '        if length >= self.capacity:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24c fixed draft cache: a context ending exactly at its capacity refused',
+        'dflash_ref/models/fixed_stores.py',
+        'or b > self.capacity:',
+        'or b >= self.capacity:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24d feature buffer: a capacity equal to the window refused',
+        'dflash_ref/models/cache.py',
+        'capacity is not None and capacity < window:',
+        'capacity is not None and capacity <= window:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '25a CUDA graphs: the replay key ignores the tap',
+        'dflash_ref/models/graphs.py',
+        '    if batch.tap is not no_tap:',
+        '    if batch.tap is None:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '25b CUDA graphs: the draft replay key without with_hidden',
+        'dflash_ref/models/fixed_stores.py',
+        'return self.run_step((n, with_hidden), step)',
+        'return self.run_step(n, step)',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""
