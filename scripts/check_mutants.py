@@ -371,6 +371,48 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'return self.run_step(n, step)',
         'tests/models/test_fixed_store_bounds.py',
     ),
+    (
+        '26a sampled tree: depth d drawn from draft row d-1',
+        'dflash_ref/spec_decode/extra_verifiers.py',
+        'q = sampling_probs(ctx.be, ctx.draft_logits()[1:ctx.block_size], law.temperature,',
+        'q = sampling_probs(ctx.be, ctx.draft_logits()[:ctx.block_size - 1], law.temperature,',
+        'tests/spec_decode/test_tree_draft_rows.py',
+    ),
+    (
+        '26b DDTree: depth d scored from draft row d-1',
+        'dflash_ref/spec_decode/extra_verifiers.py',
+        'rows = ctx.draft_logits()[1:ctx.block_size]  # [B-1, V]',
+        'rows = ctx.draft_logits()[:ctx.block_size - 1]  # [B-1, V]',
+        'tests/spec_decode/test_tree_draft_rows.py',
+    ),
+    (
+        '26c sampled tree: width children drawn whatever top-k / top-p left',
+        'dflash_ref/spec_decode/tree_sampling.py',
+        'for rank in range(min(w, int(np.count_nonzero(law)))):',
+        'for rank in range(w):',
+        'tests/spec_decode/test_tree_draft_rows.py',
+    ),
+    (
+        '27a last step: the verify block min(B, remaining) rows',
+        'dflash_ref/spec_decode/verifiers.py',
+        'block_size = min(block_size, ctx.remaining + 1)',
+        'block_size = min(block_size, ctx.remaining)',
+        'tests/spec_decode/test_last_step_counts.py',
+    ),
+    (
+        '27b last step: the verify block min(B, remaining + 2) rows',
+        'dflash_ref/spec_decode/verifiers.py',
+        'block_size = min(block_size, ctx.remaining + 1)',
+        'block_size = min(block_size, ctx.remaining + 2)',
+        'tests/spec_decode/test_last_step_counts.py',
+    ),
+    (
+        '27c last step: drafted counted as B - 1 whatever the block',
+        'dflash_ref/spec_decode/decoding.py',
+        '        self.result.drafted.append(width - 1)',
+        '        self.result.drafted.append(self.proposer.block_size - 1)',
+        'tests/spec_decode/test_last_step_counts.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""
