@@ -413,6 +413,34 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '        self.result.drafted.append(self.proposer.block_size - 1)',
         'tests/spec_decode/test_last_step_counts.py',
     ),
+    (
+        '28a sampling: the inverse CDF counts c < u * total (a zero-probability token at u = 0)',
+        'dflash_ref/ops/sampling.py',
+        '    ids = np.sum(c <= x[..., None], axis=-1)  # [...]',
+        '    ids = np.sum(c < x[..., None], axis=-1)  # [...]',
+        'tests/ops/test_sampling_bounds.py',
+    ),
+    (
+        '28b sampling: the last positive token found with >= 0',
+        'dflash_ref/ops/sampling.py',
+        'np.argmax(p[..., ::-1] > 0, axis=-1)',
+        'np.argmax(p[..., ::-1] >= 0, axis=-1)',
+        'tests/ops/test_sampling_bounds.py',
+    ),
+    (
+        '28c sampling: no fall-back when u * total rounds up to the total',
+        'dflash_ref/ops/sampling.py',
+        '    return np.minimum(ids, last_positive).astype(np.int64)',
+        '    return ids.astype(np.int64)',
+        'tests/ops/test_sampling_bounds.py',
+    ),
+    (
+        '28d sampling: T = 1e-5 itself counted greedy',
+        'dflash_ref/ops/sampling.py',
+        '        return self.temperature < GREEDY_BELOW_TEMPERATURE',
+        '        return self.temperature <= GREEDY_BELOW_TEMPERATURE',
+        'tests/ops/test_sampling_bounds.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""
