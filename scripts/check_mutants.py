@@ -372,6 +372,13 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'tests/models/test_fixed_store_bounds.py',
     ),
     (
+        '25c recording backend: the tape leaves out a mask\'s base_pos',
+        'tests/device_counter.py',
+        '                obj.window, obj.window_mode, obj.base_pos)',
+        '                obj.window, obj.window_mode)',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
         '26a sampled tree: depth d drawn from draft row d-1',
         'dflash_ref/spec_decode/extra_verifiers.py',
         'q = sampling_probs(ctx.be, ctx.draft_logits()[1:ctx.block_size], law.temperature,',

@@ -7,12 +7,14 @@ output buffers at every replay; an array that aliases either changes under its h
 backend's capture calls the step again (new arrays each time), so the test of the runner's copy
 uses a capture that keeps the first outputs and writes each replay into them, as a CUDA graph
 does (:func:`buffer_reusing_capture`). The oracles: copies taken by the test, eager states, and
-states that never went through a rollback.
+states that never went through a rollback. The recording backend's tape (tests/device_counter.py),
+which the CPU graph tests compare between replays, is checked to see every value a launch bakes in.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -21,6 +23,8 @@ from dflash_ref.backend import Backend, get_backend
 from dflash_ref.errors import ConfigError, StateError
 from dflash_ref.models.cache import FeatureBuffer
 from dflash_ref.models.graphs import StepGraphs
+from dflash_ref.ops.masks import MaskSpec
+from tests.device_counter import _signature, counting_backend
 from tests.models.test_batch_arrays import tiny_model
 from tests.models.test_graphs import tiny_pair
 
@@ -201,3 +205,22 @@ def test_draft_steps_with_and_without_the_hidden_rows_are_two_recordings(tmp_pat
     assert np.array_equal(plain, want_logits)
     assert np.array_equal(logits, want_logits) and np.array_equal(hidden, want_hidden)
     assert hidden.shape == (n, drafter.config.hidden_size)
+
+
+def test_the_recording_tape_tells_apart_every_value_a_launch_bakes_in():
+    # The CPU graph tests call a step graph-safe when every replay's tape is the same; a tape
+    # that leaves out a mask's field (base_pos, the window, ...) or a host scalar would call a
+    # step whose mask moves between replays graph-safe. Device arrays count by shape and dtype
+    # only (their contents are device memory, rewritten before a replay).
+    be = counting_backend()
+    q, k = be.to_backend(np.arange(4, 8)), be.to_backend(np.arange(8))
+    base = MaskSpec(q, k, causal=True, window=4, base_pos=3)
+    fields = [dict(causal=False), dict(window=5), dict(window_mode="bidirectional"),
+              dict(base_pos=4)]
+    for change in fields:
+        moved = dataclasses.replace(base, **change)
+        assert _signature(moved) != _signature(base), f"the tape misses {change}"
+    same = dataclasses.replace(base, q_pos=be.to_backend(np.arange(10, 14)))  # contents only
+    assert _signature(same) == _signature(base)
+    assert _signature((slice(2, 5), 3, 0.5)) != _signature((slice(2, 6), 3, 0.5))
+    assert _signature((slice(2, 5), 3, 0.5)) != _signature((slice(2, 5), 4, 0.5))
