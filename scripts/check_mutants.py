@@ -3,8 +3,10 @@
 Issue 13 listed bugs that once left the whole CPU suite green; issue 26 added the classes the
 oracle had not pinned (DFlash 2's convolutions and selector, the draft law, Gemma 4's scaled
 proportional RoPE, MoE placement and norm_topk_prob, snapshots of reused states, golden compare
-tolerances, the tree step's gate wiring, generate --chat, the SPM tie order). Each now has a test
-that turns red without torch. This script keeps that claim checkable: it edits one line in a
+tolerances, the tree step's gate wiring, generate --chat, the SPM tie order); then the newest
+code's (fixed-capacity stores' snapshots and exact capacities, replay keys, the trees' draft rows,
+the last step's drafted count, the sampling law's exact edges). Each now has a test that turns
+red without torch. This script keeps that claim checkable: it edits one line in a
 scratch copy, runs the named test file, restores the line, and prints KILLED (with the failing
 tests) or SURVIVED; it exits 1 if any mutant survives or its pattern is not found.
 
@@ -313,8 +315,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '        k_pos[:self.length] = np.arange(self.length)',
         'tests/models/test_graphs.py',
     ),
-    # ---- issue 37: the newest code's blind spots (fixed stores, replay keys, tree draft law,
-    # the last step's counts, the sampling law's boundaries)
+    # ---- fixed stores and replay keys, the trees' draft rows, the last step's counts, the
+    # sampling law's exact edges
     (
         '23a fixed store: a snapshot shares the rows rewritten after a rollback',
         'dflash_ref/models/fixed_stores.py',
