@@ -450,6 +450,13 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '        return self.temperature <= GREEDY_BELOW_TEMPERATURE',
         'tests/ops/test_sampling_bounds.py',
     ),
+    (
+        '28e oracle export: a case below the greedy threshold gated and recorded as sampled',
+        'dflash_ref/oracle/export.py',
+        '    sampled = not SamplingParams(temperature).greedy',
+        '    sampled = temperature > 0',
+        'tests/oracle/test_export_greedy_threshold.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""
