@@ -3,8 +3,10 @@
 Issue 13 listed bugs that once left the whole CPU suite green; issue 26 added the classes the
 oracle had not pinned (DFlash 2's convolutions and selector, the draft law, Gemma 4's scaled
 proportional RoPE, MoE placement and norm_topk_prob, snapshots of reused states, golden compare
-tolerances, the tree step's gate wiring, generate --chat, the SPM tie order). Each now has a test
-that turns red without torch. This script keeps that claim checkable: it edits one line in a
+tolerances, the tree step's gate wiring, generate --chat, the SPM tie order); then the newest
+code's (fixed-capacity stores' snapshots and exact capacities, replay keys, the trees' draft rows,
+the last step's drafted count, the sampling law's exact edges). Each now has a test that turns
+red without torch. This script keeps that claim checkable: it edits one line in a
 scratch copy, runs the named test file, restores the line, and prints KILLED (with the failing
 tests) or SURVIVED; it exits 1 if any mutant survives or its pattern is not found.
 
@@ -455,6 +457,148 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '        k_pos[lo:self.length] = np.arange(lo, self.length)',
         '        k_pos[:self.length] = np.arange(self.length)',
         'tests/models/test_graphs.py',
+    ),
+    # ---- fixed stores and replay keys, the trees' draft rows, the last step's counts, the
+    # sampling law's exact edges
+    (
+        '23a fixed store: a snapshot shares the rows rewritten after a rollback',
+        'dflash_ref/models/fixed_stores.py',
+        'return {self.layers[0]: (self.kv[0, :n].copy(), self.kv[1, :n].copy())}',
+        'return {self.layers[0]: (self.kv[0, :n], self.kv[1, :n])}',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '23b CUDA graphs: a replay hands out the recording\'s output buffers',
+        'dflash_ref/models/graphs.py',
+        '        return _copied(self.run(key, step))',
+        '        return self.run(key, step)',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24a fixed store: a batch ending exactly at kv_capacity refused',
+        'dflash_ref/models/fixed_stores.py',
+        '        if start + n > self.capacity:',
+        '        if start + n >= self.capacity:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24b fixed store: a snapshot of exactly kv_capacity positions refused',
+        'dflash_ref/models/fixed_stores.py',
+        '        if length > self.capacity:',
+        '        if length >= self.capacity:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24c fixed draft cache: a context ending exactly at its capacity refused',
+        'dflash_ref/models/fixed_stores.py',
+        'or b > self.capacity:',
+        'or b >= self.capacity:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '24d feature buffer: a capacity equal to the window refused',
+        'dflash_ref/models/cache.py',
+        'capacity is not None and capacity < window:',
+        'capacity is not None and capacity <= window:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '25a CUDA graphs: the replay key ignores the tap',
+        'dflash_ref/models/graphs.py',
+        '    if batch.tap is not no_tap:',
+        '    if batch.tap is None:',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '25b CUDA graphs: the draft replay key without with_hidden',
+        'dflash_ref/models/fixed_stores.py',
+        'return self.run_step((n, with_hidden), step)',
+        'return self.run_step(n, step)',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '25c recording backend: the tape leaves out a mask\'s base_pos',
+        'tests/device_counter.py',
+        '                obj.window, obj.window_mode, obj.base_pos)',
+        '                obj.window, obj.window_mode)',
+        'tests/models/test_fixed_store_bounds.py',
+    ),
+    (
+        '26a sampled tree: depth d drawn from draft row d-1',
+        'dflash_ref/spec_decode/extra_verifiers.py',
+        'q = sampling_probs(ctx.be, ctx.draft_logits()[1:ctx.block_size], law.temperature,',
+        'q = sampling_probs(ctx.be, ctx.draft_logits()[:ctx.block_size - 1], law.temperature,',
+        'tests/spec_decode/test_tree_draft_rows.py',
+    ),
+    (
+        '26b DDTree: depth d scored from draft row d-1',
+        'dflash_ref/spec_decode/extra_verifiers.py',
+        'rows = ctx.draft_logits()[1:ctx.block_size]  # [B-1, V]',
+        'rows = ctx.draft_logits()[:ctx.block_size - 1]  # [B-1, V]',
+        'tests/spec_decode/test_tree_draft_rows.py',
+    ),
+    (
+        '26c sampled tree: width children drawn whatever top-k / top-p left',
+        'dflash_ref/spec_decode/tree_sampling.py',
+        'for rank in range(min(w, int(np.count_nonzero(law)))):',
+        'for rank in range(w):',
+        'tests/spec_decode/test_tree_draft_rows.py',
+    ),
+    (
+        '27a last step: the verify block min(B, remaining) rows',
+        'dflash_ref/spec_decode/verifiers.py',
+        'block_size = min(block_size, ctx.remaining + 1)',
+        'block_size = min(block_size, ctx.remaining)',
+        'tests/spec_decode/test_last_step_counts.py',
+    ),
+    (
+        '27b last step: the verify block min(B, remaining + 2) rows',
+        'dflash_ref/spec_decode/verifiers.py',
+        'block_size = min(block_size, ctx.remaining + 1)',
+        'block_size = min(block_size, ctx.remaining + 2)',
+        'tests/spec_decode/test_last_step_counts.py',
+    ),
+    (
+        '27c last step: drafted counted as B - 1 whatever the block',
+        'dflash_ref/spec_decode/decoding.py',
+        '        self.result.drafted.append(width - 1)',
+        '        self.result.drafted.append(self.proposer.block_size - 1)',
+        'tests/spec_decode/test_last_step_counts.py',
+    ),
+    (
+        '28a sampling: the inverse CDF counts c < u * total (a zero-probability token at u = 0)',
+        'dflash_ref/ops/sampling.py',
+        '    ids = np.sum(c <= x[..., None], axis=-1)  # [...]',
+        '    ids = np.sum(c < x[..., None], axis=-1)  # [...]',
+        'tests/ops/test_sampling_bounds.py',
+    ),
+    (
+        '28b sampling: the last positive token found with >= 0',
+        'dflash_ref/ops/sampling.py',
+        'np.argmax(p[..., ::-1] > 0, axis=-1)',
+        'np.argmax(p[..., ::-1] >= 0, axis=-1)',
+        'tests/ops/test_sampling_bounds.py',
+    ),
+    (
+        '28c sampling: no fall-back when u * total rounds up to the total',
+        'dflash_ref/ops/sampling.py',
+        '    return np.minimum(ids, last_positive).astype(np.int64)',
+        '    return ids.astype(np.int64)',
+        'tests/ops/test_sampling_bounds.py',
+    ),
+    (
+        '28d sampling: T = 1e-5 itself counted greedy',
+        'dflash_ref/ops/sampling.py',
+        '        return self.temperature < GREEDY_BELOW_TEMPERATURE',
+        '        return self.temperature <= GREEDY_BELOW_TEMPERATURE',
+        'tests/ops/test_sampling_bounds.py',
+    ),
+    (
+        '28e oracle export: a case below the greedy threshold gated and recorded as sampled',
+        'dflash_ref/oracle/export.py',
+        '    sampled = not SamplingParams(temperature).greedy',
+        '    sampled = temperature > 0',
+        'tests/oracle/test_export_greedy_threshold.py',
     ),
 ]
 def scratch_copy() -> str:

@@ -22,6 +22,7 @@ import numpy as np
 
 import dflash_ref
 from dflash_ref.errors import ConfigError
+from dflash_ref.ops.sampling import SamplingParams
 from dflash_ref.oracle.conventions import conventions_in_force
 from dflash_ref.oracle.layout import (
     INPUTS_FILE,
@@ -127,7 +128,7 @@ def export_case(out, target_dir, drafter_dir, prompt_ids, max_new_tokens: int = 
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     target = TargetModel.from_pretrained(target_dir, backend=backend)
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
-    sampled = temperature > 0
+    sampled = not SamplingParams(temperature).greedy  # generate's rule: greedy below 1e-5
     gate_obj, cost, gate_spec = make_gate(gate, sampled)
     pager_obj, pager_spec = make_pager(pager)
     with _built_beside(final) as out:
@@ -196,7 +197,6 @@ def _run_and_write(out, target, drafter, target_dir, drafter_dir, prompt, max_ne
                    block_size, verify, temperature, seed, sampled, gate_obj, cost, gate_spec,
                    pager_obj, pager_spec, detail_steps, gguf, note) -> dict:
     """Run the generation under the recorder and write every file of the case into ``out``."""
-    from dflash_ref.ops.sampling import SamplingParams
     from dflash_ref.spec_decode.loop import GateOptions, generate
 
     rec = Recorder(target, drafter, detail_steps)
