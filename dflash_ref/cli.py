@@ -173,20 +173,21 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from dflash_ref.io.convert_drafter import convert_drafter
     from dflash_ref.io.convert_target import convert_target
     from dflash_ref.io.gguf_io import open_gguf
+    from dflash_ref.io.gguf_kinds import refuse_gguf_source, written_by_convert
     from dflash_ref.io.safetensors_io import open_checkpoint
+    from dflash_ref.io.writing import check_output_file  # OUT: the rule of writing.py
 
-    cli_args.existing_path(args.src, "SRC")
-    cli_args.output_file(args.out, "OUT")
+    src = refuse_gguf_source(cli_args.existing_path(args.src, "SRC"), "SRC")
+    replace = written_by_convert if args.force else None  # None: replace nothing
+    out = check_output_file(args.out, "OUT", suffix=".gguf", replace=replace)
     if args.target is not None:
         cli_args.checkpoint_directory(args.target, "--target")
-    config = open_checkpoint(args.src).config
-    if _is_drafter_config(config):
-        out = convert_drafter(args.src, args.out, args.qtype, args.naming, target=args.target,
-                              arch=args.arch, fallback=args.fallback, progress=args.progress)
+    kw = {"fallback": args.fallback, "progress": args.progress, "replace": replace}
+    if _is_drafter_config(open_checkpoint(src).config):
+        convert_drafter(src, out, args.qtype, args.naming, args.target, arch=args.arch, **kw)
         kind = f"drafter, {args.naming} naming"
     else:
-        out = convert_target(args.src, args.out, args.qtype, fallback=args.fallback,
-                             progress=args.progress)
+        convert_target(src, out, args.qtype, **kw)
         kind = "target, llama.cpp names"
     g = open_gguf(out)
     types = sorted({g.tensor_info(n).ggml_type for n in g.tensor_names})
@@ -364,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="type for matrices whose rows do not fit --qtype blocks")
     p_conv.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: only for large models)")
+    p_conv.add_argument("--force", action="store_true",
+                        help="replace OUT when it is a GGUF convert writes (never another file)")
     p_conv.set_defaults(func=cmd_convert)
     p_insp = sub.add_parser("inspect", help="metadata, tensors and derived config of a GGUF "
                             "file or checkpoint directory")
