@@ -74,3 +74,12 @@ def refuse_gguf_source(src: Path, option: str) -> Path:
                           f"the file with 'dflash-ref inspect' or check it with 'dflash-ref "
                           f"check-gguf'")
     return src
+
+
+def convert_output(out, force: bool):
+    """``convert``'s OUT checked by the rule of dflash_ref/io/writing.py before any work: (the
+    path, its ``replace`` test: :func:`written_by_convert` with ``--force``, else nothing)."""
+    from dflash_ref.io.writing import check_output_file
+
+    replace = written_by_convert if force else None
+    return check_output_file(out, "OUT", suffix=".gguf", replace=replace), replace
