@@ -276,9 +276,11 @@ def check_dflash2_layout(d: Drafter, t: GGUFFile | None) -> list[Fault]:
 
 
 def draft_vocab(d: Drafter) -> int | None:
-    """The drafter's own vocabulary: its ``output.weight`` rows, else its ``vocab_size`` key."""
+    """The rows of the drafter's own lm_head (``output.weight``); None when it borrows the
+    target's, so its vocabulary is the target's (a smaller ``vocab_size`` is then a pairing
+    fault, not a reduced vocabulary)."""
     out = d.shape("output.weight")
-    return out[0] if out is not None else d.get_int("vocab_size")
+    return out[0] if out is not None else None
 
 
 def check_draft_vocab(d: Drafter, t: GGUFFile | None) -> list[Fault]:
