@@ -10,6 +10,7 @@ writer) and changing one thing; the expected fault is the one planted.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -246,3 +247,18 @@ def test_bad_input_is_one_error_line(files, tmp_path, capsys, argv, words):
     assert len(err) == 1 and err[0].startswith("error: ") and not captured.out, err
     for w in words:
         assert w in err[0], err[0]
+
+
+def test_the_docs_quote_the_llamacpp_table_and_its_counts():
+    # catches: docs/check_gguf.md drifting from what the llamacpp test pins
+    from tests.llamacpp.test_check_gguf_llamacpp import EXPECTED, QUOTED
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "check_gguf.md").read_text()
+    rows = dict(re.findall(r"^\| (\w+) \| (refuses|crashes|runs, [a-z ]+) \|$", doc, re.M))
+    assert rows == EXPECTED
+    (drafted, accepted) = QUOTED["base"]
+    assert f"{accepted} of {drafted} drafted tokens accepted" in doc
+    for pid, words in (("ids_stored_raw_zero", "a raw-id file"),
+                       ("rope_base_differs", "a RoPE base of\n10^6")):
+        drafted, accepted = QUOTED[pid]
+        assert f"{words}: {accepted} of {drafted}" in doc
