@@ -262,3 +262,16 @@ def test_the_docs_quote_the_llamacpp_table_and_its_counts():
                        ("rope_base_differs", "a RoPE base of\n10^6")):
         drafted, accepted = QUOTED[pid]
         assert f"{words}: {accepted} of {drafted}" in doc
+
+
+def test_a_terminal_is_told_the_headers_are_being_read_and_a_pipe_is_not(files, capsys,
+                                                                          monkeypatch):
+    # catches: a silent wait on a terminal, or a progress line polluting a pipe
+    import sys
+
+    d, t = files["demo"]
+    assert main(["check-gguf", str(d)]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["check-gguf", str(d), "--target", str(t)]) == 0
+    assert capsys.readouterr().err == f"reading the GGUF headers of {d} and {t} ...\n"
