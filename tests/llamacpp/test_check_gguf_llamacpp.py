@@ -25,6 +25,9 @@ from tests.io.test_check_gguf import DEMO, PLANTS, plant
 
 pytestmark = pytest.mark.llamacpp
 
+# llama.cpp's logger may lose the summary on a loaded machine (harness.py, LlamaCpp.run): a run
+# is cheap (0.2 s), so it is repeated more often than the harness's default until it arrives
+TRIES = 20
 PROMPT = "\tdef put(self, item, block=True, timeout=None):\n"
 EXPECTED = {
     "tokenizer_missing": "refuses",
@@ -54,7 +57,7 @@ def run(llamacpp, target, drafter):
     """(return code, the text printed, (n_drafted, n_accept) or None)."""
     p = llamacpp.run("llama-speculative-simple", "-m", target, "-md", drafter, "--spec-type",
                      "draft-dflash", "--spec-draft-n-max", 7, "-n", 32, "-p", PROMPT, "--temp",
-                     "0", "-t", "1", "-c", "512", check=False, until="n_accept")
+                     "0", "-t", "1", "-c", "512", check=False, until="n_accept", tries=TRIES)
     drafted = re.search(r"n_drafted\s*=\s*(\d+)", p.stderr_text)
     accepted = re.search(r"n_accept\s*=\s*(\d+)", p.stderr_text)
     counts = (int(drafted.group(1)), int(accepted.group(1))) if drafted and accepted else None
