@@ -13,6 +13,7 @@ Subcommands:
             config, and warnings where metadata and weights disagree.
     compare-weights A B   per-tensor relative RMS / max-abs table; exit 1 on any flagged row.
     oracle export OUT | compare REF OTHER   golden vectors (docs/golden_vectors.md).
+    check-gguf FILE [--target FILE]   every fault of a DFlash drafter GGUF (docs/check_gguf.md).
 """
 
 from __future__ import annotations
@@ -173,20 +174,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from dflash_ref.io.convert_drafter import convert_drafter
     from dflash_ref.io.convert_target import convert_target
     from dflash_ref.io.gguf_io import open_gguf
+    from dflash_ref.io.gguf_kinds import convert_output, refuse_gguf_source
     from dflash_ref.io.safetensors_io import open_checkpoint
 
-    cli_args.existing_path(args.src, "SRC")
-    cli_args.output_file(args.out, "OUT")
+    src = refuse_gguf_source(cli_args.existing_path(args.src, "SRC"), "SRC")
+    out, replace = convert_output(args.out, args.force)  # the rule of io/writing.py
     if args.target is not None:
         cli_args.checkpoint_directory(args.target, "--target")
-    config = open_checkpoint(args.src).config
-    if _is_drafter_config(config):
-        out = convert_drafter(args.src, args.out, args.qtype, args.naming, target=args.target,
-                              arch=args.arch, fallback=args.fallback, progress=args.progress)
+    kw = {"fallback": args.fallback, "progress": args.progress, "replace": replace}
+    if _is_drafter_config(open_checkpoint(src).config):
+        convert_drafter(src, out, args.qtype, args.naming, args.target, arch=args.arch, **kw)
         kind = f"drafter, {args.naming} naming"
     else:
-        out = convert_target(args.src, args.out, args.qtype, fallback=args.fallback,
-                             progress=args.progress)
+        convert_target(src, out, args.qtype, **kw)
         kind = "target, llama.cpp names"
     g = open_gguf(out)
     types = sorted({g.tensor_info(n).ggml_type for n in g.tensor_names})
@@ -342,10 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.set_defaults(func=cmd_info)
     from dflash_ref.cli_generate import add_parser as add_generate
     from dflash_ref.diagnose.cli import add_explain_parser
+    from dflash_ref.io.check_gguf import add_check_gguf_parser
     from dflash_ref.oracle.cli import add_oracle_arguments
 
     add_generate(sub)
     add_explain_parser(sub)
+    add_check_gguf_parser(sub)
     from dflash_ref.io.convert_common import QTYPES
 
     p_conv = sub.add_parser("convert", help="drafter or target directory -> GGUF")
@@ -364,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="type for matrices whose rows do not fit --qtype blocks")
     p_conv.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: only for large models)")
+    p_conv.add_argument("--force", action="store_true", help="replace OUT if convert wrote it")
     p_conv.set_defaults(func=cmd_convert)
     p_insp = sub.add_parser("inspect", help="metadata, tensors and derived config of a GGUF "
                             "file or checkpoint directory")

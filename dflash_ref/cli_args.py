@@ -141,19 +141,6 @@ def checkpoint_directory(text: str | Path, option: str) -> Path:
     return path
 
 
-def output_file(text: str | Path, option: str) -> Path:
-    """A file to write: its folder must exist and the path must not be a directory."""
-    path = Path(text)
-    if path.is_dir():
-        raise ConfigError(f"{option} {path} is a directory; expected a file name such as "
-                          f"{path / 'model.gguf'}")
-    parent = path.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{option} {path}: the folder {parent} does not exist; create it first "
-                          f"(mkdir -p {parent}) or choose another path")
-    return path
-
-
 def gguf_file_or_directory(path: Path) -> bool:
     """True for a GGUF file, False for a directory; a FormatError for any other file. Reads the
     first four bytes only (never the whole file: a model can be gigabytes)."""

@@ -359,23 +359,25 @@ def test_inspect_reads_four_bytes_of_a_file_not_all_of_it(root, monkeypatch, cap
 
 def test_convert_failing_mid_write_leaves_the_old_file_and_no_partial(root, tmp_path,
                                                                        monkeypatch, capsys):
-    """``convert`` onto an existing file: a failure while writing (a full disk) keeps the old
-    file byte for byte and leaves no temporary file; a success replaces it."""
+    """``convert --force`` onto a GGUF it wrote earlier: a failure while writing (a full disk)
+    keeps the old file byte for byte and leaves no temporary file; a success replaces it. (Any
+    other existing file is never replaced: tests/test_writes.py.)"""
     import gguf
 
     out = tmp_path / "model.gguf"
-    out.write_bytes(b"the user's previous model")
+    assert main(["convert", str(root / "d"), str(out), "--qtype", "f32"]) == 0
+    capsys.readouterr()
     before = snapshot(tmp_path)
 
     def disk_full(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
-    assert main(["convert", str(root / "d"), str(out)]) == 1
+    assert main(["convert", str(root / "d"), str(out), "--force"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "No space left" in err[0]
     assert snapshot(tmp_path) == before
     monkeypatch.undo()
-    assert main(["convert", str(root / "d"), str(out)]) == 0
+    assert main(["convert", str(root / "d"), str(out), "--force"]) == 0
     assert out.read_bytes()[:4] == b"GGUF"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]

@@ -52,6 +52,8 @@ def add_explain_parser(sub) -> None:
     p.add_argument("--bucket", type=cli_args.positive_int, default=32,
                    help="context positions per bucket of the tau-by-context line")
     p.add_argument("--plot", help="write the figures (PNG) into this directory")
+    p.add_argument("--force", action="store_true", help="with --plot: replace figures an "
+                   "earlier run wrote there (never another file)")
     p.add_argument("--compare", nargs=2, metavar=("OURS", "THEIRS"),
                    help="only name the first diverging tensor and step of two golden-vector dumps")
     p.set_defaults(func=cmd_explain)
@@ -92,6 +94,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise cli_args.UsageError("give both --target and --drafter, or neither (the shipped pair)")
     if args.thinking and not args.chat:
         raise cli_args.UsageError("--thinking needs --chat")
+    if args.plot:  # refused now, not after the run (dflash_ref/io/writing.py, rule 1)
+        from dflash_ref.diagnose.plots import FIGURES, a_figure
+        from dflash_ref.io.writing import check_output_folder
+
+        check_output_folder(args.plot, "--plot", FIGURES, a_figure if args.force else None)
     target_dir = cli_args.existing_path(args.target or DEMO / "target", "--target")
     drafter_dir = cli_args.existing_path(args.drafter or DEMO / "drafter", "--drafter")
     from dflash_ref.models.drafter import DFlashDrafter
@@ -114,6 +121,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.plot:
         from dflash_ref.diagnose.plots import write_figures
 
-        for path in write_figures(report, args.plot):
+        for path in write_figures(report, args.plot, a_figure if args.force else None):
             print(f"wrote {path}")
     return 0

@@ -1,14 +1,32 @@
 """The report's figures (``dflash-ref explain --plot DIR``), with matplotlib (the ``notebooks``
-extra): one PNG each for the acceptance per block position, tau by context and the ablations."""
+extra): one PNG each for the acceptance per block position, tau by context and the ablations,
+written by the project's rule for outputs (dflash_ref/io/writing.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_ref.io.writing import NEVER, OutputFolder
 
-def write_figures(report, out_dir) -> list[Path]:
-    """Write ``acceptance.png``, ``context.png`` and ``ablations.png`` into ``out_dir`` (made if
-    missing); return their paths."""
+FIGURES = ("acceptance.png", "context.png", "ablations.png")
+
+
+def a_figure(path: Path) -> str | None:
+    """``--force``'s test for ``--plot``: only the figures ``explain`` writes are replaced."""
+    return None if path.name in FIGURES else "not a figure explain writes"
+
+
+def write_figures(report, out_dir, replace=NEVER) -> list[Path]:
+    """Write :data:`FIGURES` into ``out_dir`` (made if missing, locked while written; an
+    existing figure is replaced only where ``replace`` allows, e.g. :func:`a_figure`); return
+    their paths."""
+    with OutputFolder(out_dir, "--plot", replace=replace) as out:
+        _draw(report, out)
+        return out.commit()
+
+
+def _draw(report, out: OutputFolder) -> None:
+    """Draw the three figures into temporary files of ``out``."""
     try:
         import matplotlib
 
@@ -17,12 +35,8 @@ def write_figures(report, out_dir) -> list[Path]:
     except ImportError as exc:
         raise ImportError(f"--plot needs matplotlib ({exc}); pip install 'dflash-ref[notebooks]' "
                           f"or drop --plot") from None
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     s = report.stats
     j = list(range(1, len(s.p_at_least) + 1))
-    paths = []
-
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
     a1.plot(j, s.p_at_least, "o-", label="P(a >= j)")
     a1.plot(j, s.p_conditional, "s--", label="P(a >= j | a >= j-1)")
@@ -34,8 +48,7 @@ def write_figures(report, out_dir) -> list[Path]:
     a2.set_ylabel("steps")
     fig.suptitle(f"tau {s.tau:.2f}, acceptance rate {100 * s.acceptance_rate:.0f}%")
     fig.tight_layout()
-    paths.append(out / "acceptance.png")
-    fig.savefig(paths[-1])
+    fig.savefig(out.new("acceptance.png"), format="png")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -43,8 +56,7 @@ def write_figures(report, out_dir) -> list[Path]:
     ax.set_xlabel("context position (bucket start)")
     ax.set_ylabel("tau")
     fig.tight_layout()
-    paths.append(out / "context.png")
-    fig.savefig(paths[-1])
+    fig.savefig(out.new("context.png"), format="png")
     plt.close(fig)
 
     names = ["baseline", *[n for n, t in report.ablations.items() if t is not None]]
@@ -53,7 +65,5 @@ def write_figures(report, out_dir) -> list[Path]:
     ax.barh(names, taus)
     ax.set_xlabel("tau")
     fig.tight_layout()
-    paths.append(out / "ablations.png")
-    fig.savefig(paths[-1])
+    fig.savefig(out.new("ablations.png"), format="png")
     plt.close(fig)
-    return paths

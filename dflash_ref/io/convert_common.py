@@ -22,6 +22,7 @@ import numpy as np
 
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.gguf_io import GGUFFile, write_gguf
+from dflash_ref.io.writing import Replace, replace_any
 
 # CLI spelling -> GGML type name.
 QTYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_k": "Q4_K"}
@@ -103,11 +104,12 @@ def progress_bar(total: int, n_weights: int, desc: str, progress: bool | None):
 
 def write_converted(out_path, arch: str, loaders: dict[str, Callable[[], np.ndarray]],
                     types: dict[str, str], metadata: dict, n_weights: int,
-                    progress: bool | None) -> Path:
-    """write_gguf with lazily loaded tensors and an optional progress bar."""
+                    progress: bool | None, replace: Replace = replace_any) -> Path:
+    """write_gguf with lazily loaded tensors and an optional progress bar; ``replace``: which
+    existing file at ``out_path`` may be replaced (:mod:`dflash_ref.io.writing`)."""
     bar = progress_bar(len(loaders), n_weights, f"convert -> {Path(out_path).name}", progress)
     try:
-        return write_gguf(out_path, arch, _Lazy(loaders, bar), types, metadata)
+        return write_gguf(out_path, arch, _Lazy(loaders, bar), types, metadata, replace=replace)
     finally:
         if bar is not None:
             bar.close()

@@ -79,6 +79,7 @@ from dflash_ref.io.names import (
 )
 from dflash_ref.io.safetensors_io import open_checkpoint
 from dflash_ref.io.vocab_gguf import tokenizer_metadata
+from dflash_ref.io.writing import Replace, replace_any
 
 # User-facing naming -> the flavour of dflash_ref.io.names.
 NAMINGS = {"llama.cpp": "dflash", "dflash": "dflash", "lucebox": "lucebox"}
@@ -276,7 +277,7 @@ def _write_order(hf_name: str) -> tuple:
 
 def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama.cpp",
                     target=None, *, arch: str | None = None, fallback: str | None = None,
-                    progress: bool | None = None) -> Path:
+                    progress: bool | None = None, replace: Replace = replace_any) -> Path:
     """Convert a z-lab DFlash or DFlash 2 drafter (``config.json`` + safetensors) to GGUF.
 
     DFlash 2 (``DFlash2DraftModel``) adds the convolution and selector tensors and four size keys
@@ -296,6 +297,8 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
         arch: override the lucebox arch string (llama.cpp's is always ``dflash``).
         fallback: the type for matrices whose rows do not hold whole ``qtype`` blocks.
         progress: a tqdm bar; None shows one from 50M weights on.
+        replace: which existing file at ``out_path`` may be replaced (default any;
+            :mod:`dflash_ref.io.writing`).
     Returns:
         the written path.
     """
@@ -343,7 +346,8 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
         # the drafter's own keys (its mask token) win, as there
         metadata = {**tokenizer_metadata(target, metadata.get(f"{arch}.vocab_size")), **metadata}
     n_weights = sum(int(np.prod(s)) for s in shapes.values())
-    return write_converted(out_path, arch, loaders, types, metadata, n_weights, progress)
+    return write_converted(out_path, arch, loaders, types, metadata, n_weights, progress,
+                           replace)
 
 
 __all__ = [

@@ -61,6 +61,7 @@ from dflash_ref.io.gguf_io import GGUFFile, open_gguf
 from dflash_ref.io.llama_cpp_defaults import LLAMA_CPP_DEFAULTS_KEY, gemma3_config, head_dims
 from dflash_ref.io.safetensors_io import open_checkpoint
 from dflash_ref.io.vocab_gguf import tokenizer_metadata
+from dflash_ref.io.writing import Replace, replace_any
 
 # Our family -> llama.cpp arch (gguf.MODEL_ARCH_NAMES) and back.
 GGUF_ARCH = {"qwen3": "qwen3", "qwen3_5": "qwen35", "gemma3": "gemma3"}
@@ -258,12 +259,13 @@ def _weight_prefix(cfg: TargetConfig, names) -> str:
 
 
 def convert_target(src_dir, out_path, qtype: str = "f32", *, fallback: str | None = None,
-                   progress: bool | None = None) -> Path:
+                   progress: bool | None = None, replace: Replace = replace_any) -> Path:
     """Write a Qwen3 / Qwen3.5 / Gemma 3 checkpoint directory as a llama.cpp-style GGUF.
 
     Norms, ``ssm_a``, ``ssm_dt.bias`` and ``ssm_conv1d`` are F32; other matrices are ``qtype``
     (see :func:`~dflash_ref.io.convert_common.tensor_type` for ``fallback``). Unsupported
-    features are a ConfigError naming them. Returns the written path.
+    features are a ConfigError naming them. ``replace``: which existing file at ``out_path`` may
+    be replaced (default any; :mod:`dflash_ref.io.writing`). Returns the written path.
     """
     ggml_type = ggml_type_name(qtype)
     ckpt = open_checkpoint(src_dir)
@@ -304,7 +306,7 @@ def convert_target(src_dir, out_path, qtype: str = "f32", *, fallback: str | Non
         n_weights += int(np.prod(shape))
     arch = GGUF_ARCH[cfg.family]
     md = target_metadata(cfg, arch, ggml_type) | tokenizer_metadata(src_dir, cfg.vocab_size)
-    return write_converted(out_path, arch, loaders, types, md, n_weights, progress)
+    return write_converted(out_path, arch, loaders, types, md, n_weights, progress, replace)
 
 
 # ---------------------------------------------------------------------------------- GGUF -> HF

@@ -31,6 +31,7 @@ import numpy as np
 from dflash_ref.errors import FormatError
 from dflash_ref.io.quant import float32_to_bf16_bits, quantize_q4_k, quantize_q8_0
 from dflash_ref.io.safetensors_io import MissingTensorError, missing_tensor_message
+from dflash_ref.io.writing import Replace, new_file, replace_any
 
 GGUF_MAGIC = b"GGUF"
 WRITE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K")  # types write_gguf can produce
@@ -302,7 +303,8 @@ def _encode_tensor(name: str, x, ggml_type: str):
 
 def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
                types: str | Mapping[str, str] = "F32",
-               metadata: Mapping[str, Any] | None = None) -> Path:
+               metadata: Mapping[str, Any] | None = None, *, replace: Replace = replace_any,
+               option: str = "OUT") -> Path:
     """Write a GGUF file with ``gguf.GGUFWriter``; returns the path.
 
     Args:
@@ -312,13 +314,13 @@ def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
             Q8_0 needs the last dimension a multiple of 32, Q4_K of 256.
         metadata: full key -> value (keys are written as given: include the arch prefix);
             plain values are typed by :func:`_value_type`, or pass ``(value, "INT32")``.
+        replace: which existing file at ``path`` may be replaced (:mod:`dflash_ref.io.writing`);
+            default: any (the caller owns the path); the CLI passes its rule.
 
-    The file is written under a temporary name beside ``path`` and renamed onto it only when
-    complete: a failure (a bad tensor, a full disk, Ctrl-C) leaves ``path`` as it was.
+    The file is written under a temporary name beside ``path`` and moved onto it only when
+    complete (:func:`dflash_ref.io.writing.new_file`): a failure (a bad tensor, a full disk,
+    Ctrl-C) leaves ``path`` as it was.
     """
-    import os
-    import tempfile
-
     from gguf import GGML_QUANT_VERSION, GGUFWriter
 
     path = Path(path)
@@ -326,9 +328,7 @@ def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
     for name, x in tensors.items():
         ggml_type = types if isinstance(types, str) else types.get(name, "F32")
         encoded[name] = _encode_tensor(name, x, ggml_type)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
-    os.close(fd)
-    try:
+    with new_file(path, option, replace=replace) as tmp:
         writer = GGUFWriter(tmp, arch)
         for key, value in (metadata or {}).items():
             val, vtype, sub = _value_type(key, value)
@@ -341,11 +341,4 @@ def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the model is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

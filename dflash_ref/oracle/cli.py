@@ -36,7 +36,8 @@ def add_oracle_arguments(p: argparse.ArgumentParser) -> None:
     ex.add_argument("--backend", default="numpy", type=cli_args.backend,
                     help="numpy, cupy or auto")
     ex.add_argument("--force", action="store_true",
-                    help="replace OUT when it is a case written by export (never another folder)")
+                    help="replace the files of the case an earlier export wrote in OUT (never "
+                    "another folder or file)")
     ex.set_defaults(func=cmd_oracle)
     cp = sub.add_parser("compare", help="first tensor where another stack's dump diverges")
     cp.add_argument("ref", help="the reference case (written by export)")
@@ -73,10 +74,12 @@ def cmd_oracle(args: argparse.Namespace) -> int:
 
             return compare_eval_callback(args.ref, args.other, args.tolerance_scale)
         return compare_main(args.ref, args.other, args.tolerance_scale)
+    from dflash_ref.io.writing import check_output_folder
     from dflash_ref.oracle.export import check_replaceable, export_case, make_gate, make_pager
 
     cli_args.existing_path(args.target, "--target")
     cli_args.existing_path(args.drafter, "--drafter")
+    check_output_folder(args.out, "OUT")  # a place that can be made and written
     check_replaceable(Path(args.out), args.force)
     if args.temperature > 0 and args.seed is None:
         raise cli_args.UsageError("--temperature > 0 needs --seed S (a case must be "

@@ -4,7 +4,10 @@
 :func:`~dflash_ref.spec_decode.loop.generate` with the
 :class:`~dflash_ref.oracle.record.Recorder` as its observer, and writes ``manifest.json``,
 ``inputs.safetensors``, one ``step<NNNN>.safetensors`` per step and, on request, the models as
-GGUF in llama.cpp's naming (docs/golden_vectors.md).
+GGUF in llama.cpp's naming (docs/golden_vectors.md). The folder is written by the project's one
+rule for outputs (:mod:`dflash_ref.io.writing`): created and locked for the run, every file
+published only once all are complete, the manifest last; ``overwrite`` replaces only the files
+an earlier export's manifest names, and nothing else in the folder is touched.
 """
 
 from __future__ import annotations
@@ -12,16 +15,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 import dflash_ref
 from dflash_ref.errors import ConfigError
+from dflash_ref.io.writing import OutputError, OutputFolder, folder_contents
 from dflash_ref.ops.sampling import SamplingParams
 from dflash_ref.oracle.conventions import conventions_in_force
 from dflash_ref.oracle.layout import (
@@ -36,6 +36,8 @@ from dflash_ref.oracle.layout import (
     write_tensors,
 )
 from dflash_ref.oracle.record import Recorder
+
+GGUF_FILES = {"target": "target.gguf", "drafter": "drafter.gguf"}
 
 
 def _options(text: str | None, kind_name: str) -> tuple[str | None, dict]:
@@ -126,36 +128,39 @@ def export_case(out, target_dir, drafter_dir, prompt_ids, max_new_tokens: int = 
     final = Path(out)
     check_replaceable(final, overwrite)
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
-    target = TargetModel.from_pretrained(target_dir, backend=backend)
-    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
-    sampled = not SamplingParams(temperature).greedy  # generate's rule: greedy below 1e-5
-    gate_obj, cost, gate_spec = make_gate(gate, sampled)
-    pager_obj, pager_spec = make_pager(pager)
-    with _built_beside(final) as out:
-        return _run_and_write(out, target, drafter, target_dir, drafter_dir, prompt,
-                              max_new_tokens, block_size, verify, temperature, seed, sampled,
-                              gate_obj, cost, gate_spec, pager_obj, pager_spec, detail_steps,
-                              gguf, note)
+    with OutputFolder(final, "OUT", replace=_case_file_of(final) if overwrite else None,
+                      check=lambda folder: check_replaceable(folder, overwrite)) as folder:
+        earlier = case_files(final)
+        target = TargetModel.from_pretrained(target_dir, backend=backend)
+        drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
+        sampled = not SamplingParams(temperature).greedy  # generate's rule: greedy below 1e-5
+        gate_obj, cost, gate_spec = make_gate(gate, sampled)
+        pager_obj, pager_spec = make_pager(pager)
+        manifest = _run_and_write(folder, target, drafter, target_dir, drafter_dir, prompt,
+                                  max_new_tokens, block_size, verify, temperature, seed, sampled,
+                                  gate_obj, cost, gate_spec, pager_obj, pager_spec, detail_steps,
+                                  gguf, note)
+        folder.commit(remove=earlier)
+    return manifest
 
 
 def check_replaceable(out: Path, overwrite: bool) -> None:
-    """Refuse to write ``out`` where that could lose something a user owns.
+    """Refuse to write the case folder ``out`` where that could mix it with what a user owns.
 
     An absent or empty folder is written; a non-empty one only with ``overwrite`` and only when
     it is an exported case (it holds ``manifest.json``) and not the current directory (or one of
-    its parents), the home directory, a repository root or a filesystem root.
+    its parents), the home directory, a repository root or a filesystem root. Even then only
+    the files its manifest names are replaced (:func:`case_files`); anything else stays.
     """
     if not out.exists():
-        if not out.parent.is_dir():
-            out.parent.mkdir(parents=True)
         return
     if not out.is_dir():
-        raise FileExistsError(f"{out} is a file, not a case directory; choose another OUT")
-    if not any(out.iterdir()):
+        raise OutputError(f"{out} is a file, not a case directory; choose another OUT")
+    if not folder_contents(out):
         return
     if not overwrite:
-        raise FileExistsError(f"{out} is not empty; pass overwrite=True (--force) to replace an "
-                              f"exported case, or choose another OUT")
+        raise OutputError(f"{out} is not empty; pass overwrite=True (--force) to replace an "
+                          f"exported case, or choose another OUT")
     where = out.resolve()
     refusals = [
         (where == Path(where.anchor), "a filesystem root"),
@@ -167,30 +172,33 @@ def check_replaceable(out: Path, overwrite: bool) -> None:
     ]
     for refused, what in refusals:
         if refused:
-            raise FileExistsError(f"{out} is {what}; --force replaces only a case directory "
-                                  f"written by 'dflash-ref oracle export'; choose another OUT")
+            raise OutputError(f"{out} is {what}; --force replaces only a case directory "
+                              f"written by 'dflash-ref oracle export'; choose another OUT")
 
 
-@contextmanager
-def _built_beside(final: Path):
-    """Yield a temporary sibling of ``final`` to write into; on success it replaces ``final``
-    (the old case is removed only once the new one is complete), on failure it is removed."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the case is an ordinary folder
+def case_files(folder: Path) -> set[str]:
+    """The names of the files an earlier export wrote in ``folder``, as its manifest lists them
+    (the manifest, every tensor file, the GGUF files); empty where there is no manifest."""
     try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if final.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
-        os.replace(final, old / final.name)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old)
+        m = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(m, dict):
+        return set()
+    names = {MANIFEST} | {t.get("file") for t in m.get("tensors") or [] if isinstance(t, dict)}
+    names |= {GGUF_FILES[k] for k, v in (m.get("gguf") or {}).items()
+              if k in GGUF_FILES and str(v).startswith(GGUF_FILES[k])}
+    return {n for n in names if isinstance(n, str) and n and Path(n).name == n}
+
+
+def _case_file_of(folder: Path):
+    """``replace`` for the case folder: a file the earlier export wrote (writing.py, rule 2)."""
+    def replace(path: Path) -> str | None:
+        if path.name in case_files(folder):
+            return None
+        return "not a file of the exported case (its manifest does not name it)"
+
+    return replace
 
 
 def _run_and_write(out, target, drafter, target_dir, drafter_dir, prompt, max_new_tokens,
@@ -207,12 +215,12 @@ def _run_and_write(out, target, drafter, target_dir, drafter_dir, prompt, max_ne
     tensors = rec.finished()
     inputs = {tensor_key(None, "", "prompt_ids"): prompt,
               tensor_key(None, "", "prompt_positions"): np.arange(prompt.size, dtype=np.int64)}
-    write_tensors(out / INPUTS_FILE, inputs)
+    write_tensors(out.new(INPUTS_FILE), inputs)
     by_step: dict[int, dict] = {}
     for key, arr in tensors.items():
         by_step.setdefault(parse_key(key).step, {})[key] = arr
     for step, group in by_step.items():
-        write_tensors(out / step_file(step), group)
+        write_tensors(out.new(step_file(step)), group)
     order = [{"key": k, "file": INPUTS_FILE if parse_key(k).step is None
               else step_file(parse_key(k).step), "dtype": str(a.dtype),
               "shape": list(a.shape), "kind": kind_of(k)}
@@ -244,11 +252,11 @@ def _run_and_write(out, target, drafter, target_dir, drafter_dir, prompt, max_ne
     }
     if gguf:
         manifest["gguf"] = _write_gguf(out, target_dir, drafter_dir)
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    out.new(MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")  # last: published last
     return manifest
 
 
-def _write_gguf(out: Path, target_dir, drafter_dir) -> dict:
+def _write_gguf(out, target_dir, drafter_dir) -> dict:
     """The same weights as GGUF in llama.cpp's naming (f32: identical values)."""
     from dflash_ref.errors import DFlashRefError
     from dflash_ref.io.convert_drafter import convert_drafter
@@ -256,10 +264,11 @@ def _write_gguf(out: Path, target_dir, drafter_dir) -> dict:
 
     files = {}
     try:
-        convert_target(target_dir, out / "target.gguf", "f32")
+        convert_target(target_dir, out.new(GGUF_FILES["target"]), "f32")
         files["target"] = "target.gguf"
     except DFlashRefError as exc:  # a family llama.cpp has no arch for: say so in the case
         files["target"] = f"not written: {exc}"
-    convert_drafter(drafter_dir, out / "drafter.gguf", "f32", "llama.cpp", target=target_dir)
+    convert_drafter(drafter_dir, out.new(GGUF_FILES["drafter"]), "f32", "llama.cpp",
+                    target=target_dir)
     files["drafter"] = "drafter.gguf (arch dflash: target_layers = HF id + 1)"
     return files
