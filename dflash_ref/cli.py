@@ -73,11 +73,26 @@ def demo_dirs() -> tuple[Path, Path]:
     return root / "target", root / "drafter"
 
 
+def check_pair(args: argparse.Namespace, target_dir: Path, drafter_dir: Path, prompt) -> None:
+    """The demo's pair and run checked from config.json and the safetensors headers, before a
+    weight is read: the drafter against the target, the prompt's ids in the vocabulary, prompt +
+    ``--max-new-tokens`` within the target's positions, ``--block-size`` within the drafter's
+    trained block."""
+    from dflash_ref.cli_generate import check_run
+    from dflash_ref.io.pair_configs import drafter_config_of, target_config_of
+    from dflash_ref.models.loading import check_supported
+
+    target = target_config_of(target_dir)
+    check_supported(target)
+    cli_args.check_ids_in_vocabulary(prompt, target.vocab_size, "--prompt")
+    check_run(args, target, drafter_config_of(drafter_dir, target), len(prompt))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Plain vs speculative decoding: the text with accepted drafts marked, then a table; exit 1
     if the outputs differ."""
     from dflash_ref import demo_text
-    from dflash_ref.cli_generate import run_timed
+    from dflash_ref.cli_generate import Status, run_timed
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
     from dflash_ref.spec_decode.warmup import warm_up
@@ -98,15 +113,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"error: --text needs a byte-level target (a tokenizer.json mapping byte b to id "
               f"b); {target_dir} has none, give --prompt ids", file=sys.stderr)
         return 2
-    target = TargetModel.from_pretrained(target_dir, backend=args.backend)
-    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     if args.prompt:
         prompt = list(args.prompt)
-        cli_args.check_ids_in_vocabulary(prompt, target.config.vocab_size, "--prompt")
     elif as_bytes:
         prompt = demo_text.encode_text(DEMO_TEXT if args.text is None else args.text)
     else:
         prompt = list(DEMO_PROMPT)
+    status = Status()
+    status.say(f"loading {target_dir}")
+    check_pair(args, target_dir, drafter_dir, prompt)  # from config.json and headers
+    target = TargetModel.from_pretrained(target_dir, backend=args.backend)
+    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
+    status.clear()
     print(f"target  {target_dir}  ({target.config.family}, {target.config.num_hidden_layers} "
           f"layers, hidden {target.config.hidden_size}, vocab {target.config.vocab_size})")
     print(f"drafter {drafter_dir}  (block {drafter.block_size}, captures "
@@ -121,8 +139,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # A small model's products are too small to gain from BLAS threads, and threads of several
     # processes oversubscribe a busy machine (1.1x instead of 2-3x speedups, measured).
     with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():
+        # The table compares two modes: each is timed after an untimed run of both, so that
+        # neither pays the one-time costs (compiles, BLAS threads; spec_decode/warmup.py).
+        status.say("warming up (untimed)")
         warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
                 state=state)
+        status.clear()
         plain = run_timed(target, None, prompt, args, "plain", state)
         speculative = run_timed(target, drafter, prompt, args, "speculative", state)
     colour = sys.stdout.isatty()
