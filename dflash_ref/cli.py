@@ -119,12 +119,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         prompt = demo_text.encode_text(DEMO_TEXT if args.text is None else args.text)
     else:
         prompt = list(DEMO_PROMPT)
-    status = Status()
-    status.say(f"loading {target_dir}")
-    check_pair(args, target_dir, drafter_dir, prompt)  # from config.json and headers
-    target = TargetModel.from_pretrained(target_dir, backend=args.backend)
-    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
-    status.clear()
+    with Status() as status:  # cleared before anything else is printed, an error included
+        status.say(f"loading {target_dir}")
+        check_pair(args, target_dir, drafter_dir, prompt)  # from config.json and headers
+        target = TargetModel.from_pretrained(target_dir, backend=args.backend)
+        drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     print(f"target  {target_dir}  ({target.config.family}, {target.config.num_hidden_layers} "
           f"layers, hidden {target.config.hidden_size}, vocab {target.config.vocab_size})")
     print(f"drafter {drafter_dir}  (block {drafter.block_size}, captures "
@@ -141,10 +140,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():
         # The table compares two modes: each is timed after an untimed run of both, so that
         # neither pays the one-time costs (compiles, BLAS threads; spec_decode/warmup.py).
-        status.say("warming up (untimed)")
-        warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
-                state=state)
-        status.clear()
+        with Status() as status:
+            status.say("warming up (untimed)")
+            warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
+                    state=state)
         plain = run_timed(target, None, prompt, args, "plain", state)
         speculative = run_timed(target, drafter, prompt, args, "speculative", state)
     colour = sys.stdout.isatty()

@@ -166,25 +166,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
     d = cli_args.existing_path(args.drafter, "--drafter") if args.drafter else None
     check_options(args)
     template = read_chat_template(args.chat_template) if args.chat_template else None
-    status = Status()
     t0 = time.perf_counter()
-    status.say(f"loading {target_path.name}: metadata and tokenizer")
-    source, tok = _open(target_path)
-    ids = _prompt_ids(args, tok, template)
-    target_cfg = target_config_of(source)  # every check below reads metadata, no weight
-    check_supported(target_cfg)
-    cli_args.check_ids_in_vocabulary(ids, target_cfg.vocab_size, "--prompt")
-    drafter_cfg = drafter_config_of(d, target_cfg) if d is not None else None
-    check_run(args, target_cfg, drafter_cfg, len(ids))
-    status.say(f"loading {target_path.name}: weights")
-    target = _load(source, args.backend)
-    drafter = None
-    if d is not None:
-        status.say(f"loading {d.name}")
-        drafter = (DFlashDrafter.from_pretrained(d, target) if d.is_dir()
-                   else DFlashDrafter.from_gguf(d, target))
+    with Status() as status:  # cleared before anything else is printed, an error included
+        status.say(f"loading {target_path.name}: metadata and tokenizer")
+        source, tok = _open(target_path)
+        ids = _prompt_ids(args, tok, template)
+        target_cfg = target_config_of(source)  # every check below reads metadata, no weight
+        check_supported(target_cfg)
+        cli_args.check_ids_in_vocabulary(ids, target_cfg.vocab_size, "--prompt")
+        drafter_cfg = drafter_config_of(d, target_cfg) if d is not None else None
+        check_run(args, target_cfg, drafter_cfg, len(ids))
+        status.say(f"loading {target_path.name}: weights")
+        target = _load(source, args.backend)
+        drafter = None
+        if d is not None:
+            status.say(f"loading {d.name}")
+            drafter = (DFlashDrafter.from_pretrained(d, target) if d.is_dir()
+                       else DFlashDrafter.from_gguf(d, target))
     load_s = time.perf_counter() - t0
-    status.clear()
     stream, rate = _Stream(tok, ids), StepRate()
     if not args.chat:  # the prompt as the tokenizer reads it back, then the continuation
         print(stream.shown, end="", flush=True)
@@ -217,6 +216,12 @@ class Status:
         if self.on:
             self.stream.write("\r\033[K")
             self.stream.flush()
+
+    def __enter__(self) -> Status:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.clear()
 
 
 class StepRate(Observer):

@@ -37,6 +37,8 @@ def pair(tmp_path_factory):
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")
     tok.save(str(t / "tokenizer.json"))
+    wide = write_tiny_target(root / "wide_t", "qwen3", seed=7, hidden_size=96)
+    write_tiny_drafter(root / "wide_d", wide, seed=8)
     return t, d
 
 
@@ -90,6 +92,17 @@ def test_generate_on_a_terminal_says_what_loads_with_a_bar(pair):
     assert "tensor" in err and "%|" in err  # tqdm's bar: "loading t:  50%|#####  | 5/10 ..."
     assert err.endswith("\r\x1b[K")  # cleared before the continuation is printed
     assert "tok/s after the first step" in out
+
+
+def test_an_error_on_a_terminal_starts_its_own_line(pair):
+    """The status line is cleared before the error: the line reads 'error: ...', not
+    'loading t: metadata and tokenizer ...error: ...'."""
+    t, d = pair
+    status, _, err = run_on_a_terminal(_cmd("generate", "--target", t, "--drafter",
+                                            t.parent / "wide_d", "--prompt", "w3"))
+    assert status == 1
+    last = err.split("\x1b[K")[-1]  # what stays on the screen after the last clear
+    assert last.startswith("error: ") and "hidden_size 96" in last, repr(err)
 
 
 def test_generate_in_a_pipe_keeps_stderr_empty(pair):
