@@ -138,9 +138,10 @@ def check_options(args: argparse.Namespace) -> None:
     given = [o for o, v in (("--verify", args.verify), ("--block-size", args.block_size))
              if v is not None]
     if args.drafter is None and given:
-        raise cli_args.UsageError(f"{' and '.join(given)} set how a drafter's block is verified,"
-                                  f" but without --drafter generate decodes plainly; add "
-                                  f"--drafter PATH or leave {' and '.join(given)} out")
+        named = " and ".join(given)
+        raise cli_args.UsageError(f"{named} {'apply' if len(given) > 1 else 'applies'} to "
+                                  f"speculative decoding, and without --drafter generate "
+                                  f"decodes plainly; add --drafter PATH or leave {named} out")
 
 
 def check_run(args: argparse.Namespace, target, drafter, n_prompt: int) -> None:
