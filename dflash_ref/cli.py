@@ -73,26 +73,11 @@ def demo_dirs() -> tuple[Path, Path]:
     return root / "target", root / "drafter"
 
 
-def check_pair(args: argparse.Namespace, target_dir: Path, drafter_dir: Path, prompt) -> None:
-    """The demo's pair and run checked from config.json and the safetensors headers, before a
-    weight is read: the drafter against the target, the prompt's ids in the vocabulary, prompt +
-    ``--max-new-tokens`` within the target's positions, ``--block-size`` within the drafter's
-    trained block."""
-    from dflash_ref.cli_generate import check_run
-    from dflash_ref.io.pair_configs import drafter_config_of, target_config_of
-    from dflash_ref.models.loading import check_supported
-
-    target = target_config_of(target_dir)
-    check_supported(target)
-    cli_args.check_ids_in_vocabulary(prompt, target.vocab_size, "--prompt")
-    check_run(args, target, drafter_config_of(drafter_dir, target), len(prompt))
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Plain vs speculative decoding: the text with accepted drafts marked, then a table; exit 1
     if the outputs differ."""
     from dflash_ref import demo_text
-    from dflash_ref.cli_generate import Status, run_timed
+    from dflash_ref.cli_generate import Status, check_pair, run_timed
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
     from dflash_ref.spec_decode.warmup import warm_up
@@ -113,12 +98,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"error: --text needs a byte-level target (a tokenizer.json mapping byte b to id "
               f"b); {target_dir} has none, give --prompt ids", file=sys.stderr)
         return 2
-    if args.prompt:
-        prompt = list(args.prompt)
-    elif as_bytes:
-        prompt = demo_text.encode_text(DEMO_TEXT if args.text is None else args.text)
-    else:
-        prompt = list(DEMO_PROMPT)
+    prompt = (list(args.prompt) if args.prompt else list(DEMO_PROMPT) if not as_bytes
+              else demo_text.encode_text(DEMO_TEXT if args.text is None else args.text))
     with Status() as status:  # cleared before anything else is printed, an error included
         status.say(f"loading {target_dir}")
         check_pair(args, target_dir, drafter_dir, prompt)  # from config.json and headers
@@ -138,9 +119,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # A small model's products are too small to gain from BLAS threads, and threads of several
     # processes oversubscribe a busy machine (1.1x instead of 2-3x speedups, measured).
     with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():
-        # The table compares two modes: each is timed after an untimed run of both, so that
-        # neither pays the one-time costs (compiles, BLAS threads; spec_decode/warmup.py).
-        with Status() as status:
+        with Status() as status:  # the table compares modes: neither pays one-time costs
             status.say("warming up (untimed)")
             warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
                     state=state)

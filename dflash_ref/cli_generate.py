@@ -144,6 +144,20 @@ def check_options(args: argparse.Namespace) -> None:
                                   f"decodes plainly; add --drafter PATH or leave {named} out")
 
 
+def check_pair(args: argparse.Namespace, source, drafter_path: Path | None, ids) -> None:
+    """The pair and the run checked from metadata, before a weight is read: the target (a
+    checkpoint directory or an opened GGUF) supported, the prompt's ids in its vocabulary, the
+    drafter against it (:mod:`dflash_ref.io.pair_configs`), then :func:`check_run`."""
+    from dflash_ref.io.pair_configs import drafter_config_of, target_config_of
+    from dflash_ref.models.loading import check_supported
+
+    target = target_config_of(source)
+    check_supported(target)
+    cli_args.check_ids_in_vocabulary(ids, target.vocab_size, "--prompt")
+    drafter = drafter_config_of(drafter_path, target) if drafter_path is not None else None
+    check_run(args, target, drafter, len(ids))
+
+
 def check_run(args: argparse.Namespace, target, drafter, n_prompt: int) -> None:
     """The run against the pair's configs, before a weight is read: the prompt and
     ``--max-new-tokens`` within the target's positions, ``--block-size`` within the drafter's
@@ -156,9 +170,7 @@ def check_run(args: argparse.Namespace, target, drafter, n_prompt: int) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dflash_ref.io.pair_configs import drafter_config_of, target_config_of
     from dflash_ref.models.drafter import DFlashDrafter
-    from dflash_ref.models.loading import check_supported
     from dflash_ref.ops.sampling import SamplingParams
     from dflash_ref.spec_decode.loop import generate
     from dflash_ref.spec_decode.observe import Observers, Stream
@@ -172,11 +184,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         status.say(f"loading {target_path.name}: metadata and tokenizer")
         source, tok = _open(target_path)
         ids = _prompt_ids(args, tok, template)
-        target_cfg = target_config_of(source)  # every check below reads metadata, no weight
-        check_supported(target_cfg)
-        cli_args.check_ids_in_vocabulary(ids, target_cfg.vocab_size, "--prompt")
-        drafter_cfg = drafter_config_of(d, target_cfg) if d is not None else None
-        check_run(args, target_cfg, drafter_cfg, len(ids))
+        check_pair(args, source, d, ids)  # metadata only: no weight read yet
         status.say(f"loading {target_path.name}: weights")
         target = _load(source, args.backend)
         drafter = None
