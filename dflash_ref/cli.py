@@ -78,7 +78,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Plain vs speculative decoding: the text with accepted drafts marked, then a table; exit 1
     if the outputs differ."""
     from dflash_ref import demo_text
-    from dflash_ref.cli_generate import run_timed
+    from dflash_ref.cli_generate import Status, check_pair, run_timed
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
     from dflash_ref.spec_decode.warmup import warm_up
@@ -99,15 +99,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"error: --text needs a byte-level target (a tokenizer.json mapping byte b to id "
               f"b); {target_dir} has none, give --prompt ids", file=sys.stderr)
         return 2
-    target = TargetModel.from_pretrained(target_dir, backend=args.backend)
-    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
-    if args.prompt:
-        prompt = list(args.prompt)
-        cli_args.check_ids_in_vocabulary(prompt, target.config.vocab_size, "--prompt")
-    elif as_bytes:
-        prompt = demo_text.encode_text(DEMO_TEXT if args.text is None else args.text)
-    else:
-        prompt = list(DEMO_PROMPT)
+    prompt = (list(args.prompt) if args.prompt else list(DEMO_PROMPT) if not as_bytes
+              else demo_text.encode_text(DEMO_TEXT if args.text is None else args.text))
+    with Status() as status:  # cleared before anything else is printed, an error included
+        status.say(f"loading {target_dir}")
+        check_pair(args, target_dir, drafter_dir, prompt)  # from config.json and headers
+        target = TargetModel.from_pretrained(target_dir, backend=args.backend)
+        drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     print(f"target  {target_dir}  ({target.config.family}, {target.config.num_hidden_layers} "
           f"layers, hidden {target.config.hidden_size}, vocab {target.config.vocab_size})")
     print(f"drafter {drafter_dir}  (block {drafter.block_size}, captures "
@@ -122,8 +120,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # A small model's products are too small to gain from BLAS threads, and threads of several
     # processes oversubscribe a busy machine (1.1x instead of 2-3x speedups, measured).
     with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():
-        warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
-                state=state)
+        with Status() as status:  # the table compares modes: neither pays one-time costs
+            status.say("warming up (untimed)")
+            warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,
+                    state=state)
         plain = run_timed(target, None, prompt, args, "plain", state)
         speculative = run_timed(target, drafter, prompt, args, "speculative", state)
     colour = sys.stdout.isatty()

@@ -167,8 +167,12 @@ def check_ids_in_vocabulary(ids, vocab_size: int, option: str) -> None:
 
 
 def check_positions(n_prompt: int, max_new_tokens: int, max_positions: int | None) -> None:
-    """Prompt + continuation within the target's trained positions (``max_position_embeddings``):
-    past them the output is not what the model was trained to give."""
+    """Prompt + continuation within the target's trained positions (``max_position_embeddings``
+    L, a GGUF's ``context_length``): past them the output is not what the model was trained to
+    give. The N prompt tokens sit at positions 0..N-1 and the M new ones at N..N+M-1, and the
+    model was trained on 0..L-1: so N + M == L is the longest run allowed, N + M == L + 1 the
+    first refused. (A last verify block may compute rows past N+M-1; they are cut, and causal
+    attention keeps them from changing an emitted token.)"""
     if max_positions and n_prompt + max_new_tokens > max_positions:
         raise ConfigError(f"{n_prompt} prompt tokens + --max-new-tokens {max_new_tokens} = "
                           f"{n_prompt + max_new_tokens} positions, past the target's "

@@ -10,18 +10,27 @@ in a directory, or the GGUF's ``tokenizer.ggml.*`` metadata); ``--chat`` wraps i
 message with the checkpoint's chat template (its BOS comes from the template, so none is added
 again); ``--chat-template`` gives the template for a checkpoint that has none (a jinja file, or
 a name shipped in ``dflash_ref/data/chat_templates``, e.g. ``gemma3`` for the Gemma 3 instruct
-models). Every argument is checked before a model loads (dflash_ref/cli_args.py), the loaded
-pair's prompt length and positions before anything is printed. The continuation streams as it
-is produced, then one line of statistics.
+models).
+
+Every check runs before a weight is read: the options from the command line alone
+(:func:`check_options`; ``--verify`` and ``--block-size`` need ``--drafter``), then the pair
+from its metadata (:mod:`dflash_ref.io.pair_configs`: the drafter against the target, the
+prompt's ids in the vocabulary, prompt + ``--max-new-tokens`` within the target's positions,
+:func:`check_run`). On a terminal one status line on stderr says what is loading, with the
+loaders' progress bars over the weights; in a pipe stderr stays quiet. The continuation streams
+as it is produced, then one line of statistics: its tok/s is measured in the run itself, after
+its first step (:class:`StepRate`): no untimed warm-up run.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from dflash_ref import cli_args
+from dflash_ref.spec_decode.observe import Observer
 
 
 def add_parser(sub) -> None:
@@ -39,8 +48,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=cli_args.seed, default=None,
                    help="required when --temperature > 0")
     p.add_argument("--backend", default="auto", type=cli_args.backend, help="auto, numpy or cupy")
-    p.add_argument("--block-size", type=cli_args.positive_int, default=None)
-    p.add_argument("--verify", default="chain", choices=["chain", "tree"])
+    p.add_argument("--block-size", type=cli_args.positive_int, default=None,
+                   help="with --drafter: the verify block (default: the drafter's trained one)")
+    p.add_argument("--verify", default=None, choices=["chain", "tree"],
+                   help="with --drafter: chain (default) or tree (DDTree)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -117,50 +128,136 @@ def _prompt_ids(args, tok, template: str | None) -> list[int]:
     return tok.encode(text, add_bos=False)  # the template writes its own BOS
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """The options that fit together, from the command line alone (nothing opened yet)."""
+    if args.temperature > 0 and args.seed is None:
+        raise cli_args.UsageError("--temperature > 0 needs --seed S (sampled output must be "
+                                  "reproducible); add e.g. --seed 0")
+    if args.chat_template is not None and not args.chat:
+        raise cli_args.UsageError("--chat-template is used only with --chat; add --chat")
+    given = [o for o, v in (("--verify", args.verify), ("--block-size", args.block_size))
+             if v is not None]
+    if args.drafter is None and given:
+        named = " and ".join(given)
+        raise cli_args.UsageError(f"{named} {'apply' if len(given) > 1 else 'applies'} to "
+                                  f"speculative decoding, and without --drafter generate "
+                                  f"decodes plainly; add --drafter PATH or leave {named} out")
+
+
+def check_pair(args: argparse.Namespace, source, drafter_path: Path | None, ids) -> None:
+    """The pair and the run checked from metadata, before a weight is read: the target (a
+    checkpoint directory or an opened GGUF) supported, the prompt's ids in its vocabulary, the
+    drafter against it (:mod:`dflash_ref.io.pair_configs`), then :func:`check_run`."""
+    from dflash_ref.io.pair_configs import drafter_config_of, target_config_of
+    from dflash_ref.models.loading import check_supported
+
+    target = target_config_of(source)
+    check_supported(target)
+    cli_args.check_ids_in_vocabulary(ids, target.vocab_size, "--prompt")
+    drafter = drafter_config_of(drafter_path, target) if drafter_path is not None else None
+    check_run(args, target, drafter, len(ids))
+
+
+def check_run(args: argparse.Namespace, target, drafter, n_prompt: int) -> None:
+    """The run against the pair's configs, before a weight is read: the prompt and
+    ``--max-new-tokens`` within the target's positions, ``--block-size`` within the drafter's
+    trained block (``target``, ``drafter``: TargetConfig, DrafterConfig or None)."""
+    cli_args.check_positions(n_prompt, args.max_new_tokens, target.max_position_embeddings)
+    if drafter is not None and args.block_size and args.block_size > drafter.block_size:
+        raise cli_args.UsageError(f"--block-size {args.block_size} exceeds the drafter's "
+                                  f"trained block size {drafter.block_size}; give at most "
+                                  f"{drafter.block_size}, or leave --block-size out")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.ops.sampling import SamplingParams
     from dflash_ref.spec_decode.loop import generate
-    from dflash_ref.spec_decode.observe import Stream
-    from dflash_ref.spec_decode.warmup import warm_up
+    from dflash_ref.spec_decode.observe import Observers, Stream
 
     target_path = cli_args.existing_path(args.target, "--target")
     d = cli_args.existing_path(args.drafter, "--drafter") if args.drafter else None
-    if args.temperature > 0 and args.seed is None:
-        raise cli_args.UsageError("--temperature > 0 needs --seed S (sampled output must be "
-                          "reproducible); add e.g. --seed 0")
-    if args.chat_template is not None and not args.chat:
-        raise cli_args.UsageError("--chat-template is used only with --chat; add --chat")
+    check_options(args)
     template = read_chat_template(args.chat_template) if args.chat_template else None
     t0 = time.perf_counter()
-    source, tok = _open(target_path)
-    ids = _prompt_ids(args, tok, template)
-    target = _load(source, args.backend)
-    drafter = None
-    if d is not None:
-        drafter = (DFlashDrafter.from_pretrained(d, target) if d.is_dir()
-                   else DFlashDrafter.from_gguf(d, target))
+    with Status() as status:  # cleared before anything else is printed, an error included
+        status.say(f"loading {target_path.name}: metadata and tokenizer")
+        source, tok = _open(target_path)
+        ids = _prompt_ids(args, tok, template)
+        check_pair(args, source, d, ids)  # metadata only: no weight read yet
+        status.say(f"loading {target_path.name}: weights")
+        target = _load(source, args.backend)
+        drafter = None
+        if d is not None:
+            status.say(f"loading {d.name}")
+            drafter = (DFlashDrafter.from_pretrained(d, target) if d.is_dir()
+                       else DFlashDrafter.from_gguf(d, target))
     load_s = time.perf_counter() - t0
-    cli_args.check_positions(len(ids), args.max_new_tokens,
-                             target.config.max_position_embeddings)
-    warm_up(target, drafter, ids, block_size=args.block_size, verify=args.verify)  # untimed
-    stream = _Stream(tok, ids)
+    stream, rate = _Stream(tok, ids), StepRate()
     if not args.chat:  # the prompt as the tokenizer reads it back, then the continuation
         print(stream.shown, end="", flush=True)
-    t1 = time.perf_counter()
     res = generate(target, drafter, ids, args.max_new_tokens,
                    sampling=SamplingParams(args.temperature, seed=args.seed),
-                   block_size=args.block_size, verify=args.verify,
+                   block_size=args.block_size, verify=args.verify or "chain",
                    stop_token_ids=[t for t in (tok.eos_token_id,) if t is not None],
-                   observer=Stream(stream.add))
-    wall = time.perf_counter() - t1
+                   observer=Observers(Stream(stream.add), rate))
     print()
-    rate = len(res.tokens) / max(wall, 1e-9)
     print(f"[{len(res.tokens)} tokens, tau {res.tau:.2f}, acceptance {res.acceptance_rate:.1%}, "
-          f"{res.target_forward_passes} target forwards, {rate:.1f} tok/s after a warm-up; "
-          f"load {load_s:.1f} s; "
-          f"backend {target.be.name}]")
+          f"{res.target_forward_passes} target forwards, {rate.describe()}; "
+          f"load {load_s:.1f} s; backend {target.be.name}]")
     return 0
+
+
+class Status:
+    """One line of progress on stderr, rewritten in place, when stderr is a terminal (quiet in
+    a pipe or a file). The loaders' tqdm bars draw on the same line while they read weights."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.on = self.stream.isatty()
+
+    def say(self, text: str) -> None:
+        if self.on:
+            self.stream.write(f"\r\033[K{text} ...")
+            self.stream.flush()
+
+    def clear(self) -> None:
+        if self.on:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+    def __enter__(self) -> Status:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.clear()
+
+
+class StepRate(Observer):
+    """Tokens per second after the run's first step, in the timed run itself (no warm-up run).
+
+    The prefill and the first step pay the one-time costs (BLAS threads started, CuPy kernels
+    compiled, caches allocated) that an untimed warm-up run used to absorb; the rate counts the
+    tokens of the later steps over the time since the first step emitted. A run of fewer than
+    three emits (prefill, first step, one more) is timed whole, and says so.
+    """
+
+    def __init__(self):
+        self.t_start = time.perf_counter()
+        self.times: list[float] = []  # when each emit came (the prefill's token first)
+        self.counts: list[int] = []
+
+    def on_emit(self, ids) -> None:
+        self.times.append(time.perf_counter())
+        self.counts.append(len(ids))
+
+    def describe(self) -> str:
+        if len(self.times) < 3:
+            wall = (self.times[-1] if self.times else time.perf_counter()) - self.t_start
+            rate = sum(self.counts) / max(wall, 1e-9)
+            return f"{rate:.1f} tok/s (the whole run, first step included)"
+        rate = sum(self.counts[2:]) / max(self.times[-1] - self.times[1], 1e-9)
+        return f"{rate:.1f} tok/s after the first step"
 
 
 class _Stream:
@@ -193,7 +290,8 @@ def run_timed(target, drafter, prompt, args, label: str, state=None):
         from tqdm.auto import tqdm
     except ImportError:  # the progress bar is optional
         tqdm = None
-    bar = tqdm(total=args.max_new_tokens, desc=label, leave=False) if tqdm else None
+    bar = (tqdm(total=args.max_new_tokens, desc=label, leave=False, disable=None)  # None: off
+           if tqdm else None)  # when stderr is not a terminal
     if state is not None:  # reused (its captured steps with it): emptied first
         state.truncate(0)
     res = generate(target, drafter, prompt, args.max_new_tokens, block_size=args.block_size,

@@ -292,3 +292,38 @@ def test_nan_weight_plain_run_blames_the_weights_not_the_drafter(tmp_path):
     assert "NaN or inf weight in the target" in msg and "check_finite=True" in msg
     assert "no drafter made these logits" in msg
     assert "drafter read features" not in msg
+
+
+# (case id, call(target, drafter), words the TypeError must hold). Each was a bare
+# AttributeError ('TargetModel' object has no attribute 'block_size', 'dict' object has no
+# attribute 'greedy') raised deep in the loop; the message names the fix.
+ROLE_CASES = [
+    ("drafter_and_target_swapped", lambda t, d: generate(d, t, [1, 2], 4),
+     ["first argument is a drafter", "TargetModel first"]),
+    ("target_twice", lambda t, d: generate(t, t, [1, 2], 4),
+     ["drafter must be a DFlashDrafter", "got TargetModel"]),
+    ("drafter_path_not_loaded", lambda t, d: generate(t, str(DEMO / "drafter"), [1, 2], 4),
+     ["drafter must be a DFlashDrafter", "got str", "DFlashDrafter.from_pretrained"]),
+    ("target_path_not_loaded", lambda t, d: generate(str(DEMO / "target"), None, [1, 2], 4),
+     ["target must be a loaded TargetModel", "got str", "TargetModel.from_pretrained"]),
+    ("sampling_as_a_dict", lambda t, d: generate(t, d, [1, 2], 4,
+                                                  sampling={"temperature": 0.5, "seed": 0}),
+     ["sampling must be a SamplingParams", "got dict",
+      "SamplingParams(**{'temperature': 0.5, 'seed': 0})"]),
+    ("sampling_as_a_float", lambda t, d: generate(t, None, [1, 2], 4, sampling=0.7),
+     ["sampling must be a SamplingParams", "got float", "SamplingParams(temperature="]),
+    ("batch_sampling_as_a_dict", lambda t, d: generate_batch(t, d, [[1, 2]], 4,
+                                                            sampling={"temperature": 0.0}),
+     ["sampling must be a SamplingParams", "got dict"]),
+]
+
+
+@pytest.mark.parametrize("case,call,words", ROLE_CASES, ids=[c[0] for c in ROLE_CASES])
+def test_arguments_in_the_wrong_role_are_a_type_error_naming_the_fix(demo_pair, case, call,
+                                                                     words):
+    target, drafter = demo_pair
+    with pytest.raises(TypeError) as info:
+        call(target, drafter)
+    assert not isinstance(info.value, AttributeError)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))

@@ -11,7 +11,8 @@ from pathlib import Path
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.compare import check_finite_weights
-from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
+from dflash_ref.io.safetensors_io import check_tensor_shapes
+from dflash_ref.models.loading import read_checkpoint_weights
 from dflash_ref.models.target import TargetModel
 
 
@@ -36,7 +37,7 @@ def load_pretrained(cls, path, target: TargetModel, backend=None,
     if not cfg_path.exists():
         raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
     config = DrafterConfig.from_file(cfg_path, swa_convention=swa_convention)
-    weights = load_checkpoint(path)
+    weights = read_checkpoint_weights(path)
     if check_finite:
         check_finite_weights(weights, path)
     return cls.class_for(config)(config, weights, target)

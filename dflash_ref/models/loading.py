@@ -7,13 +7,14 @@ checks that refuse what the model code does not implement (never run it wrong).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 from dflash_ref.config import TargetConfig, expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.compare import check_finite_weights
-from dflash_ref.io.safetensors_io import check_tensor_shapes, load_checkpoint
+from dflash_ref.io.safetensors_io import check_tensor_shapes, open_checkpoint
 from dflash_ref.models.assemble import FUSED_OPS
 from dflash_ref.models.moe import fuse_expert_tensors
 
@@ -35,7 +36,7 @@ def from_pretrained(cls, path, backend="numpy", target_layer_ids=None, embedding
         raise FormatError(f"{path} has no config.json; expected a Hugging Face model directory")
     config = TargetConfig.from_file(cfg_path)  # a malformed file is named in the error
     config = config.with_embedding_scale(embedding_scale)
-    weights = load_checkpoint(path)
+    weights = read_checkpoint_weights(path)
     if check_finite:
         check_finite_weights(weights, path)
     config = match_weight_prefix(config, weights)
@@ -68,6 +69,17 @@ def from_gguf(cls, path, backend="numpy", target_layer_ids=None, embedding_scale
     config = replace(config, defaults_used=config.defaults_used + taken)
     config = config.with_embedding_scale(embedding_scale)
     return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids, fused=fused)
+
+
+def read_checkpoint_weights(path: Path) -> dict:
+    """Every tensor of the checkpoint directory ``path`` as float32, with a progress bar on
+    stderr while it reads, when stderr is a terminal (a large model reads for seconds)."""
+    from tqdm import tqdm
+
+    ckpt = open_checkpoint(path)
+    names = tqdm(list(ckpt), desc=f"loading {path.name}", unit="tensor", leave=False,
+                 disable=not sys.stderr.isatty())
+    return {name: ckpt.load(name) for name in names}
 
 
 def match_weight_prefix(cfg: TargetConfig, weights) -> TargetConfig:

@@ -25,8 +25,10 @@ def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: 
     sequence of integer ids in [0, vocab) (a 2-D batch goes to ``generate_batch``), a
     ``max_new_tokens`` or ``block_size`` that is not an integer >= 1, T > 0 without a seed, a
     drafter bound to another target. Warned (:class:`~dflash_ref.errors.PositionWarning`): a run
-    that would reach past the target's ``max_position_embeddings``.
+    that would reach past the target's ``max_position_embeddings``. Arguments in the wrong role
+    are a ``TypeError`` (:func:`check_roles`).
     """
+    check_roles(target, drafter, sampling)
     prompt = np.asarray(prompt_ids)
     if prompt.ndim != 1:
         raise ConfigError(f"prompt_ids must be one sequence of token ids, shape [N]; got shape "
@@ -76,6 +78,29 @@ def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: 
         raise ConfigError("the drafter is bound to another TargetModel; load it with "
                           "DFlashDrafter.from_pretrained(path, target)")
     return prompt, block_size, verifier
+
+
+def check_roles(target, drafter, sampling) -> None:
+    """A ``TypeError`` naming the fix when an argument is not what its place takes: the target
+    a loaded target (``new_state``), the drafter a drafter (``propose``) or None, ``sampling``
+    a :class:`~dflash_ref.ops.sampling.SamplingParams` (a dict of its fields is refused too)."""
+    call = "generate(target, drafter, prompt_ids, max_new_tokens, ...)"
+    if hasattr(target, "propose"):
+        raise TypeError(f"{call}: the first argument is a drafter ({type(target).__name__}); "
+                        f"pass the TargetModel first and the drafter second")
+    if not hasattr(target, "new_state"):
+        raise TypeError(f"{call}: target must be a loaded TargetModel, got "
+                        f"{type(target).__name__}; load it with TargetModel.from_pretrained(path)"
+                        f" or TargetModel.from_gguf(path)")
+    if drafter is not None and not hasattr(drafter, "propose"):
+        raise TypeError(f"{call}: drafter must be a DFlashDrafter loaded for this target, or None"
+                        f" for plain decoding; got {type(drafter).__name__}; load it with "
+                        f"DFlashDrafter.from_pretrained(path, target)")
+    if not isinstance(sampling, SamplingParams):
+        fix = (f"SamplingParams(**{sampling!r})" if isinstance(sampling, dict)
+               else "SamplingParams(temperature=0.8, top_p=0.95, seed=0)")
+        raise TypeError(f"sampling must be a SamplingParams (dflash_ref.spec_decode), got "
+                        f"{type(sampling).__name__}; pass sampling={fix}")
 
 
 def make_verifier(verify, sampling: SamplingParams) -> Verifier:

@@ -27,7 +27,7 @@ import numpy as np
 
 from dflash_ref.errors import ConfigError
 from dflash_ref.ops.sampling import GREEDY, SamplingParams
-from dflash_ref.spec_decode.arguments import check_arguments
+from dflash_ref.spec_decode.arguments import check_arguments, check_roles
 from dflash_ref.spec_decode.decoding import Decoding, GenerationResult
 
 
@@ -49,6 +49,7 @@ def generate_batch(target, drafter, prompts: Sequence, max_new_tokens: int, *,
     if not prompts:
         raise ValueError("generate_batch: no prompts")
     sampling = sampling or GREEDY
+    check_roles(target, drafter, sampling)  # before a field of sampling is read
     seeds = [sampling.seed] * len(prompts) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
         raise ConfigError(f"generate_batch: {len(seeds)} seeds for {len(prompts)} prompts; "
