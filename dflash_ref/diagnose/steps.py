@@ -12,6 +12,7 @@ It only watches: the loop is the same with or without it.
 - ``P(a >= j)`` for j = 1..B-1 and ``P(a >= j | a >= j-1)``;
 - the histogram of ``a + 1`` over 1..B;
 - tau by context bucket (the anchor position s // ``bucket``);
+- the drafts accepted (``sum a``) and the steps that rejected one (``a < n - 1``);
 - the rejections by rank (second choice: rank 1; in the top ``k``: 2..k-1; absent: >= k) and by
   the block position where drafts and target part (``a + 1``).
 """
@@ -78,6 +79,8 @@ class AcceptanceNumbers:
     misses: dict
     parting: tuple[int, ...]
     n_steps: int
+    accepted: int
+    rejected: int
 
 
 def acceptance_stats(steps: list[Step], block_size: int, bucket: int = 64) -> AcceptanceNumbers:
@@ -100,10 +103,11 @@ def acceptance_stats(steps: list[Step], block_size: int, bucket: int = 64) -> Ac
                    for b in np.unique(pos))
     ranks = [s.miss_rank for s in steps if s.miss_rank is not None]
     misses = {"second choice": sum(r == 1 for r in ranks),
-                  f"in top {TOP_K}": sum(2 <= r < TOP_K for r in ranks),
-                  "absent": sum(r >= TOP_K for r in ranks)}
+              f"in top {TOP_K}": sum(2 <= r < TOP_K for r in ranks),
+              "absent": sum(r >= TOP_K for r in ranks)}
     parting = tuple(int(np.sum((a + 1 == j) & (a < drafted))) for j in range(1, B))
     return AcceptanceNumbers(
         tau=float(np.mean(a + 1)), acceptance_rate=float(a.sum() / max(drafted.sum(), 1)),
         p_at_least=tuple(at_least), p_conditional=tuple(cond), histogram=hist,
-        tau_by_context=by_ctx, misses=misses, parting=parting, n_steps=len(steps))
+        tau_by_context=by_ctx, misses=misses, parting=parting, n_steps=len(steps),
+        accepted=int(a.sum()), rejected=int(np.sum(a < drafted)))

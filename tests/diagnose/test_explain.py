@@ -20,7 +20,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import dflash_ref
-from dflash_ref.diagnose import ExplainReport, explain, first_divergence
+from dflash_ref.diagnose import explain, first_divergence
 from dflash_ref.diagnose.steps import Step, StepLog, acceptance_stats
 from tests.test_demo_checkpoints import HELD_OUT
 
@@ -71,10 +71,10 @@ def test_the_shipped_pair_shows_no_fault(demo_pair, demo_tokenizer):
     report = explain(*demo_pair, PROMPTS, NEW, tokenizer=demo_tokenizer, bucket=16)
     assert report.signatures() == []
     assert report.stats.tau == pytest.approx(DOC["baseline"], abs=0.006)
-    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
-    assert report.ablations["features shuffled"] == pytest.approx(DOC["shuffled"], abs=0.006)
-    assert report.ablations["layers -1"] == pytest.approx(DOC["layers -1"], abs=0.006)
-    assert report.ablations["layers +1"] == pytest.approx(DOC["layers +1"], abs=0.006)
+    assert report.ablations["features zeroed"].tau == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["features shuffled"].tau == pytest.approx(DOC["shuffled"], abs=0.006)
+    assert report.ablations["layers -1"].tau == pytest.approx(DOC["layers -1"], abs=0.006)
+    assert report.ablations["layers +1"].tau == pytest.approx(DOC["layers +1"], abs=0.006)
     assert [lo for lo, _, _ in report.stats.tau_by_context] == [64, 80, 96, 112]
     doc = (Path(__file__).resolve().parents[2] / "docs" / "acceptance.md").read_text()
     assert report.summary() in doc  # the page shows this very report
@@ -91,7 +91,7 @@ def test_planted_zeroed_features(demo_pair, demo_tokenizer):
                      ablations=["features zeroed"])
     assert report.signatures() == ["features unused"]
     assert report.stats.tau == pytest.approx(DOC["zeroed"], abs=0.006)
-    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["features zeroed"].tau == pytest.approx(DOC["zeroed"], abs=0.006)
 
 
 def test_planted_one_layer_shift(demo_pair, demo_tokenizer):
@@ -104,8 +104,8 @@ def test_planted_one_layer_shift(demo_pair, demo_tokenizer):
         target.set_target_layer_ids([1, 2])
     assert report.signatures() == ["layers off by one (-1)"]
     assert report.stats.tau == pytest.approx(DOC["shifted"], abs=0.006)
-    assert report.ablations["layers -1"] == pytest.approx(DOC["baseline"], abs=0.006)
-    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["layers -1"].tau == pytest.approx(DOC["baseline"], abs=0.006)
+    assert report.ablations["features zeroed"].tau == pytest.approx(DOC["zeroed"], abs=0.006)
     assert report.ablations["layers +1"] is None  # layer 4 does not exist
     assert list(target.target_layer_ids) == [1, 2]
 
@@ -118,7 +118,7 @@ def test_planted_wrong_rope_base(demo_pair, demo_tokenizer):
                      ablations=["features zeroed", "RoPE base = target's"])
     assert report.signatures() == ["RoPE base"]
     assert report.stats.tau == pytest.approx(DOC["rope"], abs=0.006)
-    assert report.ablations["RoPE base = target's"] == pytest.approx(DOC["baseline"], abs=0.006)
+    assert report.ablations["RoPE base = target's"].tau == pytest.approx(DOC["baseline"], abs=0.006)
 
 
 def test_planted_wrong_mask_id(demo_pair, demo_tokenizer):
@@ -128,13 +128,6 @@ def test_planted_wrong_mask_id(demo_pair, demo_tokenizer):
     assert report.signatures() == ["mask token"]
     assert report.stats.tau == pytest.approx(DOC["mask"], abs=0.006)
     assert any("ordinary token (' ')" in m for _, _, m in report.checks)
-
-
-def test_signature_thresholds():
-    stats = acceptance_stats([Step(0, 7, 3, 1)], 8)  # tau 4
-    r = ExplainReport(stats, 8, {"features zeroed": 3.7, "layers -1": 4.3, "layers +1": 4.5})
-    # zeroed: -0.3 is within 10% of 4: unused. -1: +0.3 within 10%: no. +1: +0.5: off by one.
-    assert r.signatures() == ["features unused", "layers off by one (+1)"]
 
 
 def test_first_divergence_names_the_tensor_and_step(tmp_path):
