@@ -3,7 +3,9 @@
 :class:`StepLog` watches a greedy chain run (``generate(..., observer=StepLog())``): per spec
 step it keeps the anchor position s, the drafts n-1, the accepted count a and, when a draft was
 rejected, the rank of the target's token among the drafter's logits of the parting row (rank 0 is
-the drafter's first choice, which was the rejected draft itself, so a rejection has rank >= 1).
+the drafter's first choice, which was the rejected draft itself, so a rejection has rank >= 1). A
+step that stops where the target agrees with the draft (rank 0: the loop's last step, cut at
+``max_new_tokens``) rejected nothing: it is recorded with the drafts it judged, ``a`` of ``a``.
 It only watches: the loop is the same with or without it.
 
 :func:`acceptance_stats` turns the steps into the report's numbers:
@@ -62,6 +64,8 @@ class StepLog(Observer):
             row = rows[a + 1].astype(np.float64)  # [V]
             bonus = int(tokens[-1])
             rank = int(np.sum(row > row[bonus]) + np.sum(row[:bonus] == row[bonus]))
+        if rank == 0:  # the target agreed with the draft: the step was cut (max_new_tokens)
+            drafted, rank = a, None
         self.steps.append(Step(position, drafted, a, rank))
 
 

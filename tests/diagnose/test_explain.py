@@ -58,7 +58,10 @@ def test_step_log_ranks_the_targets_token_in_the_parting_row():
     log.on_commit([5])  # a plain step: ignored
     log.on_draft(5, np.arange(32, 36), rows, None)
     log.on_commit([1, 2, 3, 4])  # a = 3 of 3: a full accept, no rank
-    assert log.steps == [Step(30, 3, 1, 3), Step(32, 3, 3, None)]
+    log.on_draft(9, np.arange(40, 44), rows, None)
+    log.on_commit([8, 4])  # a = 1 and the target's 4 is row 2's first choice: a cut step,
+    # 1 draft judged, none rejected (catches the budget cut counted as a rejection)
+    assert log.steps == [Step(30, 3, 1, 3), Step(32, 3, 3, None), Step(40, 1, 1, None)]
 
 
 def _with_config(drafter, **changes):
