@@ -383,6 +383,13 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '        return [f.name for f in self.findings() if f.status != "ok"]',
         'tests/diagnose/test_rules.py',
     ),
+    (
+        'explain-k steps: a step cut at max_new_tokens counted as a rank-0 rejection',
+        'dflash_ref/diagnose/steps.py',
+        '        if rank == 0:  # the target agreed with the draft',
+        '        if rank == -1:  # the target agreed with the draft',
+        'tests/diagnose/test_explain.py::test_step_log_ranks_the_targets_token_in_the_parting_row',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""

@@ -11,7 +11,8 @@ file each, the target's tokenizer from its ``tokenizer.json`` or from the GGUF's
 line per load, a bar per run; nothing in a pipe), and a last line says what ran and how long
 each phase took. ``--ablations auto`` (the default) runs every ablation on a small target and
 only "features zeroed" on a big one (:data:`BIG_TARGET` parameters): each ablation is one more
-run over every prompt.
+run over every prompt; ``--max-new-tokens`` is 64 by default, 32 on a big target (enough
+drafts judged for the features rule at tau near 1, in a few minutes on a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ DEMO_PROMPTS = 16
 BIG_TARGET = 50_000_000
 """Parameters (estimated from the config) from which ``--ablations auto`` runs one ablation."""
 BIG_DEFAULT = ("features zeroed",)
+NEW_TOKENS = (64, 32)
+"""``--max-new-tokens`` by default: on a small target, on a big one."""
 
 
 def ablation_names(text: str) -> list[str] | None:
@@ -60,6 +63,11 @@ def auto_ablations(config) -> list[str]:
     return list(BIG_DEFAULT) if parameters(config) >= BIG_TARGET else list(ABLATIONS)
 
 
+def auto_new_tokens(config) -> int:
+    """``--max-new-tokens`` by default (:data:`NEW_TOKENS`)."""
+    return NEW_TOKENS[parameters(config) >= BIG_TARGET]
+
+
 def add_explain_parser(sub) -> None:
     p = sub.add_parser("explain", help="why acceptance is what it is: statistics, ablations, "
                        "config checks (docs/acceptance.md)")
@@ -73,7 +81,9 @@ def add_explain_parser(sub) -> None:
                      help="prompt text through the target's tokenizer (repeat for several)")
     p.add_argument("--chat", action="store_true", help="wrap --text in the chat template")
     p.add_argument("--thinking", action="store_true", help="with --chat: thinking mode on")
-    p.add_argument("--max-new-tokens", type=cli_args.positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=cli_args.positive_int, default=None,
+                   help=f"tokens per prompt (default: {NEW_TOKENS[0]}, {NEW_TOKENS[1]} on a big "
+                   f"target)")
     p.add_argument("--block-size", type=cli_args.positive_int, default=None)
     p.add_argument("--ablations", type=ablation_names, default=None,
                    help="auto (default: all on a small target, 'features zeroed' on one of "
@@ -170,12 +180,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     with phases.phase(f"loading the drafter {drafter_path.name}"):
         drafter = _load_drafter(drafter_path, target)
     ablations = auto_ablations(target.config) if args.ablations is None else args.ablations
-    report = explain(target, drafter, prompts, args.max_new_tokens, block_size=args.block_size,
+    new = auto_new_tokens(target.config) if args.max_new_tokens is None else args.max_new_tokens
+    report = explain(target, drafter, prompts, new, block_size=args.block_size,
                      ablations=ablations, tokenizer=tokenizer, templated=templated,
                      thinking=args.thinking if args.chat else None, bucket=args.bucket,
                      phases=phases)
     print(report.summary())
-    print(time_line(report.walls, len(prompts), args.max_new_tokens))
+    print(time_line(report.walls, len(prompts), new))
     if args.plot:
         from dflash_ref.diagnose.plots import write_figures
 

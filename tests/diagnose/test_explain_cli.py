@@ -119,10 +119,13 @@ def test_auto_ablations_by_target_size():
     from types import SimpleNamespace
 
     from dflash_ref.diagnose.ablations import ABLATIONS
-    from dflash_ref.diagnose.cli import auto_ablations, parameters
+    from dflash_ref.diagnose.cli import auto_ablations, auto_new_tokens, parameters
 
     gemma = SimpleNamespace(hidden_size=640, vocab_size=262144, num_hidden_layers=18)
     assert parameters(gemma) == 262144 * 640 + 18 * 12 * 640 * 640
-    assert auto_ablations(gemma) == ["features zeroed"]
+    assert auto_ablations(gemma) == ["features zeroed"] and auto_new_tokens(gemma) == 32
     small = SimpleNamespace(hidden_size=128, vocab_size=259, num_hidden_layers=4)
-    assert auto_ablations(small) == list(ABLATIONS)
+    assert auto_ablations(small) == list(ABLATIONS) and auto_new_tokens(small) == 64
+    # the boundary: exactly 50M parameters is big (catches > for >=)
+    edge = SimpleNamespace(hidden_size=1000, vocab_size=50_000, num_hidden_layers=0)
+    assert parameters(edge) == 50_000_000 and auto_new_tokens(edge) == 32
