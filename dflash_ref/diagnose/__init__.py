@@ -39,12 +39,16 @@ from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.observe import Observers
 
 RISES = (("layers off by one (-1)", "layers -1", "capturing every feature layer one lower",
-          "the drafter was trained on the layers one lower: set target_layer_ids so"),
+          "the drafter was trained on the layers one lower: set target_layer_ids so",
+          "a layer one lower would leave the target"),
          ("layers off by one (+1)", "layers +1", "capturing every feature layer one higher",
-          "the drafter was trained on the layers one higher: set target_layer_ids so"),
+          "the drafter was trained on the layers one higher: set target_layer_ids so",
+          "a layer one higher would leave the target"),
          ("RoPE base", "RoPE base = target's", "the target's RoPE base in the drafter",
-          "the drafter was trained with another RoPE base than it runs with"))
-"""(finding, ablation, what it changes, what a rise means) of each "rises when fixed" rule."""
+          "the drafter was trained with another RoPE base than it runs with",
+          "the drafter's RoPE base is the target's already"))
+"""(finding, ablation, what it changes, what a rise means, why it may not apply) of each "rises
+when fixed" rule."""
 
 
 @dataclass
@@ -69,9 +73,10 @@ class ExplainReport:
         out = []
         if "features zeroed" in self.ablations:
             out.append(features_finding(self.stats, self.ablations["features zeroed"]))
-        for name, ablation, what, fix in RISES:
+        for name, ablation, what, fix, moot in RISES:
             if ablation in self.ablations:
-                out.append(rise_finding(name, what, self.stats, self.ablations[ablation], fix))
+                out.append(rise_finding(name, what, self.stats, self.ablations[ablation], fix,
+                                        moot))
         out.append(mask_finding(self.checks))
         out.append(miss_words(self.stats))
         return out + list(self.extra)
@@ -104,7 +109,8 @@ class ExplainReport:
         for name, status, msg in self.checks:
             lines.append(f"check {name:16s} {status:4s} {msg}")
         lines.append("findings:")
-        lines.extend("  " + f.line() for f in self.findings())
+        lines.extend(textwrap.fill(f.line(), 100, initial_indent="  ", subsequent_indent=" " * 10)
+                     for f in self.findings())
         sig = self.signatures()
         lines.append("signatures: " + (", ".join(sig) if sig else "none"))
         lines.extend(textwrap.wrap("verdict: " + self.verdict(), 100))

@@ -120,10 +120,11 @@ def features_finding(base: AcceptanceNumbers, zeroed: AcceptanceNumbers | None) 
 
 
 def rise_finding(name: str, what: str, base: AcceptanceNumbers,
-                 other: AcceptanceNumbers | None, fix: str) -> Finding:
-    """A fault when the run with ``what`` changed accepts significantly more than ``base``."""
+                 other: AcceptanceNumbers | None, fix: str, moot: str = "") -> Finding:
+    """A fault when the run with ``what`` changed accepts significantly more than ``base``;
+    "n/a" (saying ``moot``) when there was nothing to change (``other`` None)."""
     if other is None:
-        return Finding(name, "n/a", f"{what}: not run (not applicable or not asked for)")
+        return Finding(name, "n/a", moot or f"{what}: nothing to change")
     if judged(base)[1] == 0 or judged(other)[1] == 0:
         return Finding(name, "unclear", "no draft was judged in one of the runs")
     d, lo, hi = _compare(base, other)
