@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from dflash_ref import cli_args
@@ -169,10 +168,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     target_path = cli_args.existing_path(args.target or DEMO / "target", "--target")
     drafter_path = cli_args.existing_path(args.drafter or DEMO / "drafter", "--drafter")
     phases = Phases()
-    t0 = time.perf_counter()
-    source, tokenizer = _open(target_path, need_tokenizer=bool(args.text))
-    prompts, templated = _prompts(args, tokenizer)
-    phases.walls["tokenizer"] = time.perf_counter() - t0
+    with phases.phase("tokenizer"):  # a GGUF's vocabulary is parsed here: seconds
+        source, tokenizer = _open(target_path, need_tokenizer=bool(args.text))
+        prompts, templated = _prompts(args, tokenizer)
     with phases.phase(f"loading the target {target_path.name}"):
         target = _load_target(source)
     for p in prompts:

@@ -107,8 +107,8 @@ def test_progress_on_a_terminal_and_none_in_a_pipe(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stderr", tty)
     assert main(args) == 0
     shown = tty.getvalue()
-    for phase in ("loading the target target", "loading the drafter drafter", "baseline",
-                  "features zeroed"):
+    for phase in ("tokenizer", "loading the target target", "loading the drafter drafter",
+                  "baseline", "features zeroed"):
         assert f"explain: {phase}: " in shown, phase  # each phase's closing line
     assert "tok/s" in shown or "tok]" in shown  # the tqdm bar of a run
 
