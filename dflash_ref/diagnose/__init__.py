@@ -4,14 +4,10 @@ For a target, a drafter and prompts, greedy chain decoding is run and watched
 (:class:`~dflash_ref.diagnose.steps.StepLog`), then run again under each ablation
 (:mod:`~dflash_ref.diagnose.ablations`); the configuration is checked
 (:mod:`~dflash_ref.diagnose.checks`). :class:`ExplainReport` holds the numbers; its
-:meth:`~ExplainReport.summary` is the terminal text and :meth:`~ExplainReport.signatures` names
-the faults the numbers point at:
-
-- "features unused": tau drops by less than 10% (and less than 0.2) with the features zeroed;
-- "layers off by one (-1 / +1)": tau rises by more than 10% (and 0.2) with every feature layer
-  one lower / higher;
-- "RoPE base": tau rises by that much with the drafter's RoPE base set to the target's;
-- "mask token": the mask-id check warns.
+:meth:`~ExplainReport.findings` are the named findings of :mod:`~dflash_ref.diagnose.rules`
+(each with a status and a sentence; other modules add theirs to ``report.extra``),
+:meth:`~ExplainReport.signatures` the names of the faults among them, and
+:meth:`~ExplainReport.summary` the terminal text, ending in the one-paragraph verdict.
 
 :func:`first_divergence` names the first diverging tensor and step of two golden-vector dumps
 (:func:`dflash_ref.oracle.compare.compare_cases`).
@@ -19,6 +15,7 @@ the faults the numbers point at:
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,52 +23,77 @@ import numpy as np
 
 from dflash_ref.diagnose.ablations import ABLATIONS
 from dflash_ref.diagnose.checks import config_checks
+from dflash_ref.diagnose.progress import Phases
+from dflash_ref.diagnose.rules import (
+    Finding,
+    features_finding,
+    mask_finding,
+    miss_words,
+    rate,
+    rise_finding,
+    verdict,
+)
 from dflash_ref.diagnose.steps import AcceptanceNumbers, StepLog, acceptance_stats
 from dflash_ref.oracle.compare import compare_cases
 from dflash_ref.spec_decode.loop import generate
+from dflash_ref.spec_decode.observe import Observers
 
-RISE = (0.10, 0.2)
-"""An ablation "moves" tau when it changes by more than 10% of tau and more than 0.2."""
+RISES = (("layers off by one (-1)", "layers -1", "capturing every feature layer one lower",
+          "the drafter was trained on the layers one lower: set target_layer_ids so",
+          "a layer one lower would leave the target"),
+         ("layers off by one (+1)", "layers +1", "capturing every feature layer one higher",
+          "the drafter was trained on the layers one higher: set target_layer_ids so",
+          "a layer one higher would leave the target"),
+         ("RoPE base", "RoPE base = target's", "the target's RoPE base in the drafter",
+          "the drafter was trained with another RoPE base than it runs with",
+          "the drafter's RoPE base is the target's already"))
+"""(finding, ablation, what it changes, what a rise means, why it may not apply) of each "rises
+when fixed" rule."""
 
 
 @dataclass
 class ExplainReport:
-    """What :func:`explain` found (module docstring)."""
+    """What :func:`explain` found (module docstring).
+
+    Attributes:
+        ablations: each ablation's numbers; None where it does not apply.
+        extra: findings other modules add (shown after the rules' own, judged the same way).
+        walls: seconds per phase (the CLI's "time" line; not part of :meth:`summary`).
+    """
 
     stats: AcceptanceNumbers
     block_size: int
-    ablations: dict[str, float | None] = field(default_factory=dict)
+    ablations: dict[str, AcceptanceNumbers | None] = field(default_factory=dict)
     checks: list[tuple[str, str, str]] = field(default_factory=list)
+    extra: list[Finding] = field(default_factory=list)
+    walls: dict[str, float] = field(default_factory=dict)
 
-    def _moved(self, name: str) -> float:
-        """tau under ablation ``name`` minus tau (0 when it did not run)."""
-        t = self.ablations.get(name)
-        return 0.0 if t is None else t - self.stats.tau
-
-    def _beyond(self, delta: float) -> bool:
-        return abs(delta) > max(RISE[0] * self.stats.tau, RISE[1])
+    def findings(self) -> list[Finding]:
+        """The rules' findings (dflash_ref/diagnose/rules.py), then :attr:`extra`."""
+        out = []
+        if "features zeroed" in self.ablations:
+            out.append(features_finding(self.stats, self.ablations["features zeroed"]))
+        for name, ablation, what, fix, moot in RISES:
+            if ablation in self.ablations:
+                out.append(rise_finding(name, what, self.stats, self.ablations[ablation], fix,
+                                        moot))
+        out.append(mask_finding(self.checks))
+        out.append(miss_words(self.stats))
+        return out + list(self.extra)
 
     def signatures(self) -> list[str]:
-        """The faults the numbers point at (module docstring), in a fixed order."""
-        out = []
-        zeroed = self._moved("features zeroed")
-        if "features zeroed" in self.ablations and not (zeroed < 0 and self._beyond(zeroed)):
-            out.append("features unused")
-        for d in ("-1", "+1"):
-            m = self._moved(f"layers {d}")
-            if m > 0 and self._beyond(m):
-                out.append(f"layers off by one ({d})")
-        m = self._moved("RoPE base = target's")
-        if m > 0 and self._beyond(m):
-            out.append("RoPE base")
-        if any(n == "mask token id" and s == "warn" for n, s, _ in self.checks):
-            out.append("mask token")
-        return out
+        """The names of the faults found, in the findings' order."""
+        return [f.name for f in self.findings() if f.status == "fault"]
+
+    def verdict(self) -> str:
+        """What this means, in one paragraph (:func:`~dflash_ref.diagnose.rules.verdict`)."""
+        return verdict(self.stats, self.block_size, self.findings())
 
     def summary(self) -> str:
         s, B = self.stats, self.block_size
         lines = [f"tau {s.tau:.2f} over {s.n_steps} spec steps (block {B}), acceptance rate "
-                 f"{100 * s.acceptance_rate:.0f}%",
+                 f"{100 * s.acceptance_rate:.0f}%, {s.accepted} of "
+                 f"{s.accepted + s.rejected} drafts judged accepted",
                  "P(a >= j):        " + " ".join(f"{p:.2f}" for p in s.p_at_least),
                  "P(a >= j | j-1):  " + " ".join(f"{p:.2f}" for p in s.p_conditional),
                  "a + 1 histogram:  " + " ".join(str(n) for n in s.histogram),
@@ -79,28 +101,34 @@ class ExplainReport:
                                                   for lo, t, n in s.tau_by_context),
                  "misses:           " + ", ".join(f"{k} {v}" for k, v in s.misses.items()),
                  "parting position: " + " ".join(str(n) for n in s.parting)]
-        for name, tau in self.ablations.items():
-            lines.append(f"ablation {name:22s} " + ("n/a" if tau is None else
-                                                    f"tau {tau:.2f} ({tau - s.tau:+.2f})"))
+        for name, a in self.ablations.items():
+            lines.append(f"ablation {name:22s} " + (
+                "n/a" if a is None else f"tau {a.tau:.2f} ({a.tau - s.tau:+.2f}), "
+                                        f"{a.accepted} of {a.accepted + a.rejected} accepted "
+                                        f"({100 * rate(a):.0f}%)"))
         for name, status, msg in self.checks:
             lines.append(f"check {name:16s} {status:4s} {msg}")
+        lines.append("findings:")
+        lines.extend(textwrap.fill(f.line(), 100, initial_indent="  ", subsequent_indent=" " * 10)
+                     for f in self.findings())
         sig = self.signatures()
         lines.append("signatures: " + (", ".join(sig) if sig else "none"))
+        lines.extend(textwrap.wrap("verdict: " + self.verdict(), 100))
         return "\n".join(lines)
 
 
-def _run(target, drafter, prompts, max_new_tokens, block_size, bucket):
+def _run(target, drafter, prompts, max_new_tokens, block_size, bucket, progress):
     log = StepLog()
     for p in prompts:
         generate(target, drafter, np.asarray(p), max_new_tokens, block_size=block_size,
-                 observer=log)
+                 observer=Observers(log, progress))
     return acceptance_stats(log.steps, block_size, bucket)
 
 
 def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *,
             block_size: int | None = None, ablations: Sequence[str] | None = None,
             tokenizer=None, templated: bool | None = None, thinking: bool | None = None,
-            bucket: int = 32) -> ExplainReport:
+            bucket: int = 32, phases: Phases | None = None) -> ExplainReport:
     """The acceptance report of ``drafter`` on ``target`` over ``prompts`` (ids), greedy.
 
     Args:
@@ -110,24 +138,36 @@ def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: i
             all; ``()`` for none).
         tokenizer, templated, thinking: for the configuration checks.
         bucket: context positions per bucket of the tau-by-context table.
+        phases: progress and timing of the runs (default: timed, not shown).
     """
     B = int(drafter.block_size if block_size is None else block_size)
-    stats = _run(target, drafter, prompts, max_new_tokens, B, bucket)
+    phases = Phases(show=False) if phases is None else phases
+    run = (target, drafter, prompts, max_new_tokens, B, bucket)
+    total = len(prompts) * max_new_tokens
+    with phases.phase("baseline", total) as progress:
+        stats = _run(*run, progress)
     report = ExplainReport(stats, B)
     for name in (ABLATIONS if ablations is None else ablations):
-        made = ABLATIONS[name](target, drafter)
-        if made is None:
-            report.ablations[name] = None
-            continue
-        t, d, restore = made
-        try:
-            report.ablations[name] = _run(t, d, prompts, max_new_tokens, B, bucket).tau
-        finally:
-            if restore is not None:
-                restore()
+        report.ablations[name] = _ablate(name, run, phases, total)
     longest = max(len(p) for p in prompts) + max_new_tokens
     report.checks = config_checks(target, drafter, B, tokenizer, templated, thinking, longest)
+    report.walls = dict(phases.walls)
     return report
+
+
+def _ablate(name, run, phases, total) -> AcceptanceNumbers | None:
+    """The numbers of ``run`` under ablation ``name`` (None when it does not apply)."""
+    target, drafter, *rest = run
+    made = ABLATIONS[name](target, drafter)
+    if made is None:
+        return None
+    t, d, restore = made
+    try:
+        with phases.phase(name, total) as progress:
+            return _run(t, d, *rest, progress)
+    finally:
+        if restore is not None:
+            restore()
 
 
 def first_divergence(ours, theirs, tolerance_scale: float = 1.0) -> str:

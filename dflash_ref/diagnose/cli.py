@@ -4,6 +4,15 @@
     dflash-ref explain --target T --drafter D --text "..." [--chat] [--thinking]
     dflash-ref explain --target T --drafter D --ids 3,17,42 --plot figs/
     dflash-ref explain --compare OURS THEIRS            first diverging tensor of two dumps
+
+The target and the drafter load as ``generate`` loads them: a checkpoint directory or a GGUF
+file each, the target's tokenizer from its ``tokenizer.json`` or from the GGUF's own metadata
+(read, with the prompts encoded, before any weight). Progress goes to stderr on a terminal (a
+line per load, a bar per run; nothing in a pipe), and a last line says what ran and how long
+each phase took. ``--ablations auto`` (the default) runs every ablation on a small target and
+only "features zeroed" on a big one (:data:`BIG_TARGET` parameters): each ablation is one more
+run over every prompt; ``--max-new-tokens`` is 64 by default, 32 on a big target (enough
+drafts judged for the features rule at tau near 1, in a few minutes on a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -17,10 +26,18 @@ from dflash_ref.diagnose.ablations import ABLATIONS
 
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo"
 DEMO_PROMPTS = 16
+BIG_TARGET = 50_000_000
+"""Parameters (estimated from the config) from which ``--ablations auto`` runs one ablation."""
+BIG_DEFAULT = ("features zeroed",)
+NEW_TOKENS = (64, 32)
+"""``--max-new-tokens`` by default: on a small target, on a big one."""
 
 
-def ablation_names(text: str) -> list[str]:
-    """``--ablations``: "all", "none", or comma-separated names of ABLATIONS."""
+def ablation_names(text: str) -> list[str] | None:
+    """``--ablations``: "auto" (None: chosen by the target's size), "all", "none", or
+    comma-separated names of ABLATIONS."""
+    if text == "auto":
+        return None
     if text == "all":
         return list(ABLATIONS)
     if text == "none":
@@ -28,16 +45,34 @@ def ablation_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in ABLATIONS]
     if bad:
-        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not an ablation; expected all, none or "
-                                         f"names from {', '.join(ABLATIONS)}")
+        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not an ablation; expected auto, all, "
+                                         f"none or names from {', '.join(ABLATIONS)}")
     return names
+
+
+def parameters(config) -> int:
+    """A target's parameter count, estimated from its config: the embedding plus 12 H^2 per
+    layer (attention 4 H^2, a 4H-wide MLP 8 H^2)."""
+    H = int(config.hidden_size)
+    return int(config.vocab_size) * H + int(config.num_hidden_layers) * 12 * H * H
+
+
+def auto_ablations(config) -> list[str]:
+    """``--ablations auto``: all of them, or only :data:`BIG_DEFAULT` on a big target."""
+    return list(BIG_DEFAULT) if parameters(config) >= BIG_TARGET else list(ABLATIONS)
+
+
+def auto_new_tokens(config) -> int:
+    """``--max-new-tokens`` by default (:data:`NEW_TOKENS`)."""
+    return NEW_TOKENS[parameters(config) >= BIG_TARGET]
 
 
 def add_explain_parser(sub) -> None:
     p = sub.add_parser("explain", help="why acceptance is what it is: statistics, ablations, "
                        "config checks (docs/acceptance.md)")
-    p.add_argument("--target", help="target directory (HF layout); default: the shipped pair")
-    p.add_argument("--drafter", help="drafter directory (z-lab layout)")
+    p.add_argument("--target", help="target: HF directory or llama.cpp GGUF; default: the "
+                   "shipped pair")
+    p.add_argument("--drafter", help="drafter: directory (z-lab layout) or GGUF")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ids", type=cli_args.nonempty_token_ids, action="append",
                      help="prompt token ids (repeat for several prompts)")
@@ -45,10 +80,13 @@ def add_explain_parser(sub) -> None:
                      help="prompt text through the target's tokenizer (repeat for several)")
     p.add_argument("--chat", action="store_true", help="wrap --text in the chat template")
     p.add_argument("--thinking", action="store_true", help="with --chat: thinking mode on")
-    p.add_argument("--max-new-tokens", type=cli_args.positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=cli_args.positive_int, default=None,
+                   help=f"tokens per prompt (default: {NEW_TOKENS[0]}, {NEW_TOKENS[1]} on a big "
+                   f"target)")
     p.add_argument("--block-size", type=cli_args.positive_int, default=None)
-    p.add_argument("--ablations", type=ablation_names, default=list(ABLATIONS),
-                   help="all (default), none, or a comma-separated list")
+    p.add_argument("--ablations", type=ablation_names, default=None,
+                   help="auto (default: all on a small target, 'features zeroed' on one of "
+                   f"{BIG_TARGET // 10**6}M+ parameters), all, none, or a comma-separated list")
     p.add_argument("--bucket", type=cli_args.positive_int, default=32,
                    help="context positions per bucket of the tau-by-context line")
     p.add_argument("--plot", help="write the figures (PNG) into this directory")
@@ -59,19 +97,46 @@ def add_explain_parser(sub) -> None:
     p.set_defaults(func=cmd_explain)
 
 
+def _open(path: Path, need_tokenizer: bool):
+    """(the source the target loads from, its tokenizer or None): no weight read yet. A GGUF's
+    tokenizer is its own metadata; a directory's is its tokenizer.json, needed for --text only."""
+    from dflash_ref.io.gguf_io import open_gguf
+    from dflash_ref.io.tokenizer import load_tokenizer
+
+    if not cli_args.gguf_file_or_directory(path):
+        return path, (load_tokenizer(path) if need_tokenizer
+                      or (path / "tokenizer.json").exists() else None)
+    gguf = open_gguf(path)  # opened once: the tokenizer and the weights read the same file
+    return gguf, load_tokenizer(gguf)
+
+
+def _load_target(source):
+    from dflash_ref.models.target import TargetModel
+
+    if isinstance(source, Path):
+        return TargetModel.from_pretrained(source)
+    return TargetModel.from_gguf(source)
+
+
+def _load_drafter(path: Path, target):
+    from dflash_ref.models.drafter import DFlashDrafter
+
+    if cli_args.gguf_file_or_directory(path):
+        return DFlashDrafter.from_gguf(path, target)
+    return DFlashDrafter.from_pretrained(path, target)
+
+
 def _prompts(args, tokenizer):
     if args.ids:
         return args.ids, None
     if args.text:
-        if tokenizer is None:
-            raise cli_args.UsageError("--text needs the target's tokenizer (tokenizer.json); "
-                                      "pass --ids")
         if not args.chat:
             return [tokenizer.encode(t) for t in args.text], False
         from dflash_ref.io.chat_template import render_chat_template
 
         if tokenizer.chat_template is None:
-            raise cli_args.UsageError("--chat: the target has no chat template; drop --chat")
+            raise cli_args.UsageError(f"--chat: {args.target} has no chat template (base models "
+                                      f"usually have none); drop --chat")
         return [tokenizer.encode(render_chat_template(
             tokenizer.chat_template, [{"role": "user", "content": t}], add_generation_prompt=True,
             enable_thinking=args.thinking, **tokenizer.special_tokens), add_bos=False)
@@ -83,8 +148,16 @@ def _prompts(args, tokenizer):
     return data["prompts"][:DEMO_PROMPTS], None
 
 
+def time_line(walls: dict[str, float], prompts: int, max_new_tokens: int) -> str:
+    """What ran and how long each phase took, one line."""
+    total = sum(walls.values())
+    return (f"time: {total:.0f} s for {prompts} prompts x {max_new_tokens} tokens ("
+            + ", ".join(f"{name} {s:.0f} s" for name, s in walls.items()) + ")")
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from dflash_ref.diagnose import explain, first_divergence
+    from dflash_ref.diagnose.progress import Phases
 
     if args.compare:
         ours, theirs = (cli_args.existing_path(x, "--compare") for x in args.compare)
@@ -99,25 +172,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from dflash_ref.io.writing import check_output_folder
 
         check_output_folder(args.plot, "--plot", FIGURES, a_figure if args.force else None)
-    target_dir = cli_args.existing_path(args.target or DEMO / "target", "--target")
-    drafter_dir = cli_args.existing_path(args.drafter or DEMO / "drafter", "--drafter")
-    from dflash_ref.models.drafter import DFlashDrafter
-    from dflash_ref.models.target import TargetModel
-
-    tokenizer = None
-    if (target_dir / "tokenizer.json").exists():
-        from dflash_ref.io.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(target_dir)
-    prompts, templated = _prompts(args, tokenizer)
-    target = TargetModel.from_pretrained(target_dir)
+    target_path = cli_args.existing_path(args.target or DEMO / "target", "--target")
+    drafter_path = cli_args.existing_path(args.drafter or DEMO / "drafter", "--drafter")
+    phases = Phases()
+    with phases.phase("tokenizer"):  # a GGUF's vocabulary is parsed here: seconds
+        source, tokenizer = _open(target_path, need_tokenizer=bool(args.text))
+        prompts, templated = _prompts(args, tokenizer)
+    with phases.phase(f"loading the target {target_path.name}"):
+        target = _load_target(source)
     for p in prompts:
         cli_args.check_ids_in_vocabulary(p, target.config.vocab_size, "--ids")
-    drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
-    report = explain(target, drafter, prompts, args.max_new_tokens, block_size=args.block_size,
-                     ablations=args.ablations, tokenizer=tokenizer, templated=templated,
-                     thinking=args.thinking if args.chat else None, bucket=args.bucket)
+    with phases.phase(f"loading the drafter {drafter_path.name}"):
+        drafter = _load_drafter(drafter_path, target)
+    ablations = auto_ablations(target.config) if args.ablations is None else args.ablations
+    new = auto_new_tokens(target.config) if args.max_new_tokens is None else args.max_new_tokens
+    report = explain(target, drafter, prompts, new, block_size=args.block_size,
+                     ablations=ablations, tokenizer=tokenizer, templated=templated,
+                     thinking=args.thinking if args.chat else None, bucket=args.bucket,
+                     phases=phases)
     print(report.summary())
+    print(time_line(report.walls, len(prompts), new))
     if args.plot:
         from dflash_ref.diagnose.plots import write_figures
 

@@ -59,8 +59,8 @@ def _draw(report, out: OutputFolder) -> None:
     fig.savefig(out.new("context.png"), format="png")
     plt.close(fig)
 
-    names = ["baseline", *[n for n, t in report.ablations.items() if t is not None]]
-    taus = [s.tau, *[t for t in report.ablations.values() if t is not None]]
+    ran = {n: a.tau for n, a in report.ablations.items() if a is not None}
+    names, taus = ["baseline", *ran], [s.tau, *ran.values()]
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.barh(names, taus)
     ax.set_xlabel("tau")

@@ -3,7 +3,9 @@
 :class:`StepLog` watches a greedy chain run (``generate(..., observer=StepLog())``): per spec
 step it keeps the anchor position s, the drafts n-1, the accepted count a and, when a draft was
 rejected, the rank of the target's token among the drafter's logits of the parting row (rank 0 is
-the drafter's first choice, which was the rejected draft itself, so a rejection has rank >= 1).
+the drafter's first choice, which was the rejected draft itself, so a rejection has rank >= 1). A
+step that stops where the target agrees with the draft (rank 0: the loop's last step, cut at
+``max_new_tokens``) rejected nothing: it is recorded with the drafts it judged, ``a`` of ``a``.
 It only watches: the loop is the same with or without it.
 
 :func:`acceptance_stats` turns the steps into the report's numbers:
@@ -12,6 +14,7 @@ It only watches: the loop is the same with or without it.
 - ``P(a >= j)`` for j = 1..B-1 and ``P(a >= j | a >= j-1)``;
 - the histogram of ``a + 1`` over 1..B;
 - tau by context bucket (the anchor position s // ``bucket``);
+- the drafts accepted (``sum a``) and the steps that rejected one (``a < n - 1``);
 - the rejections by rank (second choice: rank 1; in the top ``k``: 2..k-1; absent: >= k) and by
   the block position where drafts and target part (``a + 1``).
 """
@@ -61,6 +64,8 @@ class StepLog(Observer):
             row = rows[a + 1].astype(np.float64)  # [V]
             bonus = int(tokens[-1])
             rank = int(np.sum(row > row[bonus]) + np.sum(row[:bonus] == row[bonus]))
+        if rank == 0:  # the target agreed with the draft: the step was cut (max_new_tokens)
+            drafted, rank = a, None
         self.steps.append(Step(position, drafted, a, rank))
 
 
@@ -78,6 +83,8 @@ class AcceptanceNumbers:
     misses: dict
     parting: tuple[int, ...]
     n_steps: int
+    accepted: int
+    rejected: int
 
 
 def acceptance_stats(steps: list[Step], block_size: int, bucket: int = 64) -> AcceptanceNumbers:
@@ -100,10 +107,11 @@ def acceptance_stats(steps: list[Step], block_size: int, bucket: int = 64) -> Ac
                    for b in np.unique(pos))
     ranks = [s.miss_rank for s in steps if s.miss_rank is not None]
     misses = {"second choice": sum(r == 1 for r in ranks),
-                  f"in top {TOP_K}": sum(2 <= r < TOP_K for r in ranks),
-                  "absent": sum(r >= TOP_K for r in ranks)}
+              f"in top {TOP_K}": sum(2 <= r < TOP_K for r in ranks),
+              "absent": sum(r >= TOP_K for r in ranks)}
     parting = tuple(int(np.sum((a + 1 == j) & (a < drafted))) for j in range(1, B))
     return AcceptanceNumbers(
         tau=float(np.mean(a + 1)), acceptance_rate=float(a.sum() / max(drafted.sum(), 1)),
         p_at_least=tuple(at_least), p_conditional=tuple(cond), histogram=hist,
-        tau_by_context=by_ctx, misses=misses, parting=parting, n_steps=len(steps))
+        tau_by_context=by_ctx, misses=misses, parting=parting, n_steps=len(steps),
+        accepted=int(a.sum()), rejected=int(np.sum(a < drafted)))

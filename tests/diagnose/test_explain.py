@@ -20,7 +20,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import dflash_ref
-from dflash_ref.diagnose import ExplainReport, explain, first_divergence
+from dflash_ref.diagnose import explain, first_divergence
 from dflash_ref.diagnose.steps import Step, StepLog, acceptance_stats
 from tests.test_demo_checkpoints import HELD_OUT
 
@@ -58,7 +58,10 @@ def test_step_log_ranks_the_targets_token_in_the_parting_row():
     log.on_commit([5])  # a plain step: ignored
     log.on_draft(5, np.arange(32, 36), rows, None)
     log.on_commit([1, 2, 3, 4])  # a = 3 of 3: a full accept, no rank
-    assert log.steps == [Step(30, 3, 1, 3), Step(32, 3, 3, None)]
+    log.on_draft(9, np.arange(40, 44), rows, None)
+    log.on_commit([8, 4])  # a = 1 and the target's 4 is row 2's first choice: a cut step,
+    # 1 draft judged, none rejected (catches the budget cut counted as a rejection)
+    assert log.steps == [Step(30, 3, 1, 3), Step(32, 3, 3, None), Step(40, 1, 1, None)]
 
 
 def _with_config(drafter, **changes):
@@ -71,10 +74,10 @@ def test_the_shipped_pair_shows_no_fault(demo_pair, demo_tokenizer):
     report = explain(*demo_pair, PROMPTS, NEW, tokenizer=demo_tokenizer, bucket=16)
     assert report.signatures() == []
     assert report.stats.tau == pytest.approx(DOC["baseline"], abs=0.006)
-    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
-    assert report.ablations["features shuffled"] == pytest.approx(DOC["shuffled"], abs=0.006)
-    assert report.ablations["layers -1"] == pytest.approx(DOC["layers -1"], abs=0.006)
-    assert report.ablations["layers +1"] == pytest.approx(DOC["layers +1"], abs=0.006)
+    assert report.ablations["features zeroed"].tau == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["features shuffled"].tau == pytest.approx(DOC["shuffled"], abs=0.006)
+    assert report.ablations["layers -1"].tau == pytest.approx(DOC["layers -1"], abs=0.006)
+    assert report.ablations["layers +1"].tau == pytest.approx(DOC["layers +1"], abs=0.006)
     assert [lo for lo, _, _ in report.stats.tau_by_context] == [64, 80, 96, 112]
     doc = (Path(__file__).resolve().parents[2] / "docs" / "acceptance.md").read_text()
     assert report.summary() in doc  # the page shows this very report
@@ -91,7 +94,7 @@ def test_planted_zeroed_features(demo_pair, demo_tokenizer):
                      ablations=["features zeroed"])
     assert report.signatures() == ["features unused"]
     assert report.stats.tau == pytest.approx(DOC["zeroed"], abs=0.006)
-    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["features zeroed"].tau == pytest.approx(DOC["zeroed"], abs=0.006)
 
 
 def test_planted_one_layer_shift(demo_pair, demo_tokenizer):
@@ -104,8 +107,8 @@ def test_planted_one_layer_shift(demo_pair, demo_tokenizer):
         target.set_target_layer_ids([1, 2])
     assert report.signatures() == ["layers off by one (-1)"]
     assert report.stats.tau == pytest.approx(DOC["shifted"], abs=0.006)
-    assert report.ablations["layers -1"] == pytest.approx(DOC["baseline"], abs=0.006)
-    assert report.ablations["features zeroed"] == pytest.approx(DOC["zeroed"], abs=0.006)
+    assert report.ablations["layers -1"].tau == pytest.approx(DOC["baseline"], abs=0.006)
+    assert report.ablations["features zeroed"].tau == pytest.approx(DOC["zeroed"], abs=0.006)
     assert report.ablations["layers +1"] is None  # layer 4 does not exist
     assert list(target.target_layer_ids) == [1, 2]
 
@@ -118,7 +121,7 @@ def test_planted_wrong_rope_base(demo_pair, demo_tokenizer):
                      ablations=["features zeroed", "RoPE base = target's"])
     assert report.signatures() == ["RoPE base"]
     assert report.stats.tau == pytest.approx(DOC["rope"], abs=0.006)
-    assert report.ablations["RoPE base = target's"] == pytest.approx(DOC["baseline"], abs=0.006)
+    assert report.ablations["RoPE base = target's"].tau == pytest.approx(DOC["baseline"], abs=0.006)
 
 
 def test_planted_wrong_mask_id(demo_pair, demo_tokenizer):
@@ -128,13 +131,6 @@ def test_planted_wrong_mask_id(demo_pair, demo_tokenizer):
     assert report.signatures() == ["mask token"]
     assert report.stats.tau == pytest.approx(DOC["mask"], abs=0.006)
     assert any("ordinary token (' ')" in m for _, _, m in report.checks)
-
-
-def test_signature_thresholds():
-    stats = acceptance_stats([Step(0, 7, 3, 1)], 8)  # tau 4
-    r = ExplainReport(stats, 8, {"features zeroed": 3.7, "layers -1": 4.3, "layers +1": 4.5})
-    # zeroed: -0.3 is within 10% of 4: unused. -1: +0.3 within 10%: no. +1: +0.5: off by one.
-    assert r.signatures() == ["features unused", "layers off by one (+1)"]
 
 
 def test_first_divergence_names_the_tensor_and_step(tmp_path):
