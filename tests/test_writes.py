@@ -425,7 +425,7 @@ def test_figures_follow_the_umask_and_keep_the_users_files(tmp_path, umask_027):
 
     stats = SimpleNamespace(p_at_least=[0.9, 0.5], p_conditional=[0.9, 0.55], histogram=[1, 2, 3],
                             tau=1.6, acceptance_rate=0.4, tau_by_context=[(0, 1.6, 3)])
-    report = SimpleNamespace(stats=stats, ablations={"features zeroed": 1.1})
+    report = SimpleNamespace(stats=stats, ablations={"features zeroed": SimpleNamespace(tau=1.1)})
     figs = tmp_path / "figs"
     figs.mkdir()
     (figs / "notes.txt").write_bytes(USER)
