@@ -367,5 +367,61 @@ def layer_offset_check(target, drafter, prompts, max_new_tokens: int = 64) -> Fi
                                        if better else ""))
 
 
-__all__ = ["Difference", "Finding", "context_limit_check", "domain_check", "layer_offset_check",
-           "paired_difference", "quantized_target_check", "template_check", "welch_difference"]
+# ------------------------------------------------------------------------------ explain
+
+
+PROBES = {
+    "json": ['{"name": "Alice", "age": 30, "tags": [',
+             '{"id": 17, "items": [{"sku": "A-1", "qty": 2}, ',
+             '[{"x": 1.5, "y": -2.0}, {"x": 3.25, ',
+             '{"config": {"debug": false, "port": 8080, "hosts": ["',
+             '{"type": "Feature", "geometry": {"type": "Point", "coordinates": [',
+             '{"user": {"login": "octocat", "id": 1, "url": "',
+             '{"a": [1, 2, 3], "b": {"c": null, "d": true}, "e": "',
+             '[["2024-01-01", 10.5], ["2024-01-02", 11.25], ['],
+    "prose": ["The history of the Roman Empire spans",
+              "Once upon a time, in a small village by the sea,",
+              "To bake a simple loaf of bread, you will need",
+              "The mitochondria is the part of the cell that",
+              "Dear Sir or Madam, I am writing to inform you that",
+              "The three primary colors are"],
+}
+"""Texts outside a code drafter's domain, for :func:`domain_check` (encode them first)."""
+
+
+def checkpoint_weights(path) -> dict[str, np.ndarray]:
+    """The float32 tensors of a target checkpoint: an HF directory or a GGUF (dequantized)."""
+    from pathlib import Path
+
+    if Path(path).is_dir():
+        from dflash_ref.io.safetensors_io import load_checkpoint
+
+        return load_checkpoint(path)
+    from dflash_ref.io.convert_target import read_gguf_target
+
+    return read_gguf_target(path)[1]
+
+
+def standard_checks(target_path, max_new_tokens: int = 64, *, texts=None, tokenizer=None,
+                    served: str = "raw", domains=None, trained_domain: str | None = None):
+    """The checks ``explain(..., field=...)`` runs, each ``(target, drafter, prompts) ->
+    Finding``: layer offset, context limit, the target re-quantized to Q4_K from the checkpoint
+    at ``target_path``; the template check with ``texts`` and a tokenizer (``served``: the
+    rendering the prompts had); the domain check with prompt sets ``domains`` (ids) and the
+    name of the trained one."""
+    n = max_new_tokens
+    out = [lambda t, d, p: layer_offset_check(t, d, p, n),
+           lambda t, d, p: context_limit_check(t, d, p, n),
+           lambda t, d, p: quantized_target_check(t, d, p, checkpoint_weights(target_path),
+                                                  "Q4_K", n)]
+    if texts and tokenizer is not None:
+        out.append(lambda t, d, p: template_check(t, d, texts, tokenizer, served,
+                                                  max_new_tokens=n))
+    if domains and trained_domain is not None:
+        out.append(lambda t, d, p: domain_check(t, d, domains, trained_domain, n))
+    return out
+
+
+__all__ = ["PROBES", "Difference", "Finding", "checkpoint_weights", "context_limit_check",
+           "domain_check", "layer_offset_check", "paired_difference", "quantized_target_check",
+           "standard_checks", "template_check", "welch_difference"]

@@ -33,6 +33,7 @@ import pytest
 
 import dflash_ref
 from dflash_ref.diagnose.field_checks import (
+    PROBES,
     T_995,
     Difference,
     context_limit_check,
@@ -61,14 +62,6 @@ THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}"
     "<think>\nOkay, let me think about what the user wants.\n{% endif %}{% endif %}")
-JSON = ['{"name": "Alice", "age": 30, "tags": [',
-        '{"id": 17, "items": [{"sku": "A-1", "qty": 2}, ',
-        '[{"x": 1.5, "y": -2.0}, {"x": 3.25, ',
-        '{"config": {"debug": false, "port": 8080, "hosts": ["',
-        '{"type": "Feature", "geometry": {"type": "Point", "coordinates": [',
-        '{"user": {"login": "octocat", "id": 1, "url": "',
-        '{"a": [1, 2, 3], "b": {"c": null, "d": true}, "e": "',
-        '[["2024-01-01", 10.5], ["2024-01-02", 11.25], [']
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +169,7 @@ def test_template_mismatch_is_named(pair, demo_tokenizer):
 
 def test_out_of_domain_prompts_are_named(pair):
     target, drafter = pair
-    sets = {"python": HELD_OUT, "json": [list(t.encode()) for t in JSON]}
+    sets = {"python": HELD_OUT, "json": [list(t.encode()) for t in PROBES["json"]]}
     f = domain_check(target, drafter, sets, "python")
     assert (f.name, f.status) == ("domain", "warn"), f.message
     assert f.message.endswith("out of the training domain: json")
