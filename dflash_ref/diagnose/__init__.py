@@ -42,6 +42,7 @@ class ExplainReport:
     block_size: int
     ablations: dict[str, float | None] = field(default_factory=dict)
     checks: list[tuple[str, str, str]] = field(default_factory=list)
+    findings: list = field(default_factory=list)  # the field's named checks (field_checks.py)
 
     def _moved(self, name: str) -> float:
         """tau under ablation ``name`` minus tau (0 when it did not run)."""
@@ -84,6 +85,7 @@ class ExplainReport:
                                                     f"tau {tau:.2f} ({tau - s.tau:+.2f})"))
         for name, status, msg in self.checks:
             lines.append(f"check {name:16s} {status:4s} {msg}")
+        lines.extend(f.line() for f in self.findings)
         sig = self.signatures()
         lines.append("signatures: " + (", ".join(sig) if sig else "none"))
         return "\n".join(lines)
@@ -100,7 +102,7 @@ def _run(target, drafter, prompts, max_new_tokens, block_size, bucket):
 def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *,
             block_size: int | None = None, ablations: Sequence[str] | None = None,
             tokenizer=None, templated: bool | None = None, thinking: bool | None = None,
-            bucket: int = 32) -> ExplainReport:
+            bucket: int = 32, field: Sequence | None = None) -> ExplainReport:
     """The acceptance report of ``drafter`` on ``target`` over ``prompts`` (ids), greedy.
 
     Args:
@@ -110,6 +112,9 @@ def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: i
             all; ``()`` for none).
         tokenizer, templated, thinking: for the configuration checks.
         bucket: context positions per bucket of the tau-by-context table.
+        field: checks ``(target, drafter, prompts) -> Finding`` to run too (e.g.
+            :func:`~dflash_ref.diagnose.field_checks.standard_checks`); their findings are
+            ``report.findings``, one summary line each.
     """
     B = int(drafter.block_size if block_size is None else block_size)
     stats = _run(target, drafter, prompts, max_new_tokens, B, bucket)
@@ -127,6 +132,7 @@ def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: i
                 restore()
     longest = max(len(p) for p in prompts) + max_new_tokens
     report.checks = config_checks(target, drafter, B, tokenizer, templated, thinking, longest)
+    report.findings = [check(target, drafter, prompts) for check in field or ()]
     return report
 
 

@@ -51,6 +51,8 @@ def add_explain_parser(sub) -> None:
                    help="all (default), none, or a comma-separated list")
     p.add_argument("--bucket", type=cli_args.positive_int, default=32,
                    help="context positions per bucket of the tau-by-context line")
+    p.add_argument("--field", action="store_true", help="also run the field's named checks: "
+                   "layer offset, context limit, Q4_K target, template (docs/acceptance.md)")
     p.add_argument("--plot", help="write the figures (PNG) into this directory")
     p.add_argument("--compare", nargs=2, metavar=("OURS", "THEIRS"),
                    help="only name the first diverging tensor and step of two golden-vector dumps")
@@ -83,6 +85,7 @@ def _prompts(args, tokenizer):
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from dflash_ref.diagnose import explain, first_divergence
+    from dflash_ref.diagnose.field_checks import standard_checks
 
     if args.compare:
         ours, theirs = (cli_args.existing_path(x, "--compare") for x in args.compare)
@@ -107,9 +110,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for p in prompts:
         cli_args.check_ids_in_vocabulary(p, target.config.vocab_size, "--ids")
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
+    served = "chat, thinking" if args.thinking else "chat" if args.chat else "raw"
+    field = (standard_checks(target_dir, args.max_new_tokens, texts=args.text, tokenizer=tokenizer,
+                             served=served) if args.field else None)
     report = explain(target, drafter, prompts, args.max_new_tokens, block_size=args.block_size,
                      ablations=args.ablations, tokenizer=tokenizer, templated=templated,
-                     thinking=args.thinking if args.chat else None, bucket=args.bucket)
+                     thinking=args.thinking if args.chat else None, bucket=args.bucket,
+                     field=field)
     print(report.summary())
     if args.plot:
         from dflash_ref.diagnose.plots import write_figures

@@ -32,10 +32,13 @@ import numpy as np
 import pytest
 
 import dflash_ref
+from dflash_ref.cli import main
+from dflash_ref.diagnose import explain
 from dflash_ref.diagnose.field_checks import (
     PROBES,
     T_995,
     Difference,
+    Finding,
     context_limit_check,
     domain_check,
     layer_offset_check,
@@ -240,3 +243,32 @@ def test_the_shipped_layer_ids_are_not_flagged(pair):
     f = layer_offset_check(target, drafter, PROMPTS[:8])
     assert f.status == "ok", f.message
     assert list(target.target_layer_ids) == [1, 2]  # restored
+
+
+# ------------------------------------------------------------------------------ explain
+
+
+def test_explain_runs_the_field_checks_and_prints_them(pair):
+    target, drafter = pair
+    seen = []
+
+    def check(t, d, p):
+        seen.append((t, d, p))
+        return Finding("planted", "warn", "one sentence")
+
+    report = explain(target, drafter, PROMPTS[:1], 8, ablations=(), field=[check])
+    assert seen == [(target, drafter, PROMPTS[:1])]
+    assert report.findings == [Finding("planted", "warn", "one sentence")]
+    assert "\nfield planted          warn one sentence\n" in report.summary()
+
+
+def test_explain_cli_field_flag(capsys):
+    text = "\tdef put(self, item):\n\t\treturn self._put(item)\n"
+    rc = main(["explain", "--target", str(DEMO / "target"), "--drafter", str(DEMO / "drafter"),
+               "--text", text, "--text", text[1:], "--ablations", "none", "--max-new-tokens",
+               "12", "--field"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for name in ("layer offset", "context limit", "quantized target", "template"):
+        assert f"\nfield {name:16s} " in out  # every standard check ran and printed its line
+    assert "Q4_K vs as loaded" in out
