@@ -284,7 +284,8 @@ def quantized_target_check(target, drafter, prompts, weights: Mapping[str, np.nd
                    f"{fmt} vs as loaded: top-1 agreement {100 * agree:.1f}% over {n} positions, "
                    f"feature drift {' / '.join(f'{100 * x:.1f}%' for x in drift)} (layers "
                    f"{layers}); tau {_pooled(quant):.2f} vs {_pooled(base):.2f} ({diff.text()})"
-                   + (": the drafter was trained on the other precision" if warn else ""))
+                   + (f": the drafter drafts worse for the {fmt} target; serve the precision it "
+                      f"was trained on" if warn else ""))
 
 
 # ------------------------------------------------------------------------------ context

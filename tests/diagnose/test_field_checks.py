@@ -59,6 +59,7 @@ from dflash_ref.models.target import TargetModel
 DEMO = Path(dflash_ref.__file__).parent / "data" / "demo"
 HELD_OUT = json.loads((DEMO / "held_out_prompts.json").read_text())["prompts"]
 PROMPTS = HELD_OUT[:16]
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "acceptance.md").read_text()
 # A chat template whose thinking mode opens a thinking block with a line of prose (as a server
 # that prefills the model's reasoning does); thinking off: the plain assistant turn.
 THINKING_TEMPLATE = (
@@ -165,6 +166,7 @@ def test_template_mismatch_is_named(pair, demo_tokenizer):
                             trained="raw", template=THINKING_TEMPLATE)
     assert (served.name, served.status) == ("template", "warn"), served.message
     assert "served (chat, thinking) vs raw (as trained)" in served.message
+    assert served.line() in DOC  # the page quotes this finding
     as_trained = template_check(target, drafter, texts[:4], demo_tokenizer, "raw", trained="raw",
                                 template=THINKING_TEMPLATE)
     assert as_trained.status == "ok", as_trained.message
@@ -176,6 +178,7 @@ def test_out_of_domain_prompts_are_named(pair):
     f = domain_check(target, drafter, sets, "python")
     assert (f.name, f.status) == ("domain", "warn"), f.message
     assert f.message.endswith("out of the training domain: json")
+    assert f.line() in DOC
     with pytest.raises(ValueError, match="'code' is not one of"):
         domain_check(target, drafter, sets, "code")
 
@@ -188,6 +191,7 @@ def test_a_q4_target_is_named(pair):
     q8 = quantized_target_check(target, drafter, PROMPTS[:4], weights, "Q8_0", 16)
     drift = [float(m.split("feature drift ")[1].split("%")[0]) for m in (q4.message, q8.message)]
     assert drift[0] > drift[1] > 0  # 4 bits a weight drift more than 8
+    assert q4.line() in DOC and q8.line() in DOC
 
 
 class _WrappedPositions(DFlashDrafter):
@@ -211,6 +215,7 @@ def test_a_position_limit_is_named(pair):
     f = context_limit_check(target, d, prompts, 64)
     assert (f.name, f.status) == ("context limit", "warn"), f.message
     assert f.message.endswith("acceptance falls past drafter max_position_embeddings 64")
+    assert f.line() in DOC
 
 
 def test_the_shipped_pair_reaches_no_limit(pair):
@@ -236,6 +241,7 @@ def test_shifted_layer_ids_are_named(pair, tmp_path):
     assert (f.name, f.status) == ("layer offset", "warn"), f.message
     assert f.message.endswith("the ids look off by +1")
     assert "[-1, 0] (-1): outside the target" in f.message
+    assert f.line() in DOC
 
 
 def test_the_shipped_layer_ids_are_not_flagged(pair):
@@ -243,6 +249,7 @@ def test_the_shipped_layer_ids_are_not_flagged(pair):
     f = layer_offset_check(target, drafter, PROMPTS[:8])
     assert f.status == "ok", f.message
     assert list(target.target_layer_ids) == [1, 2]  # restored
+    assert f.line() in DOC
 
 
 # ------------------------------------------------------------------------------ explain
