@@ -1,6 +1,6 @@
-"""dflash_ref.diagnose.field_checks: the statistics by hand and against the t distribution, the
-re-quantization against gguf-py, and each named check recognising its planted case on the
-shipped demo pair.
+"""dflash_ref.diagnose.field_checks and field_stats: the statistics by hand and against the t
+distribution, the re-quantization against gguf-py, and each named check recognising its planted
+case on the shipped demo pair.
 
 The planted cases and where their expected verdicts come from (never from the check's numbers):
 
@@ -36,19 +36,21 @@ from dflash_ref.cli import main
 from dflash_ref.diagnose import explain
 from dflash_ref.diagnose.field_checks import (
     PROBES,
-    T_995,
-    Difference,
     Finding,
     context_limit_check,
     domain_check,
     layer_offset_check,
-    paired_difference,
     position_limits,
     quantized_target_check,
     renderings,
     requantize,
-    t_quantile,
     template_check,
+)
+from dflash_ref.diagnose.field_stats import (
+    T_995,
+    Difference,
+    paired_difference,
+    t_quantile,
     welch_difference,
 )
 from dflash_ref.io.quant import quantize_q4_k, quantize_q8_0
