@@ -281,3 +281,13 @@ def test_explain_cli_field_flag(capsys):
     for name in ("layer offset", "context limit", "quantized target", "template"):
         assert f"\nfield {name:16s} " in out  # every standard check ran and printed its line
     assert "Q4_K vs as loaded" in out
+
+
+def test_thinking_on_a_template_without_a_switch_is_served_as_chat(pair, demo_tokenizer):
+    target, drafter = pair
+    plain = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"  # no enable_thinking
+    text = bytes(PROMPTS[0]).decode()
+    assert list(renderings(demo_tokenizer, text, plain)) == ["raw", "chat"]
+    f = template_check(target, drafter, [text], demo_tokenizer, "chat, thinking", trained="raw",
+                       template=plain, max_new_tokens=8)
+    assert "served (chat) vs raw (as trained)" in f.message
