@@ -257,6 +257,8 @@ def context_limit_check(target, drafter, prompts, max_new_tokens: int = 64) -> F
     a limit is significantly lower."""
     runs = prompt_steps(target, drafter, prompts, max_new_tokens)
     pos = [s.position for r in runs for s in r]
+    if not pos:
+        return Finding("context limit", "ok", "no speculative step ran (max_new_tokens < 2?)")
     lo, hi = min(pos), max(pos)
     limits = position_limits(target, drafter)
     inside = [(label, at) for label, at in limits if lo < at <= hi]

@@ -225,6 +225,7 @@ def test_the_shipped_pair_reaches_no_limit(pair):
     assert [at for _, at in position_limits(target, drafter)] == [4096, 4096]  # config.json
     f = context_limit_check(target, drafter, PROMPTS[:2], 16)
     assert f.status == "ok" and "no limit inside" in f.message, f.message
+    assert "no speculative step" in context_limit_check(target, drafter, PROMPTS[:1], 1).message
 
 
 def test_shifted_layer_ids_are_named(pair, tmp_path):
