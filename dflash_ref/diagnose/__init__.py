@@ -65,7 +65,7 @@ class ExplainReport:
     block_size: int
     ablations: dict[str, AcceptanceNumbers | None] = field(default_factory=dict)
     checks: list[tuple[str, str, str]] = field(default_factory=list)
-    extra: list[Finding] = field(default_factory=list)
+    extra: list[Finding] = field(default_factory=list)  # e.g. the field's checks (field_checks)
     walls: dict[str, float] = field(default_factory=dict)
 
     def findings(self) -> list[Finding]:
@@ -128,7 +128,8 @@ def _run(target, drafter, prompts, max_new_tokens, block_size, bucket, progress)
 def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *,
             block_size: int | None = None, ablations: Sequence[str] | None = None,
             tokenizer=None, templated: bool | None = None, thinking: bool | None = None,
-            bucket: int = 32, phases: Phases | None = None) -> ExplainReport:
+            bucket: int = 32, phases: Phases | None = None,
+            field: Sequence | None = None) -> ExplainReport:
     """The acceptance report of ``drafter`` on ``target`` over ``prompts`` (ids), greedy.
 
     Args:
@@ -139,6 +140,9 @@ def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: i
         tokenizer, templated, thinking: for the configuration checks.
         bucket: context positions per bucket of the tau-by-context table.
         phases: progress and timing of the runs (default: timed, not shown).
+        field: checks ``(target, drafter, prompts) -> Finding`` to run too (e.g.
+            :func:`~dflash_ref.diagnose.field_checks.standard_checks`); their findings are
+            ``report.findings``, one summary line each.
     """
     B = int(drafter.block_size if block_size is None else block_size)
     phases = Phases(show=False) if phases is None else phases
@@ -151,6 +155,9 @@ def explain(target, drafter, prompts: Sequence[Sequence[int]], max_new_tokens: i
         report.ablations[name] = _ablate(name, run, phases, total)
     longest = max(len(p) for p in prompts) + max_new_tokens
     report.checks = config_checks(target, drafter, B, tokenizer, templated, thinking, longest)
+    if field:
+        with phases.phase("field checks"):
+            report.extra = [check(target, drafter, prompts) for check in field]
     report.walls = dict(phases.walls)
     return report
 

@@ -89,6 +89,8 @@ def add_explain_parser(sub) -> None:
                    f"{BIG_TARGET // 10**6}M+ parameters), all, none, or a comma-separated list")
     p.add_argument("--bucket", type=cli_args.positive_int, default=32,
                    help="context positions per bucket of the tau-by-context line")
+    p.add_argument("--field", action="store_true", help="also run the field's named checks: "
+                   "layer offset, context limit, Q4_K target, template (docs/acceptance.md)")
     p.add_argument("--plot", help="write the figures (PNG) into this directory")
     p.add_argument("--force", action="store_true", help="with --plot: replace figures an "
                    "earlier run wrote there (never another file)")
@@ -157,6 +159,7 @@ def time_line(walls: dict[str, float], prompts: int, max_new_tokens: int) -> str
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from dflash_ref.diagnose import explain, first_divergence
+    from dflash_ref.diagnose.field_checks import standard_checks
     from dflash_ref.diagnose.progress import Phases
 
     if args.compare:
@@ -186,10 +189,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         drafter = _load_drafter(drafter_path, target)
     ablations = auto_ablations(target.config) if args.ablations is None else args.ablations
     new = auto_new_tokens(target.config) if args.max_new_tokens is None else args.max_new_tokens
+    served = "chat, thinking" if args.thinking else "chat" if args.chat else "raw"
+    field = (standard_checks(target_path, new, texts=args.text, tokenizer=tokenizer,
+                             served=served) if args.field else None)
     report = explain(target, drafter, prompts, new, block_size=args.block_size,
                      ablations=ablations, tokenizer=tokenizer, templated=templated,
                      thinking=args.thinking if args.chat else None, bucket=args.bucket,
-                     phases=phases)
+                     phases=phases, field=field)
     print(report.summary())
     print(time_line(report.walls, len(prompts), new))
     if args.plot:
