@@ -280,7 +280,7 @@ def test_explain_cli_field_flag(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     for name in ("layer offset", "context limit", "quantized target", "template"):
-        assert f"\nfield {name:16s} " in out  # every standard check ran and printed its line
+        assert f"\n  field {name:16s} " in out  # every standard check ran and printed its line
     assert "Q4_K vs as loaded" in out
 
 

@@ -27,7 +27,8 @@ SECTION = "## On a real model: Gemma 3 270M and its drafter"
 
 def _section() -> str:
     text = DOC.read_text()
-    return text[text.index(SECTION):]
+    rest = text[text.index(SECTION):]
+    return rest[:rest.find("\n## ", 1)] if "\n## " in rest[1:] else rest  # to the next section
 
 
 def _counts(line: str, tail: str) -> tuple[int, int]:
