@@ -21,13 +21,19 @@ run's sampling distribution (temperature, top-k, top-p), written here once more,
 the package (:func:`sampling_law`). The emitted distribution of each position equals the
 target's, jointly (so also conditionally on the earlier positions).
 
-**How.** ``n_trials`` steps with a fixed seed; each completed sequence is one count. Pearson's
-chi-square of the counts against the exact law above (:mod:`~dflash_ref.testing.chisquare`), with
-the sequences of expected count < 5 pooled into one cell, and any count on a sequence of
-probability 0 (a token top-k or top-p removed) an immediate failure. The report also gives the
-chi-square of each position's marginal, to say where a failing sampler goes wrong. The test has
-power: the one-line mutants of tests/testing/test_lossless.py (residual not renormalised, the
-bonus drawn from q, top-p after the ratio, ...) fail it by p-values below 1e-10.
+**How.** ``n_trials`` steps (:data:`N_TRIALS`, 50,000, by default) with a fixed seed; each
+completed sequence is one count. Against the exact law above: any emitted output of probability
+0 (a token top-k or top-p removed) fails at once; Pearson's chi-square of the completed
+sequences (:mod:`~dflash_ref.testing.chisquare`; cells of expected count < 5 pooled) and of each
+position's marginal; the exact binomial tail, two-sided, of every event (each prefix
+``x_1..x_j``, each marginal ``x_j = t``), Bonferroni over the events, so that a rare sequence
+over-produced cannot hide in the pooled cell; and ds4's max deviation
+``max_e |f_e - p_e|`` against the bound its largest binomial standard error sets. A lossless
+sampler fails with probability at most ``(L + 4) x`` :data:`P_VALUE_THRESHOLD`
+(:meth:`LosslessReport.false_alarm_bound`). tests/testing/test_harness_power.py plants a wrong
+sampler of each kind and shows each rejected; the one-line mutants of
+tests/testing/test_lossless.py (residual not renormalised, the bonus drawn from q, top-p after
+the ratio, ...) fail by p-values below 1e-10.
 """
 
 from __future__ import annotations
