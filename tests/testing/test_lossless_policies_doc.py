@@ -71,6 +71,17 @@ def test_the_doc_table_is_the_artifact():
             assert rows == round(r["verify_rows"], 1), r["policy"]
 
 
+def test_the_prose_quotes_only_the_artifacts_taus():
+    # The paragraph under the table compares taus: each one it names is a cell of the artifact.
+    text = (ROOT / "docs" / "lossless.md").read_text()
+    head = text.index("| policy | lossless | verify rows |")
+    prose = text[head:text.index("## What each rule costs", head)]
+    prose = "\n".join(ln for ln in prose.splitlines() if not ln.startswith("|"))
+    taus = {f"{r['tau']:.2f}" for r in json.loads(ARTIFACT.read_text())["rows"] if r["tau"]}
+    quoted = re.findall(r"\b\d\.\d\d\b", prose)
+    assert quoted and set(quoted) <= taus, set(quoted) - taus
+
+
 def test_the_lossless_column_is_the_certificates_verdict():
     from tests.testing.test_policies_certified import POLICIES as CERTIFIED
 
