@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,15 @@ CERTIFIED_AS = {
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("lp", ROOT / "scripts" / "lossless_policies.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """scripts/lossless_policies.py as a module, registered so its pool can pickle its cells."""
+    name = "lossless_policies_script"
+    if name not in sys.modules:
+        path = ROOT / "scripts" / "lossless_policies.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def doc_rows() -> dict:
