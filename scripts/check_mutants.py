@@ -677,6 +677,62 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '        if rank == -1:  # the target agreed with the draft',
         'tests/diagnose/test_explain.py::test_step_log_ranks_the_targets_token_in_the_parting_row',
     ),
+    (
+        'L1 lossless harness: the exact tail test of each event dropped (rare sequences pooled)',
+        'dflash_ref/testing/lossless.py',
+        '    return min(1.0, len(evs) * best[0]), (best[1], best[2], best[3])',
+        '    return 1.0, (best[1], best[2], best[3])',
+        'tests/testing/test_harness_power.py::test_a_rare_sequence_over_produced_fails_though_the_chi_square_pools_it_away',
+    ),
+    (
+        'L2 lossless harness: emitted outputs of probability 0 not checked',
+        'dflash_ref/testing/lossless.py',
+        '        if exact.get(out, 0.0) == 0.0:',
+        '        if False:',
+        'tests/testing/test_harness_power.py::test_a_token_top_k_removes_fails_at_once',
+    ),
+    (
+        'L3 lossless harness: per-position marginals not tested',
+        'dflash_ref/testing/lossless.py',
+        '        marginal_p.append(_pooled_chi_square(m_counts, m_exact))',
+        '        marginal_p.append(1.0)',
+        'tests/testing/test_harness_power.py::test_a_first_token_drawn_at_a_nearby_temperature_fails',
+    ),
+    (
+        'L4 lossless harness: max deviation scaled by the smallest standard error',
+        'dflash_ref/testing/lossless.py',
+        '    s = max(math.sqrt(p * (1.0 - p) / n) for _, _, p in evs)',
+        '    s = min(math.sqrt(p * (1.0 - p) / n) for _, _, p in evs)',
+        'tests/testing/test_harness_power.py::test_the_false_alarm_rate_of_a_correct_sampler_is_within_its_bound',
+    ),
+    (
+        "L5 lossless harness: 4000 steps by default (a first token at T' = 0.88 passes)",
+        'dflash_ref/testing/lossless.py',
+        'N_TRIALS = 50_000',
+        'N_TRIALS = 4_000',
+        'tests/testing/test_harness_power.py::test_a_first_token_drawn_at_a_nearby_temperature_fails',
+    ),
+    (
+        'L6 lossless harness: one-sided tails (under-production unseen)',
+        'dflash_ref/testing/lossless.py',
+        '    return min(1.0, 2.0 * min(binom_sf(o, n, p), binom_cdf(o, n, p)))',
+        '    return min(1.0, 2.0 * binom_sf(o, n, p))',
+        'tests/testing/test_harness_power.py::test_a_common_sequence_under_produced_fails_the_two_sided_tail',
+    ),
+    (
+        'L7 lossless harness: no Bonferroni factor over the events',
+        'dflash_ref/testing/lossless.py',
+        '    return min(1.0, len(evs) * best[0]), (best[1], best[2], best[3])',
+        '    return min(1.0, best[0]), (best[1], best[2], best[3])',
+        'tests/testing/test_harness_power.py::test_the_false_alarm_rate_of_a_correct_sampler_is_within_its_bound',
+    ),
+    (
+        'L8 binomial tail P(X >= k) shifted by one',
+        'dflash_ref/testing/chisquare.py',
+        '    return beta_inc(k, n - k + 1, p)',
+        '    return beta_inc(k + 1, n - k, p)',
+        'tests/testing/test_harness_power.py::test_binomial_tails_equal_the_sums_of_their_terms',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""

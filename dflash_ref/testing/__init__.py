@@ -6,8 +6,9 @@
   reason, and the error message names the op, the tensor and the case.
 
 - :mod:`dflash_ref.testing.lossless`: the harness that proves a speculative sampler lossless
-  (chi-square on the emitted sequences against the target's exact law; docs/lossless.md), over
-  :mod:`dflash_ref.testing.chisquare`.
+  (against the target's exact law: chi-square on the emitted sequences and on each position,
+  exact binomial tails of every event, ds4's max deviation, impossible outputs;
+  docs/lossless.md), over :mod:`dflash_ref.testing.chisquare`.
 
 The project's own GPU-test plumbing (the twin check, the skip rule) is in tests/gpu.py.
 """

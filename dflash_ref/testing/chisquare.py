@@ -86,3 +86,72 @@ def chi_square_gof(counts, probs) -> tuple[float, int, float]:
     stat = float(np.sum((o[live] - e) ** 2 / e))
     dof = int(live.sum()) - 1
     return stat, dof, chi2_sf(stat, dof)
+
+
+def beta_inc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta ``I_x(a, b)``, a, b > 0, 0 <= x <= 1.
+
+    Lentz's continued fraction (Numerical Recipes 6.4), on ``x`` or by the symmetry
+    ``I_x(a, b) = 1 - I_(1-x)(b, a)`` where it converges faster (x > (a + 1) / (a + b + 2)).
+    """
+    if a <= 0 or b <= 0 or not 0.0 <= x <= 1.0:
+        raise ValueError(f"beta_inc needs a, b > 0 and 0 <= x <= 1, got a={a}, b={b}, x={x}")
+    if x in (0.0, 1.0):
+        return x
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - beta_inc(b, a, 1.0 - x)
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))
+    return math.exp(log_front) * _beta_fraction(a, b, x) / a
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (tiny if abs(d) < tiny else d)
+    h = d
+    for m in range(1, 10_000):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (tiny if abs(d) < tiny else d)
+            c = 1.0 + num / c
+            c = tiny if abs(c) < tiny else c
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """``P(X >= k)`` for ``X ~ Binomial(n, p)``: ``I_p(k, n - k + 1)``."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    return beta_inc(k, n - k + 1, p)
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """``P(X <= k)`` for ``X ~ Binomial(n, p)``: ``I_(1-p)(n - k, k + 1)``."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return beta_inc(n - k, k + 1, 1.0 - p)
+
+
+def normal_sf(z: float) -> float:
+    """``P(Z >= z)`` for a standard normal Z."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def normal_isf(alpha: float) -> float:
+    """The z with ``P(Z >= z) = alpha`` (0 < alpha < 1), by bisection on :func:`normal_sf`."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"normal_isf needs 0 < alpha < 1, got {alpha}")
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if normal_sf(mid) > alpha else (lo, mid)
+    return 0.5 * (lo + hi)
