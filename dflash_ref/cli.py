@@ -13,6 +13,7 @@ Subcommands:
             config, and warnings where metadata and weights disagree.
     compare-weights A B   per-tensor relative RMS / max-abs table; exit 1 on any flagged row.
     oracle export OUT | compare REF OTHER   golden vectors (docs/golden_vectors.md).
+    conform --server URL --target PATH   certify a running server (docs/conformance.md).
 """
 
 from __future__ import annotations
@@ -379,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.set_defaults(func=cmd_compare_weights)
     add_oracle_arguments(sub.add_parser("oracle", help="golden vectors: export a case, compare "
                                         "another stack's dump (docs/golden_vectors.md)"))
+    from dflash_ref.oracle.conform_cli import add_conform_parser
+
+    add_conform_parser(sub)
     return parser
 
 
