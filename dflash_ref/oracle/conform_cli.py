@@ -27,7 +27,7 @@ DEFAULT_POLICIES = ("greedy", "1.0", "0.7,top_k=20,top_p=0.9")
 
 def policy(text: str):
     """``--policy``: ``greedy``, or ``T[,top_k=K][,top_p=P]`` (T > 0)."""
-    from dflash_ref.testing.conform_http import Policy
+    from dflash_ref.testing.conform import Policy
 
     if text == "greedy":
         return Policy()
@@ -94,8 +94,8 @@ def add_conform_parser(sub) -> None:
 
 
 def cmd_conform(args: argparse.Namespace) -> int:
+    from dflash_ref.oracle.conform_http import ServerClient
     from dflash_ref.testing.conform import ConformSettings, run_conform, total_requests
-    from dflash_ref.testing.conform_http import ServerClient
 
     target_path = cli_args.existing_path(args.target, "--target")
     drafter_path = cli_args.existing_path(args.drafter, "--drafter") if args.drafter else None

@@ -1,7 +1,8 @@
 """Certify a running server, black box: ``dflash-ref conform`` (docs/conformance.md).
 
-The server is asked for completions of token-id prompts (:mod:`.conform_http`); the reference
-is dflash-ref's own target (and drafter) on the same weights, handed in as any object with
+The server is asked for completions of token-id prompts (dflash_ref/oracle/conform_http.py);
+the reference is dflash-ref's own target (and drafter) on the same weights, handed in as any
+object with
 
 - ``rows(prompt, tokens)`` -> [len(tokens), V]: row i is the target's logits for the token after
   ``prompt + tokens[:i]`` (teacher forcing);
@@ -55,8 +56,42 @@ from statistics import NormalDist
 import numpy as np
 
 from dflash_ref.testing.chisquare import chi_square_gof
-from dflash_ref.testing.conform_http import Completion, Policy
 from dflash_ref.testing.lossless import Law, sampling_law
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One sampling policy: temperature (0: greedy), top-k (0: off), top-p (1: off)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def name(self) -> str:
+        if self.greedy:
+            return "greedy"
+        parts = [f"T={self.temperature:g}"]
+        if self.top_k:
+            parts.append(f"top_k={self.top_k}")
+        if self.top_p < 1.0:
+            parts.append(f"top_p={self.top_p:g}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What one request returned: the generated ``tokens`` and, where the server reports them,
+    the drafts it proposed (``draft_n``) and accepted (``draft_n_accepted``); None otherwise."""
+
+    tokens: tuple[int, ...]
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+
 
 ALPHA = 1e-3
 """Significance of each statistical test."""
@@ -130,7 +165,7 @@ class ConformReport:
 
 
 @dataclass(frozen=True)
-class Divergence:
+class GreedyDivergence:
     """A greedy position where the server's token is not the reference's argmax."""
 
     position: int
@@ -140,7 +175,7 @@ class Divergence:
     excused: bool
 
 
-def greedy_divergences(tokens: Sequence[int], rows, tie_margin: float) -> list[Divergence]:
+def greedy_divergences(tokens: Sequence[int], rows, tie_margin: float) -> list[GreedyDivergence]:
     """Every position i where ``tokens[i]`` is not the argmax of ``rows[i]`` [V], with the margin
     ``rows[i][argmax] - rows[i][tokens[i]]`` and whether it is excused (margin <= tie_margin)."""
     rows = np.asarray(rows, dtype=np.float64)  # [len(tokens), V]
@@ -149,7 +184,7 @@ def greedy_divergences(tokens: Sequence[int], rows, tie_margin: float) -> list[D
         best = int(np.argmax(rows[i]))
         margin = float(rows[i, best] - rows[i, int(t)])
         if margin > 0.0:
-            out.append(Divergence(i, int(t), best, margin, margin <= tie_margin))
+            out.append(GreedyDivergence(i, int(t), best, margin, margin <= tie_margin))
     return out
 
 
@@ -323,7 +358,7 @@ class ConformSettings:
 
 def run_conform(client, reference, settings: ConformSettings, progress=None) -> ConformReport:
     """Every check of ``settings`` against the server behind ``client`` (a
-    :class:`~dflash_ref.testing.conform_http.ServerClient`, or anything with its ``complete``).
+    :class:`~dflash_ref.oracle.conform_http.ServerClient`, or anything with its ``complete``).
 
     ``progress(n)``: called after each request (a progress bar's update)."""
     tick = progress or (lambda n: None)
@@ -353,9 +388,7 @@ def _sampled(client, reference, settings: ConformSettings, policy: Policy, tick)
         tick(1)
     short = [c for c in completions if len(c.tokens) < settings.length]
     if short:
-        from dflash_ref.testing.conform_http import ServerError
-
-        raise ServerError(f"the server returned {len(short[0].tokens)} tokens where "
+        raise ValueError(f"the server returned {len(short[0].tokens)} tokens where "
                           f"{settings.length} were asked (n_predict {settings.n_predict}, "
                           f"ignore_eos); it must not stop before --length tokens")
     seqs = [tuple(c.tokens[: settings.length]) for c in completions]
@@ -389,7 +422,7 @@ def total_requests(settings: ConformSettings) -> int:
     return sum(len(settings.prompts) if p.greedy else settings.n for p in settings.policies)
 
 
-__all__ = ["ACCEPTANCE_TOLERANCE", "ALPHA", "Check", "ConformReport", "ConformSettings",
-           "Divergence", "TIE_MARGIN", "acceptance_check", "cell_of", "greedy_check",
-           "greedy_divergences", "law_cells", "run_conform", "sampled_check", "judge_law",
-           "total_requests"]
+__all__ = ["ACCEPTANCE_TOLERANCE", "ALPHA", "Check", "Completion", "ConformReport",
+           "ConformSettings", "GreedyDivergence", "Policy", "TIE_MARGIN", "acceptance_check",
+           "cell_of", "greedy_check", "greedy_divergences", "judge_law", "law_cells",
+           "run_conform", "sampled_check", "total_requests"]

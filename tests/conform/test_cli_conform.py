@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from dflash_ref.cli import main
-from dflash_ref.testing.conform_http import Policy, ServerClient, ServerError
+from dflash_ref.oracle.conform_http import ServerClient, ServerError
+from dflash_ref.testing.conform import Policy
 from tests.conform.server import DEMO, DemoServer
 
 PROMPT = ",".join(map(str, json.loads((DEMO / "held_out_prompts.json").read_text())

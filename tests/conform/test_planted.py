@@ -21,9 +21,9 @@ import json
 import pytest
 
 from dflash_ref.backend import limit_blas_threads
+from dflash_ref.oracle.conform_http import ServerClient
 from dflash_ref.oracle.conform_reference import ModelReference
-from dflash_ref.testing.conform import ConformSettings, run_conform
-from dflash_ref.testing.conform_http import Policy, ServerClient
+from dflash_ref.testing.conform import ConformSettings, Policy, run_conform
 from tests.conform.planted import BUGS
 from tests.conform.server import DEMO, DemoServer, demo_pair
 

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from dflash_ref.testing.conform import (
+    Policy,
     acceptance_check,
     cell_of,
     greedy_divergences,
     judge_law,
     law_cells,
 )
-from dflash_ref.testing.conform_http import Policy
 
 
 def test_greedy_divergence_margins_and_the_tie_rule():

@@ -27,9 +27,8 @@ names the cause and the fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dflash_ref.errors import DFlashRefError
+from dflash_ref.testing.conform import Completion, Policy
 
 APIS = ("native", "openai")
 SAMPLERS = ["top_k", "temperature", "top_p"]  # dflash-ref's order (module docstring)
@@ -37,40 +36,6 @@ SAMPLERS = ["top_k", "temperature", "top_p"]  # dflash-ref's order (module docst
 
 class ServerError(DFlashRefError, RuntimeError):
     """The server is unreachable, refused a request, or answered something other than ids."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    """One sampling policy: temperature (0: greedy), top-k (0: off), top-p (1: off)."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def name(self) -> str:
-        if self.greedy:
-            return "greedy"
-        parts = [f"T={self.temperature:g}"]
-        if self.top_k:
-            parts.append(f"top_k={self.top_k}")
-        if self.top_p < 1.0:
-            parts.append(f"top_p={self.top_p:g}")
-        return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What one request returned: the generated ``tokens`` and, where the server reports them,
-    the drafts it proposed (``draft_n``) and accepted (``draft_n_accepted``); None otherwise."""
-
-    tokens: tuple[int, ...]
-    draft_n: int | None = None
-    draft_n_accepted: int | None = None
 
 
 class ServerClient:
@@ -214,4 +179,4 @@ def _reason(exc: Exception) -> str:
     return _short(text, 80)
 
 
-__all__ = ["APIS", "Completion", "Policy", "SAMPLERS", "ServerClient", "ServerError"]
+__all__ = ["APIS", "SAMPLERS", "ServerClient", "ServerError"]
