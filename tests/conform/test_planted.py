@@ -5,9 +5,9 @@ each planted bug (tests/conform/planted.py) is flagged by the sampled law, at th
 certain (the nucleus holds one token), so every completion tests the first speculative step, and
 its next token is uncertain with a drafter that is neither right nor wrong (acceptance ~0.7). The
 first 3 tokens are judged, 3 asked per request (llama-server's draft window then drafts one
-token at the first step). N = 200 completions per bug; ``top_p_after_ratio`` moves the law by
-a total variation of ~0.13 spread over several cells, below the bias detectable at 200 (0.13)
-and flagged at N = 600, which the correct server is also run at.
+token at the first step). N = 200 completions per bug; ``top_p_after_ratio`` spreads its change
+to the law over several cells, below the bias detectable at 200 (0.13), and is flagged at
+N = 600, which the correct server is also run at (detectable bias 0.08).
 
 **False alarms.** The correct server's run makes 3 statistical tests at alpha = 1e-3 (chi-square
 and max deviation of one sampled policy, and its acceptance z-test): a correct server fails with
@@ -56,6 +56,8 @@ def test_the_correct_server_passes(reference):
     assert [c.check for c in report.checks] == ["greedy prompt 0", "acceptance", "sampled",
                                                 "acceptance"]
     assert report.false_alarm_bound == pytest.approx(3e-3)  # the rate the docstring states
+    sampled = report.checks[2].detail
+    assert round(sampled["detectable_bias"], 2) == 0.08  # docs/conformance.md quotes it
 
 
 @pytest.mark.parametrize("bug", BUGS)
