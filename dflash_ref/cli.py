@@ -344,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dflash_ref.cli_generate import add_parser as add_generate
     from dflash_ref.diagnose.cli import add_explain_parser
     from dflash_ref.oracle.cli import add_oracle_arguments
+    from dflash_ref.oracle.conform_cli import add_conform_parser
 
     add_generate(sub)
     add_explain_parser(sub)
@@ -380,8 +381,6 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.set_defaults(func=cmd_compare_weights)
     add_oracle_arguments(sub.add_parser("oracle", help="golden vectors: export a case, compare "
                                         "another stack's dump (docs/golden_vectors.md)"))
-    from dflash_ref.oracle.conform_cli import add_conform_parser
-
     add_conform_parser(sub)
     return parser
 

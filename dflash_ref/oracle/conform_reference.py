@@ -6,54 +6,53 @@ a server serves, answering what :func:`dflash_ref.testing.conform.run_conform` a
 - ``next_logits(prompt, prefix)``: the row after ``prompt + prefix``; the prompt is prefilled
   once and its state snapshotted, each prefix restored from it;
 - ``acceptance(prompt, n_predict, policy, seeds)``: ``generate`` with the drafter, driven as
-  llama-server drives its own (:class:`ServerDraftWindow`), as (drafted, accepted) per seed.
+  llama-server drives its own (:class:`ServerDraftWindow` around the chain rule the server
+  runs), as (drafted, accepted) per seed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dflash_ref.ops.sampling import DraftProposal, SamplingParams
+from dflash_ref.spec_decode.arguments import make_verifier
 from dflash_ref.spec_decode.drafting import DraftingContext
 from dflash_ref.spec_decode.extra_verifiers import GreedyDraftChainVerifier
 from dflash_ref.spec_decode.loop import generate
-from dflash_ref.spec_decode.verifiers import ChainBlock, ChainVerifier, RejectionChainVerifier
+from dflash_ref.spec_decode.verifiers import ChainBlock, Verifier
 
 DRAFT_RULES = ("sampled", "argmax")
 
 
-class ServerDraftWindow:
-    """llama-server's draft length (``tools/server/server-context.cpp``, ``get_n_draft_max``):
-    ``min(B - 1, remaining - 1)`` drafts after the anchor, so that the accepted drafts and the
-    bonus never pass ``n_predict``; no draft at all (a plain step) when none fits. Mixed into a
-    chain verifier in place of its ``draft``."""
+@dataclass(frozen=True)
+class ServerDraftWindow(Verifier):
+    """A verifier (``inner``) drafting llama-server's draft length
+    (``tools/server/server-context.cpp``, ``get_n_draft_max``): ``min(B - 1, remaining - 1)``
+    drafts after the anchor, so that the accepted drafts and the bonus never pass
+    ``n_predict``; no draft at all (a plain step) when none fits. ``inner`` drafts, verifies
+    and keeps as it would; only the block size of its context changes."""
+
+    inner: Verifier
+
+    def check(self, sampling, block_size, trained_block_size) -> None:
+        self.inner.check(sampling, block_size, trained_block_size)
 
     def draft(self, ctx: DraftingContext) -> ChainBlock:
         rows = max(1, min(ctx.block_size, ctx.remaining))  # the anchor and rows - 1 drafts
-        if rows == 1:
-            empty = np.zeros(0, np.int64)
-            q = None if self.draft_law(ctx.sampling) is None else np.zeros((0, 1))
-            return ChainBlock(np.asarray([ctx.anchor], np.int64), DraftProposal(empty, q))
-        proposal = ctx.propose(rows, self.draft_law(ctx.sampling))
-        tokens = np.concatenate([[ctx.anchor], proposal.tokens[: rows - 1]]).astype(np.int64)
-        return ChainBlock(tokens, proposal)
+        if rows > 1:
+            return self.inner.draft(replace(ctx, block_size=rows))
+        sampled = getattr(self.inner, "draft_law", lambda s: None)(ctx.sampling) is not None
+        empty = np.zeros(0, np.int64)
+        return ChainBlock(np.asarray([ctx.anchor], np.int64),
+                          DraftProposal(empty, np.zeros((0, 1)) if sampled else None))
 
+    def verify(self, block, logits, ctx: DraftingContext):
+        return self.inner.verify(block, logits, ctx)
 
-@dataclass(frozen=True)
-class ServerGreedyChain(ServerDraftWindow, ChainVerifier):
-    """Greedy chain verify with llama-server's draft window."""
-
-
-@dataclass(frozen=True)
-class ServerRejectionChain(ServerDraftWindow, RejectionChainVerifier):
-    """Sampled drafts and rejection sampling with llama-server's draft window."""
-
-
-@dataclass(frozen=True)
-class ServerMatchChain(ServerDraftWindow, GreedyDraftChainVerifier):
-    """Argmax drafts, one sample per target row, with llama-server's draft window."""
+    def keep(self, state, start: int, result) -> None:
+        self.inner.keep(state, start, result)
 
 
 class ModelReference:
@@ -101,19 +100,19 @@ class ModelReference:
             law = SamplingParams(policy.temperature, top_p=policy.top_p, top_k=policy.top_k,
                                  seed=None if policy.greedy else int(seed))
             res = generate(self.target, self.drafter, list(prompt), n_predict, sampling=law,
-                           block_size=self.block_size, verify=self._verifier(policy))
+                           block_size=self.block_size, verify=self._verifier(law))
             out.append((int(sum(res.drafted)), int(sum(n - 1 for n in res.acceptance_lengths))))
         return out
 
-    def _verifier(self, policy):
-        if policy.greedy:
-            return ServerGreedyChain()
-        return ServerMatchChain() if self.draft_rule == "argmax" else ServerRejectionChain()
+    def _verifier(self, law: SamplingParams) -> ServerDraftWindow:
+        """The chain rule the server runs (``draft_rule``), in its draft window."""
+        if self.draft_rule == "argmax" and not law.greedy:
+            return ServerDraftWindow(GreedyDraftChainVerifier())
+        return ServerDraftWindow(make_verifier("chain", law))
 
 
 def _host(x):
     return x.get() if type(x).__module__.startswith("cupy") else np.asarray(x)
 
 
-__all__ = ["DRAFT_RULES", "ModelReference", "ServerDraftWindow", "ServerGreedyChain",
-           "ServerMatchChain", "ServerRejectionChain"]
+__all__ = ["DRAFT_RULES", "ModelReference", "ServerDraftWindow"]

@@ -1,10 +1,11 @@
 """The sampled verify rule of a DFlash server with one planted bug each, as ``Verifier`` classes
 run by dflash-ref's own loop (tests/conform/server.py serves them).
 
-:class:`ServerRejectionChain` (dflash_ref/oracle/conform_reference.py) is the correct rule:
-drafts ``d_j ~ q_j``, each accepted with probability ``min(1, p/q)``, the bonus from the
-renormalised residual ``max(p - q, 0)``, with llama-server's draft window. Each bug below is
-that rule with one thing wrong, as reported on public trackers (docs/conformance.md):
+``Planted(bug=None)`` is the correct rule, the release's (``RejectionChainVerifier``): drafts
+``d_j ~ q_j``, each accepted with probability ``min(1, p/q)``, the bonus from the renormalised
+residual ``max(p - q, 0)``; the server runs it in llama-server's draft window
+(``ServerDraftWindow``, dflash_ref/oracle/conform_reference.py). Each bug below is that rule
+with one thing wrong, as reported on public trackers (docs/conformance.md):
 
 | name | what is wrong |
 |---|---|
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dflash_ref.ops.sampling import DraftProposal, sample_from_probs, sampling_probs
-from dflash_ref.oracle.conform_reference import ServerRejectionChain
+from dflash_ref.spec_decode.verifiers import RejectionChainVerifier
 from dflash_ref.spec_decode.verify import ChainVerifyResult, verify_chain_greedy
 
 TREE_WIDTH = 3  # children of the biased tree rule
@@ -59,7 +60,7 @@ def _residual_draw(p_row, q_row, u) -> int:
 
 
 @dataclass(frozen=True)
-class Planted(ServerRejectionChain):
+class Planted(RejectionChainVerifier):
     """The correct rule, written out (``bug=None``), or with the named ``bug``."""
 
     bug: str | None = None

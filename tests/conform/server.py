@@ -25,6 +25,7 @@ import numpy as np
 import dflash_ref
 from dflash_ref import DFlashDrafter, TargetModel, generate
 from dflash_ref.ops.sampling import SamplingParams
+from dflash_ref.oracle.conform_reference import ServerDraftWindow
 from tests.conform.planted import Planted
 
 DEMO = Path(dflash_ref.__file__).parent / "data" / "demo"
@@ -43,7 +44,7 @@ class DemoServer:
     """``with DemoServer(bug) as url:`` a server on 127.0.0.1 (a free port) until the block ends."""
 
     def __init__(self, bug: str | None = None, mode: str = "ids", speculative: bool = True):
-        self.verifier = Planted(bug=bug)
+        self.verifier = ServerDraftWindow(Planted(bug=bug))
         self.mode, self.speculative = mode, speculative
         self.target, self.drafter = demo_pair()
         self._lock = threading.Lock()

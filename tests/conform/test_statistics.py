@@ -12,14 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from dflash_ref.testing.conform import (
-    Policy,
-    acceptance_check,
-    cell_of,
-    greedy_divergences,
-    judge_law,
-    law_cells,
-)
+from dflash_ref.testing.conform import Policy, acceptance_check, greedy_divergences
+from dflash_ref.testing.conform_law import cell_of, judge_law, law_cells
+from dflash_ref.testing.lossless import Law
 
 
 def test_greedy_divergence_margins_and_the_tie_rule():
@@ -44,17 +39,17 @@ TABLE = {(): [0.75, 0.25], (0,): [0.5, 0.5], (1,): [0.2, 0.8]}
 
 def test_law_cells_expand_only_prefixes_with_enough_expected_count():
     # n = 100: both first tokens have n p >= 20 and are expanded into pairs.
-    cells = law_cells(_rows(TABLE), Policy(1.0), n=100, length=2)
+    cells = law_cells(_rows(TABLE), Law(1.0), n=100, length=2)
     assert cells == pytest.approx({(0, 0): 0.375, (0, 1): 0.375, (1, 0): 0.05, (1, 1): 0.2})
     # n = 40: token 1 has expected count 10 < 20: one cell (1,) of probability 0.25.
-    cells = law_cells(_rows(TABLE), Policy(1.0), n=40, length=2)
+    cells = law_cells(_rows(TABLE), Law(1.0), n=40, length=2)
     assert cells == pytest.approx({(0, 0): 0.375, (0, 1): 0.375, (1,): 0.25})
     assert cell_of((1, 0), cells) == (1,) and cell_of((0, 1), cells) == (0, 1)
 
 
 def test_law_cells_follow_the_policy():
     # top_k = 1 keeps token 0 alone at every row: one cell of probability 1.
-    assert law_cells(_rows(TABLE), Policy(1.0, top_k=1), n=100, length=2) == {(0, 0): 1.0}
+    assert law_cells(_rows(TABLE), Law(1.0, top_k=1), n=100, length=2) == {(0, 0): 1.0}
 
 
 def test_counts_at_their_expectation_pass_and_a_removed_token_fails():
