@@ -39,7 +39,7 @@ HELD_OUT = json.loads((DEMO / "held_out_prompts.json").read_text())["prompts"]
 # held-out prompts 6, 9 and 23, whose greedy paths keep a top-2 gap >= 0.1 (test_dflash.py).
 PROMPTS = [HELD_OUT[11][:46], HELD_OUT[6], HELD_OUT[9], HELD_OUT[23]]
 POLICIES = ["greedy", "1.0,top_p=0.8", "0.7,top_k=20"]
-N, N_PREDICT, DRAFT_MAX = 1000, 16, 7
+N, N_PREDICT, DRAFT_MAX = 600, 8, 7
 START_S = 120
 
 
