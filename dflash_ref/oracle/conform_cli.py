@@ -110,6 +110,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     prompts = [tuple(p) for p in args.prompts] + [tuple(tok.encode(t)) for t in args.texts]
     client = ServerClient(args.server, args.api, args.model, (5.0, args.timeout), args.retries)
     client.complete(prompts[0], 1, policy("greedy"), args.seed)  # reachable, answers ids
+    print(f"conform: loading the reference from {target_path}", file=sys.stderr, flush=True)
     target, drafter = _load(source, drafter_path, args.backend)
     for p in prompts:
         cli_args.check_ids_in_vocabulary(p, target.config.vocab_size, "prompt")
@@ -121,6 +122,8 @@ def cmd_conform(args: argparse.Namespace) -> int:
     from dflash_ref.oracle.conform_reference import ModelReference
 
     reference = ModelReference(target, drafter, args.block_size, args.draft_rule)
+    print(f"conform: {total_requests(settings)} requests to {args.server}", file=sys.stderr,
+          flush=True)
     with _progress(total_requests(settings)) as bar:
         report = run_conform(client, reference, settings, bar.update if bar else None)
     print(report.table())

@@ -41,6 +41,7 @@ def test_a_correct_server_exits_0_and_writes_the_report(capsys, tmp_path):
                              "--prompt-ids", PROMPT, "--policy", "greedy", "--json", str(report))
         assert code == 0, out + err
         assert "all checks hold" in out and "greedy prompt 0" in out
+        assert "conform: 1 requests to" in err  # no silent wait: what it is doing, on stderr
         data = json.loads(report.read_text())
         assert data["holds"] is True and data["checks"][0]["check"] == "greedy prompt 0"
         # the report is never overwritten
