@@ -1,9 +1,9 @@
 """``dflash-ref conform`` against the pinned llama-server (scripts/build_llamacpp.sh) serving the
 shipped demo pair with DFlash speculative decoding: greedy on four prompts and two sampled
 policies hold (docs/conformance.md shows this run's table). The acceptance rows are pinned to the
-committed run, not required to hold: dflash-ref's model of llama-server's draft window drafts one
-token more than the server on one greedy prompt, and the sampled rates differ by ~0.02
-(docs/conformance.md, "A real run").
+committed run, not required to hold: llama.cpp's drafter and dflash-ref's propose different
+tokens at one step of one greedy prompt (38 vs 39 drafts in all), and the sampled rates differ by
+~0.02 (docs/conformance.md, "A real run").
 
 The pair is converted to F32 GGUFs with ``dflash-ref convert`` (the shipped weights are BF16, so
 F32 holds them exactly, and llama.cpp's F32 path is within 1e-3 of dflash-ref's logits:
