@@ -12,7 +12,7 @@ a server serves, answering what :func:`dflash_ref.testing.conform.run_conform` a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,8 +31,9 @@ class ServerDraftWindow(Verifier):
     """A verifier (``inner``) drafting llama-server's draft length
     (``tools/server/server-context.cpp``, ``get_n_draft_max``): ``min(B - 1, remaining - 1)``
     drafts after the anchor, so that the accepted drafts and the bonus never pass
-    ``n_predict``; no draft at all (a plain step) when none fits. ``inner`` drafts, verifies
-    and keeps as it would; only the block size of its context changes."""
+    ``n_predict``; no draft at all (a plain step) when none fits. ``inner`` drafts its whole
+    block, as llama.cpp's DFlash does ("truncating draft to N tokens", common/speculative.cpp),
+    and the block is cut to the window; ``inner`` verifies and keeps as it would."""
 
     inner: Verifier
 
@@ -41,12 +42,16 @@ class ServerDraftWindow(Verifier):
 
     def draft(self, ctx: DraftingContext) -> ChainBlock:
         rows = max(1, min(ctx.block_size, ctx.remaining))  # the anchor and rows - 1 drafts
-        if rows > 1:
-            return self.inner.draft(replace(ctx, block_size=rows))
-        sampled = getattr(self.inner, "draft_law", lambda s: None)(ctx.sampling) is not None
-        empty = np.zeros(0, np.int64)
-        return ChainBlock(np.asarray([ctx.anchor], np.int64),
-                          DraftProposal(empty, np.zeros((0, 1)) if sampled else None))
+        if rows == 1:
+            sampled = getattr(self.inner, "draft_law", lambda s: None)(ctx.sampling) is not None
+            return ChainBlock(np.asarray([ctx.anchor], np.int64),
+                              DraftProposal(np.zeros(0, np.int64),
+                                            np.zeros((0, 1)) if sampled else None))
+        block = self.inner.draft(ctx)  # the whole block drafted, then cut (a DFlash block is
+        p = block.proposal  # non-causal: fewer masks would change every row's logits)
+        cut = DraftProposal(p.tokens[: rows - 1], None if p.q is None else p.q[: rows - 1],
+                            None if p.candidates is None else p.candidates[: rows - 1])
+        return ChainBlock(block.tokens[:rows], cut)
 
     def verify(self, block, logits, ctx: DraftingContext):
         return self.inner.verify(block, logits, ctx)

@@ -1,9 +1,6 @@
 """``dflash-ref conform`` against the pinned llama-server (scripts/build_llamacpp.sh) serving the
-shipped demo pair with DFlash speculative decoding: greedy on four prompts and two sampled
-policies hold (docs/conformance.md shows this run's table). The acceptance rows are pinned to the
-committed run, not required to hold: llama.cpp's drafter and dflash-ref's propose different
-tokens at one step of one greedy prompt (38 vs 39 drafts in all), and the sampled rates differ by
-~0.02 (docs/conformance.md, "A real run").
+shipped demo pair with DFlash speculative decoding: greedy on four prompts, two sampled policies
+and the draft counts of each hold (docs/conformance.md shows this run's table).
 
 The pair is converted to F32 GGUFs with ``dflash-ref convert`` (the shipped weights are BF16, so
 F32 holds them exactly, and llama.cpp's F32 path is within 1e-3 of dflash-ref's logits:
@@ -116,12 +113,10 @@ def run_conform(url: str, pair, out: Path, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-def test_llama_server_is_lossless(llama_server, pair, tmp_path, capsys):
+def test_llama_server_conforms(llama_server, pair, tmp_path, capsys):
     code, out = run_conform(llama_server, pair, tmp_path / "report.json", capsys)
     report = json.loads((tmp_path / "report.json").read_text())
-    assert code == (0 if report["holds"] else 1)
-    lossless = [c for c in report["checks"] if c["check"] != "acceptance"]
-    assert len(lossless) == 6 and all(c["holds"] for c in lossless), out  # greedy x 4, sampled x 2
+    assert code == 0 and report["holds"], out  # greedy x 4, sampled x 2, acceptance x 3
     if os.environ.get("DFLASH_WRITE_CONFORM_REPORT") == "1":  # how the committed file was made
         COMMITTED.write_text(json.dumps({**report, "table": out.rstrip("\n")}, indent=1) + "\n")
     committed = json.loads(COMMITTED.read_text())
