@@ -3,17 +3,15 @@
 Subcommands:
     demo    the main job: plain vs speculative decoding on the shipped tiny target + drafter
             (real HF / z-lab layouts, no download), or on ``--target DIR --drafter DIR``.
-    generate  text in, text out: ``--target`` (directory or GGUF), ``--prompt``, optional
-            ``--drafter`` (dflash_ref/cli_generate.py).
-    info    package version, the backends available here, and for CuPy the device or the
-            precise reason it is unavailable; the NVRTC version used by the compile check.
+    generate  text in, text out: ``--target`` (directory or GGUF), ``--prompt``, ``--drafter``.
+    info    version, the backends here, the CuPy device or why not, the NVRTC version.
     convert SRC OUT   a z-lab drafter directory -> GGUF (``--naming llama.cpp|lucebox``), or a
             Qwen3 / Qwen3.5 / Gemma 3 target directory -> llama.cpp GGUF (docs/formats.md).
-    inspect PATH      a GGUF file or checkpoint directory: metadata, tensors, the derived
-            config, and warnings where metadata and weights disagree.
+    inspect PATH      a GGUF or checkpoint: metadata, tensors, derived config, disagreements.
     compare-weights A B   per-tensor relative RMS / max-abs table; exit 1 on any flagged row.
     oracle export OUT | compare REF OTHER   golden vectors (docs/golden_vectors.md).
     check-gguf FILE [--target FILE]   every fault of a DFlash drafter GGUF (docs/check_gguf.md).
+    conform --server URL --target PATH   certify a running server (docs/conformance.md).
 """
 
 from __future__ import annotations
@@ -344,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dflash_ref.diagnose.cli import add_explain_parser
     from dflash_ref.io.check_gguf import add_check_gguf_parser
     from dflash_ref.oracle.cli import add_oracle_arguments
+    from dflash_ref.oracle.conform_cli import add_conform_parser
 
     add_generate(sub)
     add_explain_parser(sub)
@@ -382,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.set_defaults(func=cmd_compare_weights)
     add_oracle_arguments(sub.add_parser("oracle", help="golden vectors: export a case, compare "
                                         "another stack's dump (docs/golden_vectors.md)"))
+    add_conform_parser(sub)
     return parser
 
 

