@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -159,24 +158,18 @@ def _load(source, drafter_path, backend: str):
 
 
 def _new_file(text: str) -> Path:
-    path = cli_args.output_file(text, "--json")
-    if path.exists():
-        raise cli_args.UsageError(f"--json {path} exists; conform never overwrites a file: "
-                                  f"choose a new name or remove it first")
-    return path
+    """``--json``: checked before any request (dflash_ref/io/writing.py: never an existing file)."""
+    from dflash_ref.io.writing import check_output_file
+
+    return check_output_file(text, "--json")
 
 
 def _write_new(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then link it into place: never
-    half-written, and never over a file that appeared meanwhile."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise cli_args.UsageError(f"--json {path} appeared while conform ran; the report is "
-                                  f"left in {tmp}") from None
-    tmp.unlink()
+    """Write the report by the one rule: never half-written, never over a file that appeared."""
+    from dflash_ref.io.writing import new_file
+
+    with new_file(path, "--json") as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 class _progress:

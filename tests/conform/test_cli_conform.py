@@ -47,7 +47,7 @@ def test_a_correct_server_exits_0_and_writes_the_report(capsys, tmp_path):
         # the report is never overwritten
         code, out, err = run(capsys, "--server", url, "--target", TARGET, "--prompt-ids", PROMPT,
                              "--json", str(report))
-        assert code == 2 and err.startswith("error: --json") and "exists" in err
+        assert code == 1 and err.startswith("error: --json") and "exists" in err  # writing.py
 
 
 def test_a_planted_bug_exits_1_naming_the_failed_check(capsys):
