@@ -2,7 +2,7 @@
 reasons for low acceptance").
 
 Each check measures one thing users of DFlash stacks report as the cause of a low tau, and
-returns a :class:`Finding` (a name, "ok" or "warn", one sentence with the numbers):
+returns a :class:`FieldFinding` (a name, "ok" or "warn", one sentence with the numbers):
 
 - **template** (:func:`template_check`): tau with the prompts rendered as the drafter was
   trained vs as served (raw text, the chat template, the chat template with thinking on);
@@ -39,7 +39,7 @@ from dflash_ref.spec_decode.loop import generate
 
 
 @dataclass(frozen=True)
-class Finding:
+class FieldFinding:
     """One check's result: ``name``, ``status`` ("ok" or "warn"), one sentence with numbers."""
 
     name: str
@@ -104,7 +104,7 @@ def renderings(tokenizer, text: str, template: str | None = None) -> dict[str, l
 
 def template_check(target, drafter, texts: Sequence[str], tokenizer, served: str, *,
                    trained: str | None = None, template: str | None = None,
-                   max_new_tokens: int = 64) -> Finding:
+                   max_new_tokens: int = 64) -> FieldFinding:
     """tau with ``texts`` rendered each way (:func:`renderings`): warns when the ``served``
     rendering's tau is significantly below the ``trained`` one's (paired by text; None: the
     best other rendering)."""
@@ -123,7 +123,7 @@ def template_check(target, drafter, texts: Sequence[str], tokenizer, served: str
     warn = ref != served and diff.significant and diff.mean < 0
     each = "; ".join(f"{n} {_pooled(taus[n]):.2f}" for n in names)
     how = "as trained" if trained else "the best other"
-    return Finding("template", "warn" if warn else "ok",
+    return FieldFinding("template", "warn" if warn else "ok",
                    f"tau by rendering over {len(texts)} prompts: {each}; served ({served}) vs "
                    f"{ref} ({how}): {diff.text()}"
                    + (": render the prompts as the drafter was trained" if warn else ""))
@@ -133,7 +133,7 @@ def template_check(target, drafter, texts: Sequence[str], tokenizer, served: str
 
 
 def domain_check(target, drafter, sets: Mapping[str, Sequence[Sequence[int]]], trained: str,
-                 max_new_tokens: int = 64) -> Finding:
+                 max_new_tokens: int = 64) -> FieldFinding:
     """tau of each prompt set (ids) against the set ``trained`` (the training domain): warns
     when a set's tau is significantly below it (Welch, per-prompt tau)."""
     if trained not in sets:
@@ -147,7 +147,7 @@ def domain_check(target, drafter, sets: Mapping[str, Sequence[Sequence[int]]], t
         parts.append(f"{name} {_pooled(t):.2f} ({diff.text()})")
         if diff.significant and diff.mean < 0:
             below.append(name)
-    return Finding("domain", "warn" if below else "ok",
+    return FieldFinding("domain", "warn" if below else "ok",
                    f"tau {trained} (trained) {_pooled(taus[trained]):.2f}; "
                    + "; ".join(parts)
                    + (f": out of the training domain: {', '.join(below)}" if below else ""))
@@ -210,7 +210,7 @@ def agreement_and_drift(reference, other, prompts, max_new_tokens: int):
 
 
 def quantized_target_check(target, drafter, prompts, weights: Mapping[str, np.ndarray],
-                           fmt: str = "Q4_K", max_new_tokens: int = 64) -> Finding:
+                           fmt: str = "Q4_K", max_new_tokens: int = 64) -> FieldFinding:
     """The target rebuilt from ``weights`` (the float32 tensors it was loaded from) through
     ``fmt`` against ``target``: top-1 agreement, feature drift, tau each (paired by prompt);
     warns when the re-quantized target's tau is significantly lower."""
@@ -221,7 +221,7 @@ def quantized_target_check(target, drafter, prompts, weights: Mapping[str, np.nd
     diff = paired_difference(quant, base)
     warn = diff.significant and diff.mean < 0
     layers = ", ".join(str(i) for i in target.target_layer_ids)
-    return Finding("quantized target", "warn" if warn else "ok",
+    return FieldFinding("quantized target", "warn" if warn else "ok",
                    f"{fmt} vs as loaded: top-1 agreement {100 * agree:.1f}% over {n} positions, "
                    f"feature drift {' / '.join(f'{100 * x:.1f}%' for x in drift)} (layers "
                    f"{layers}); tau {_pooled(quant):.2f} vs {_pooled(base):.2f} ({diff.text()})"
@@ -251,20 +251,20 @@ def _rope_note(target, drafter) -> str:
     return f" ({', '.join(scaled)})" if scaled else ""
 
 
-def context_limit_check(target, drafter, prompts, max_new_tokens: int = 64) -> Finding:
+def context_limit_check(target, drafter, prompts, max_new_tokens: int = 64) -> FieldFinding:
     """tau before vs after each limit of :func:`position_limits` inside the anchor positions
     the run reaches (paired by prompt, prompts with steps on both sides): warns when tau after
     a limit is significantly lower."""
     runs = prompt_steps(target, drafter, prompts, max_new_tokens)
     pos = [s.position for r in runs for s in r]
     if not pos:
-        return Finding("context limit", "ok", "no speculative step ran (max_new_tokens < 2?)")
+        return FieldFinding("context limit", "ok", "no speculative step ran (max_new_tokens < 2?)")
     lo, hi = min(pos), max(pos)
     limits = position_limits(target, drafter)
     inside = [(label, at) for label, at in limits if lo < at <= hi]
     if not inside:
         marks = ", ".join(f"{label} {at}" for label, at in limits) or "none stated"
-        return Finding("context limit", "ok",
+        return FieldFinding("context limit", "ok",
                        f"no limit inside the anchor positions {lo}..{hi} reached (limits: "
                        f"{marks}){_rope_note(target, drafter)}")
     parts, fell = [], []
@@ -278,7 +278,7 @@ def context_limit_check(target, drafter, prompts, max_new_tokens: int = 64) -> F
                      f"after ({diff.text()}, {len(both)} prompts)")
         if diff.significant and diff.mean < 0:
             fell.append(f"{label} {at}")
-    return Finding("context limit", "warn" if fell else "ok",
+    return FieldFinding("context limit", "warn" if fell else "ok",
                    "; ".join(parts) + _rope_note(target, drafter)
                    + (f": acceptance falls past {', '.join(fell)}" if fell else ""))
 
@@ -286,7 +286,7 @@ def context_limit_check(target, drafter, prompts, max_new_tokens: int = 64) -> F
 # ------------------------------------------------------------------------------ layers
 
 
-def layer_offset_check(target, drafter, prompts, max_new_tokens: int = 64) -> Finding:
+def layer_offset_check(target, drafter, prompts, max_new_tokens: int = 64) -> FieldFinding:
     """tau with the capture layer ids as configured, one lower and one higher (where inside
     the target), paired by prompt: warns when an offset is significantly better."""
     ids = list(target.target_layer_ids)
@@ -306,7 +306,7 @@ def layer_offset_check(target, drafter, prompts, max_new_tokens: int = 64) -> Fi
         parts.append(f"{moved} ({delta:+d}) {_pooled(taus):.2f} ({diff.text()})")
         if diff.significant and diff.mean > 0:
             better.append(f"{delta:+d}")
-    return Finding("layer offset", "warn" if better else "ok",
+    return FieldFinding("layer offset", "warn" if better else "ok",
                    "; ".join(parts) + (f": the ids look off by {', '.join(better)}"
                                        if better else ""))
 
@@ -349,7 +349,7 @@ def checkpoint_weights(path) -> dict[str, np.ndarray]:
 def standard_checks(target_path, max_new_tokens: int = 64, *, texts=None, tokenizer=None,
                     served: str = "raw", domains=None, trained_domain: str | None = None):
     """The checks ``explain(..., field=...)`` runs, each ``(target, drafter, prompts) ->
-    Finding``: layer offset, context limit, the target re-quantized to Q4_K from the checkpoint
+    FieldFinding``: layer offset, context limit, the target re-quantized to Q4_K from the checkpoint
     at ``target_path``; the template check with ``texts`` and a tokenizer (``served``: the
     rendering the prompts had); the domain check with prompt sets ``domains`` (ids) and the
     name of the trained one."""
@@ -366,6 +366,6 @@ def standard_checks(target_path, max_new_tokens: int = 64, *, texts=None, tokeni
     return out
 
 
-__all__ = ["PROBES", "Finding", "checkpoint_weights", "context_limit_check",
+__all__ = ["PROBES", "FieldFinding", "checkpoint_weights", "context_limit_check",
            "domain_check", "layer_offset_check", "quantized_target_check", "standard_checks",
            "template_check"]

@@ -36,7 +36,7 @@ from dflash_ref.cli import main
 from dflash_ref.diagnose import explain
 from dflash_ref.diagnose.field_checks import (
     PROBES,
-    Finding,
+    FieldFinding,
     context_limit_check,
     domain_check,
     layer_offset_check,
@@ -264,11 +264,11 @@ def test_explain_runs_the_field_checks_and_prints_them(pair):
 
     def check(t, d, p):
         seen.append((t, d, p))
-        return Finding("planted", "warn", "one sentence")
+        return FieldFinding("planted", "warn", "one sentence")
 
     report = explain(target, drafter, PROMPTS[:1], 8, ablations=(), field=[check])
     assert seen == [(target, drafter, PROMPTS[:1])]
-    assert report.extra == [Finding("planted", "warn", "one sentence")]
+    assert report.extra == [FieldFinding("planted", "warn", "one sentence")]
     assert "\n  field planted          warn one sentence\n" in report.summary()
 
 

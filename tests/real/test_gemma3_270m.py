@@ -118,4 +118,5 @@ def test_the_readme_chat_command_runs(model, monkeypatch, capsys):
         seen.append(list(ids)), real_generate(t, d, ids, *a, **kw))[1])
     assert main(argv) == 0
     assert seen == [chat["ids"]]
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("[8 tokens")
+    n = argv[argv.index("--max-new-tokens") + 1]  # the README's own count (no eot: runs it out)
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"[{n} tokens")
