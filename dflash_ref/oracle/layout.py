@@ -16,7 +16,6 @@ keys are unique, files are only containers.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,15 +121,12 @@ def kind_of(key: str) -> str:
 
 
 def write_tensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """One safetensors file of ``tensors`` (contiguous little-endian, dtypes kept), with the
-    mode an ordinary new file gets (``0o666 & ~umask``)."""
+    """One safetensors file of ``tensors`` (contiguous little-endian, dtypes kept); its mode is
+    set when the output folder publishes it (dflash_ref/io/writing.py)."""
     from safetensors.numpy import save_file
 
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path),
               metadata={"format": f"dflash-ref golden vectors, layout {LAYOUT_VERSION}"})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)  # safetensors renames a private (0600) temporary file
 
 
 def read_case(path) -> tuple[dict | None, dict[str, np.ndarray]]:
