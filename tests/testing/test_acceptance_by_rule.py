@@ -19,19 +19,25 @@ ROOT = Path(__file__).resolve().parents[2]
 TAU_TOL = 0.015  # the module docstring says why
 
 
-def doc_table() -> dict:
-    """{(rule, T): (tau, rows)} as docs/lossless.md quotes it."""
+def lossless_table(header: str) -> tuple[list[float], list[list[str]]]:
+    """The table of docs/lossless.md whose header row starts ``| header |``: the temperatures
+    its "T = ..." columns name, and each body row's cells."""
     text = (ROOT / "docs" / "lossless.md").read_text()
-    head = re.search(r"\| rule \| verify rows \|(.*)\|\n", text)
+    head = re.search(rf"\| {re.escape(header)} \|(.*)\|\n", text)
     temps = [float(t) for t in re.findall(r"T = ([0-9.]+)", head.group(1))]
-    out = {}
+    rows = []
     for line in text[head.end():].splitlines()[1:]:
         if not line.startswith("|"):
             break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        for T, tau in zip(temps, cells[2:]):
-            out[(cells[0], T)] = (float(tau), float(cells[1]))
-    return out
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return temps, rows
+
+
+def doc_table() -> dict:
+    """{(rule, T): (tau, rows)} as docs/lossless.md quotes it."""
+    temps, rows = lossless_table("rule | verify rows")
+    return {(cells[0], T): (float(tau), float(cells[1]))
+            for cells in rows for T, tau in zip(temps, cells[2:])}
 
 
 def test_the_doc_table_names_every_rule_and_temperature():

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.testing.test_acceptance_by_rule import lossless_table
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACT = ROOT / "docs" / "data" / "lossless_policies.json"
 TAU_TOL = 0.05  # the module docstring says why
@@ -48,14 +50,9 @@ def script():
 
 def doc_rows() -> dict:
     """{policy: (lossless, rows, {T: tau})} as docs/lossless.md quotes it ("-" is None)."""
-    text = (ROOT / "docs" / "lossless.md").read_text()
-    head = re.search(r"\| policy \| lossless \| verify rows \|(.*)\|\n", text)
-    temps = [float(t) for t in re.findall(r"T = ([0-9.]+)", head.group(1))]
+    temps, rows = lossless_table("policy | lossless | verify rows")
     out = {}
-    for line in text[head.end():].splitlines()[1:]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip("|").split("|")]
+    for cells in rows:
         num = [None if c == "-" else float(c) for c in cells[2:]]
         out[cells[0]] = (cells[1] == "yes", num[0], dict(zip(temps, num[1:])))
     return out
