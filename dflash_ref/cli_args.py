@@ -158,6 +158,29 @@ def gguf_file_or_directory(path: Path) -> bool:
     return True
 
 
+def open_target(path: Path, need_tokenizer: bool = True):
+    """(the source a target loads its weights from, its tokenizer or None): metadata only. A
+    GGUF's tokenizer is its own metadata, the file opened once for it and for the weights; a
+    directory's is its tokenizer.json (loaded when ``need_tokenizer`` or when it exists)."""
+    from dflash_ref.io.gguf_io import open_gguf
+    from dflash_ref.io.tokenizer import load_tokenizer
+
+    if not gguf_file_or_directory(path):
+        return path, (load_tokenizer(path) if need_tokenizer
+                      or (path / "tokenizer.json").exists() else None)
+    gguf = open_gguf(path)
+    return gguf, load_tokenizer(gguf)
+
+
+def load_target(source, backend: str = "numpy"):
+    """The target from :func:`open_target`'s source: a checkpoint directory or an open GGUF."""
+    from dflash_ref.models.target import TargetModel
+
+    if isinstance(source, Path):
+        return TargetModel.from_pretrained(source, backend=backend)
+    return TargetModel.from_gguf(source, backend=backend)
+
+
 def check_ids_in_vocabulary(ids, vocab_size: int, option: str) -> None:
     """Token ids the loaded target can embed: each below its vocabulary size."""
     bad = [i for i in ids if i >= vocab_size]

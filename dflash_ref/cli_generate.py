@@ -99,14 +99,6 @@ def _open(path: Path):
     return gguf, load_tokenizer(gguf)
 
 
-def _load(source, backend: str):
-    from dflash_ref.models.target import TargetModel
-
-    if isinstance(source, Path):
-        return TargetModel.from_pretrained(source, backend=backend)
-    return TargetModel.from_gguf(source, backend=backend)
-
-
 def _prompt_ids(args, tok, template: str | None) -> list[int]:
     """The prompt as ids: plain text, or one user turn in the chat template."""
     import jinja2
@@ -186,7 +178,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = _prompt_ids(args, tok, template)
         check_pair(args, source, d, ids)  # metadata only: no weight read yet
         status.say(f"loading {target_path.name}: weights")
-        target = _load(source, args.backend)
+        target = cli_args.load_target(source, args.backend)
         drafter = None
         if d is not None:
             status.say(f"loading {d.name}")

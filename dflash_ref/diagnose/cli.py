@@ -99,27 +99,6 @@ def add_explain_parser(sub) -> None:
     p.set_defaults(func=cmd_explain)
 
 
-def _open(path: Path, need_tokenizer: bool):
-    """(the source the target loads from, its tokenizer or None): no weight read yet. A GGUF's
-    tokenizer is its own metadata; a directory's is its tokenizer.json, needed for --text only."""
-    from dflash_ref.io.gguf_io import open_gguf
-    from dflash_ref.io.tokenizer import load_tokenizer
-
-    if not cli_args.gguf_file_or_directory(path):
-        return path, (load_tokenizer(path) if need_tokenizer
-                      or (path / "tokenizer.json").exists() else None)
-    gguf = open_gguf(path)  # opened once: the tokenizer and the weights read the same file
-    return gguf, load_tokenizer(gguf)
-
-
-def _load_target(source):
-    from dflash_ref.models.target import TargetModel
-
-    if isinstance(source, Path):
-        return TargetModel.from_pretrained(source)
-    return TargetModel.from_gguf(source)
-
-
 def _load_drafter(path: Path, target):
     from dflash_ref.models.drafter import DFlashDrafter
 
@@ -179,10 +158,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     drafter_path = cli_args.existing_path(args.drafter or DEMO / "drafter", "--drafter")
     phases = Phases()
     with phases.phase("tokenizer"):  # a GGUF's vocabulary is parsed here: seconds
-        source, tokenizer = _open(target_path, need_tokenizer=bool(args.text))
+        source, tokenizer = cli_args.open_target(target_path, need_tokenizer=bool(args.text))
         prompts, templated = _prompts(args, tokenizer)
     with phases.phase(f"loading the target {target_path.name}"):
-        target = _load_target(source)
+        target = cli_args.load_target(source)
     for p in prompts:
         cli_args.check_ids_in_vocabulary(p, target.config.vocab_size, "--ids")
     with phases.phase(f"loading the drafter {drafter_path.name}"):

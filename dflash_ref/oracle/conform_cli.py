@@ -105,7 +105,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     if args.n_predict < args.length:
         raise cli_args.UsageError(f"--n-predict {args.n_predict} < --length {args.length}; ask "
                                   f"for at least as many tokens as are judged")
-    source, tok = _open_target(target_path)
+    source, tok = cli_args.open_target(target_path)
     prompts = [tuple(p) for p in args.prompts] + [tuple(tok.encode(t)) for t in args.texts]
     client = ServerClient(args.server, args.api, args.model, (5.0, args.timeout), args.retries)
     client.complete(prompts[0], 1, policy("greedy"), args.seed)  # reachable, answers ids
@@ -131,24 +131,11 @@ def cmd_conform(args: argparse.Namespace) -> int:
     return 0 if report.holds else 1
 
 
-def _open_target(path: Path):
-    """(the weights' source, the tokenizer): nothing read but metadata."""
-    from dflash_ref.io.gguf_io import open_gguf
-    from dflash_ref.io.tokenizer import load_tokenizer
-
-    if not cli_args.gguf_file_or_directory(path):
-        return path, load_tokenizer(path)
-    gguf = open_gguf(path)
-    return gguf, load_tokenizer(gguf)
-
-
 def _load(source, drafter_path, backend: str):
     from dflash_ref.backend import limit_blas_threads
     from dflash_ref.models.drafter import DFlashDrafter
-    from dflash_ref.models.target import TargetModel
 
-    target = (TargetModel.from_pretrained(source, backend=backend) if isinstance(source, Path)
-              else TargetModel.from_gguf(source, backend=backend))
+    target = cli_args.load_target(source, backend)
     limit_blas_threads(target.config.hidden_size)  # small models: one BLAS thread, for good
     drafter = None
     if drafter_path is not None:
