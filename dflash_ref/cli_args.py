@@ -158,7 +158,7 @@ def gguf_file_or_directory(path: Path) -> bool:
     return True
 
 
-def open_target(path: Path, need_tokenizer: bool = True):
+def target_source(path: Path, need_tokenizer: bool = True):
     """(the source a target loads its weights from, its tokenizer or None): metadata only. A
     GGUF's tokenizer is its own metadata, the file opened once for it and for the weights; a
     directory's is its tokenizer.json (loaded when ``need_tokenizer`` or when it exists)."""
@@ -173,7 +173,7 @@ def open_target(path: Path, need_tokenizer: bool = True):
 
 
 def load_target(source, backend: str = "numpy"):
-    """The target from :func:`open_target`'s source: a checkpoint directory or an open GGUF."""
+    """The target from :func:`target_source`'s source: a checkpoint directory or an open GGUF."""
     from dflash_ref.models.target import TargetModel
 
     if isinstance(source, Path):

@@ -158,7 +158,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     drafter_path = cli_args.existing_path(args.drafter or DEMO / "drafter", "--drafter")
     phases = Phases()
     with phases.phase("tokenizer"):  # a GGUF's vocabulary is parsed here: seconds
-        source, tokenizer = cli_args.open_target(target_path, need_tokenizer=bool(args.text))
+        source, tokenizer = cli_args.target_source(target_path, need_tokenizer=bool(args.text))
         prompts, templated = _prompts(args, tokenizer)
     with phases.phase(f"loading the target {target_path.name}"):
         target = cli_args.load_target(source)

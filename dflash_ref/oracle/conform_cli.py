@@ -105,7 +105,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     if args.n_predict < args.length:
         raise cli_args.UsageError(f"--n-predict {args.n_predict} < --length {args.length}; ask "
                                   f"for at least as many tokens as are judged")
-    source, tok = cli_args.open_target(target_path)
+    source, tok = cli_args.target_source(target_path)
     prompts = [tuple(p) for p in args.prompts] + [tuple(tok.encode(t)) for t in args.texts]
     client = ServerClient(args.server, args.api, args.model, (5.0, args.timeout), args.retries)
     client.complete(prompts[0], 1, policy("greedy"), args.seed)  # reachable, answers ids
