@@ -1,9 +1,12 @@
 """The Gemma 3 drafter's prompts: the demo pair's pinned corpus as Gemma 3 token ids (NumPy only).
 
 scripts/train_gemma3_drafter.py trains on it and tests/real/test_gemma3_drafter.py measures on
-it. The corpus is scripts/corpus/cpython_3_11_lib.py.txt (PSF license; docs/training.md), read
-with its space indents (Gemma's tokenizer has tokens for runs of spaces); the held-out modules
-are scripts/demo_corpus.py's ``HELD_OUT_FILES``.
+it. Code: scripts/corpus/cpython_3_11_lib.py.txt, read with its space indents (Gemma's tokenizer
+has tokens for runs of spaces), the held-out modules being scripts/demo_corpus.py's
+``HELD_OUT_FILES``. Prose: scripts/corpus/cpython_3_11_pydoc_topics.txt, the 79 topics of
+CPython 3.11.7's Lib/pydoc_data/topics.py (the language reference's English text), one
+``# ==== topic <name> ====`` line before each, ``HELD_OUT_TOPICS`` held out. Both are PSF-licensed
+(scripts/corpus/LICENSE-PSF.txt; docs/training.md).
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_corpus  # noqa: E402
 
 BOS, MASK = 2, 4  # Gemma 3: <bos>, <mask>
+PROSE = Path(__file__).resolve().parent / "corpus" / "cpython_3_11_pydoc_topics.txt"
+# held out: topics none of whose lines appear in another topic (pydoc's topics repeat each other)
+HELD_OUT_TOPICS = ("binary", "calls", "dict", "import", "objects", "strings", "subscriptions",
+                   "typesmapping")
 
 OOD_PROMPTS = (  # outside the corpus domain: plain English and other languages' code
     "The history of the Roman Empire spans",
@@ -39,6 +46,21 @@ def corpus_files() -> dict[str, str]:
     heads = list(re.finditer(r"^# ==== (Lib/\S+) ====\n", data, re.MULTILINE))
     return {m.group(1): data[m.end(): heads[i + 1].start() if i + 1 < len(heads) else None]
             for i, m in enumerate(heads)}
+
+
+def prose_files() -> dict[str, str]:
+    """{topic: text} of the pinned prose corpus."""
+    data = PROSE.read_text()
+    heads = list(re.finditer(r"^# ==== topic (\S+) ====\n", data, re.MULTILINE))
+    return {m.group(1): data[m.end(): heads[i + 1].start() if i + 1 < len(heads) else None]
+            for i, m in enumerate(heads)}
+
+
+def training_texts() -> dict[str, str]:
+    """Every text the drafter may train on: the code modules and prose topics not held out."""
+    code = {n: t for n, t in corpus_files().items() if n not in demo_corpus.HELD_OUT_FILES}
+    prose = {"topic " + n: t for n, t in prose_files().items() if n not in HELD_OUT_TOPICS}
+    return {**code, **prose}
 
 
 def line_starts(text: str) -> list[int]:
@@ -74,6 +96,17 @@ def held_out_prompts(n: int, length: int = 48, seed: int = 15) -> list[list[int]
     """``n`` in-domain prompts from the held-out modules (csv, queue, shlex, textwrap)."""
     files = {n_: t for n_, t in corpus_files().items() if n_ in demo_corpus.HELD_OUT_FILES}
     return prompts_from(files, dflash_tokenizer(), n, length, seed)
+
+
+def held_out_prose_prompts(n: int, length: int = 48, seed: int = 15) -> list[list[int]]:
+    """``n`` in-domain prose prompts from the held-out topics."""
+    files = {t: x for t, x in prose_files().items() if t in HELD_OUT_TOPICS}
+    return prompts_from(files, dflash_tokenizer(), n, length, seed)
+
+
+def eval_prompts(n: int) -> list[list[int]]:
+    """The in-domain evaluation set: ``n // 2`` held-out code prompts, then ``n - n // 2`` prose."""
+    return held_out_prompts(n // 2) + held_out_prose_prompts(n - n // 2)
 
 
 def ood_prompts(n: int) -> list[list[int]]:
