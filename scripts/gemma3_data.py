@@ -75,6 +75,14 @@ def exact_rows(ids: np.ndarray, pred: np.ndarray, anchors: np.ndarray, rows: int
     return chain & inside
 
 
+def draft_vocabulary(preds: np.ndarray, size: int) -> np.ndarray:
+    """The ``size`` ids the target predicts most often in ``preds`` (ties: lower id), sorted:
+    the draft vocabulary, row i of the drafter's head being target id ``vocab[i]``."""
+    ids, counts = np.unique(preds, return_counts=True)
+    top = ids[np.lexsort((ids, -counts))[:size]]
+    return np.sort(top)
+
+
 def prefill(tm, ids: np.ndarray):
     """One teacher-forced forward: (pred [W] int32, features [W, C*H] float32)."""
     out = tm.forward(ids, tm.new_state())

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gemma3_corpus import MASK, eval_prompts, gguf_path, ood_prompts  # noqa: E402
-from gemma3_data import DEFAULT_CACHE, exact_rows, load_data  # noqa: E402
+from gemma3_data import DEFAULT_CACHE, draft_vocabulary, exact_rows, load_data  # noqa: E402
 from train_demo_pair import Drafter, cosine_lr, round_bf16_  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,14 +54,6 @@ KNOBS = dict(seed=31, threads=2, steps=4000, train_minutes=40.0, batch=8, anchor
 def load_target():
     from dflash_ref.models.target import TargetModel
     return TargetModel.from_gguf(gguf_path())
-
-
-def draft_vocabulary(preds: np.ndarray, size: int) -> np.ndarray:
-    """The ``size`` ids the target predicts most often in ``preds`` (ties: lower id), sorted:
-    the draft vocabulary, row i of the drafter's head being target id ``vocab[i]``."""
-    ids, counts = np.unique(preds, return_counts=True)
-    top = ids[np.lexsort((ids, -counts))[:size]]
-    return np.sort(top)
 
 
 def check_against_dflash_ref(tm, out: Path, drafter, feats, ids, emb, head):
