@@ -72,8 +72,9 @@ def cases(rng, Tk: int = 90) -> list[tuple]:
     k[32:64] = np.nan
     out.append(("nan_scores_whole_tile", q, k, v, spec))
     # 2. Non-finite V in slots only some rows see: rows at 30 and 44 do not see slots 45, 50
-    #    and must stay finite; the last row sees them: column 2 NaN, column 5 non-finite.
-    q, k, v, spec = _base(rng, Tk, [30, 44, Tk - 1, 50], causal=True)
+    #    and must stay finite; the rows at Tk - 1 and 50 see them: column 2 NaN, column 5
+    #    non-finite. Each pair of consecutive rows holds one that sees them and one that not.
+    q, k, v, spec = _base(rng, Tk, [30, Tk - 1, 44, 50], causal=True)
     v[50, :, 2] = np.nan
     v[45, :, 5] = np.inf
     out.append(("nonfinite_v_partly_visible", q, k, v, spec))
