@@ -282,8 +282,10 @@ def _ticket_counters(device_id: int) -> cp.ndarray:
     """The split tickets of ``attention_decode_v3_f32``, one uint32 per kv head (up to 1024),
     zeroed once per device: the last block of each kv head sets its counter back to 0, so no
     call needs a memset and a captured graph replays with the same buffer. One launch at a time
-    (the package runs one stream)."""
-    return cp.zeros(1024, cp.uint32)
+    (the package runs one stream). Allocated from CuPy's default pool even when the first call
+    is a graph capture's warm-up under its private pool, which may be released later."""
+    with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
+        return cp.zeros(1024, cp.uint32)
 
 
 def _decode_v3(plan: dict, q, k, v, margs: tuple, out, scale: float, softcap, dev: int) -> None:
