@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from dflash_ref.ops.attention import attention
-from dflash_ref.ops.masks import visible
+from dflash_ref.ops.masks import MaskSpec, visible
 from dflash_ref.testing import assert_close
 from kernels_cupy import _build
 from kernels_cupy import attention_decode_v3 as d3
@@ -271,8 +271,11 @@ def test_decode_v3_is_chosen_for_a_decode_and_replays_from_a_graph(rng, monkeypa
     from kernels_cupy.graphs import capture
 
     q, k, v = (cp.asarray(x) for x in _inputs(rng, 1, 32, 8, 128, 8192, np.float32))
-    spec = make_mask("causal", 1, 8192, rng)
-    expected = attention(*(cp.asnumpy(x) for x in (q, k, v)), spec)
+    host = make_mask("causal", 1, 8192, rng)
+    expected = attention(*(cp.asnumpy(x) for x in (q, k, v)), host)
+    # positions on the device, int32: a captured step copies nothing from the host
+    spec = MaskSpec(cp.asarray(host.q_pos, cp.int32), cp.asarray(host.k_pos, cp.int32),
+                    causal=True)
     launched = []
     real = katt._decode_v3
     monkeypatch.setattr(katt, "_decode_v3", lambda *a: launched.append(1) or real(*a))
