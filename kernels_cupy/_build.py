@@ -27,6 +27,7 @@ FAMILY_HEADERS: dict[str, tuple[str, ...]] = {"gdn": ("gdn_step.cuh",),
                                               "gdn_tree": ("gdn_step.cuh",),
                                               "attention": ("attention_mask.cuh",),
                                               "attention_decode": ("attention_mask.cuh",),
+                                              "attention_decode_v3": ("attention_mask.cuh",),
                                               "attention_prefill": ("attention_mask.cuh",)}
 
 # Deliberately no --use_fast_math: the twins must track the float32 reference to a few ulp

@@ -8,10 +8,13 @@ tile; :func:`plan_launch`).
 Long contexts are split over the key axis (flash-decoding style) when the (query, head) grid
 alone would leave the GPU mostly idle; a second kernel combines the splits.
 
-Decode and verify (few query rows) run the v2 kernels (:mod:`kernels_cupy.attention_decode`:
-one block per GQA group, a cp.async ring of K/V tiles, key splits filling the GPU, a log-sum-exp
-combine); ``attention_fwd_*`` above (v1) stays as their fallback where v2's plan does not fit
-the device's shared memory (d = 256 on an sm_86 / sm_89) and as a named kernel for tests.
+A decode step (at most 4 (query, head) rows per kv head, d % 4 == 0, d <= 128, aligned arrays)
+runs v3 (:mod:`kernels_cupy.attention_decode_v3`: every warp on keys, at most 8 key splits,
+the split combine inside the kernel). Other decode and verify shapes (few query rows) run the v2
+kernels (:mod:`kernels_cupy.attention_decode`: one block per GQA group, a cp.async ring of K/V
+tiles, key splits filling the GPU, a log-sum-exp combine); ``attention_fwd_*`` above (v1) stays
+as their fallback where v2's plan does not fit the device's shared memory (d = 256 on an sm_86 /
+sm_89) and as a named kernel for tests.
 Many query rows (prefill, a long verify) go to the prefill kernels instead
 (:mod:`kernels_cupy.attention_prefill`: 64 query rows of one head per block, K/V streamed once
 per query tile, the same per-row arithmetic); :func:`attention` picks one by shape
@@ -31,6 +34,7 @@ from kernels_cupy import attention_prefill
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32
 from kernels_cupy.attention_decode import COMBINE_THREADS, DEC_WARPS, plan_decode
+from kernels_cupy.attention_decode_v3 import plan_decode_v3
 from kernels_cupy.attention_prefill import PF_WARPS, choose_kernel, plan_prefill, plan_prefill_v2
 
 # Must match attention.cu.
@@ -50,7 +54,7 @@ COMBINE_BLOCK = 128
 BLOCKS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 128
-KERNEL_CHOICES = ("auto", "decode", "decode_v2", "prefill", "prefill_v2")
+KERNEL_CHOICES = ("auto", "decode", "decode_v2", "decode_v3", "prefill", "prefill_v2")
 
 
 def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int,
@@ -175,13 +179,15 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
 
 def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     """:func:`attention` with the kernel named: "auto" (by shape, as :func:`attention`),
+    "decode_v3" (``attention_decode_v3_f32``; a ValueError for the shapes it does not take:
+    more than 4 rows per kv head, d % 4, d > 128, misaligned views),
     "decode_v2" (``attention_decode_*``; a ValueError where its plan does not fit the device),
     "decode" (v1, ``attention_fwd_*``), "prefill" (``attention_prefill_*``) or "prefill_v2"
     (``attention_prefill_v2_f32``; a ValueError where it does not fit: d % 4, d > 128,
-    misaligned views); any of them takes any shape. "auto" runs v2 for the decode shapes, v1 only
-    where v2's plan does not fit, and prefill v2 for the prefill shapes where it fits (unless
-    ``attention_prefill.PREFILL_V2`` is off). Same result either way, to float32 rounding; tests
-    run the kernels on the same inputs."""
+    misaligned views); the others take any shape. "auto" runs v3 for the decode shapes it takes,
+    v2 for the other decode shapes, v1 only where v2's plan does not fit, and prefill v2 for
+    the prefill shapes where it fits (unless ``attention_prefill.PREFILL_V2`` is off). Same
+    result either way, to float32 rounding; tests run the kernels on the same inputs."""
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"attention_using: kernel must be one of {KERNEL_CHOICES}, got "
                          f"{kernel!r}")
@@ -224,6 +230,17 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
             shared_mem=plan["shared_mem"],
         )
         return out
+    if kernel in ("decode_auto", "decode_v3"):
+        try:
+            plan = plan_decode_v3(Tq, nh, nkv, d, Tk, _sm_count(dev))
+            if not vec4:
+                raise ValueError("attention (decode v3): q, k and v must be 16-byte aligned")
+        except ValueError:
+            if kernel == "decode_v3":
+                raise
+        else:
+            _decode_v3(plan, q, k, v, margs, out, scale, softcap, dev)
+            return out
     if kernel in ("decode_auto", "decode_v2"):
         try:
             plan = plan_decode(Tq, nh, nkv, d, Tk, _sm_count(dev), vec4, _optin(dev),
@@ -258,6 +275,39 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
                                            i32(n_splits))
         )
     return out
+
+
+@functools.cache
+def _ticket_counters(device_id: int) -> cp.ndarray:
+    """The split tickets of ``attention_decode_v3_f32``, one uint32 per kv head (up to 1024),
+    zeroed once per device: the last block of each kv head sets its counter back to 0, so no
+    call needs a memset and a captured graph replays with the same buffer. One launch at a time
+    (the package runs one stream). Allocated from CuPy's default pool even when the first call
+    is a graph capture's warm-up under its private pool, which may be released later."""
+    with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
+        return cp.zeros(1024, cp.uint32)
+
+
+def _decode_v3(plan: dict, q, k, v, margs: tuple, out, scale: float, softcap, dev: int) -> None:
+    """Launch ``attention_decode_v3_f32`` into ``out`` (its split combine is in the kernel)."""
+    Tq, nh, d = q.shape
+    nkv = k.shape[1]
+    n_splits = plan["n_splits"]
+    if nkv > _ticket_counters(dev).size:
+        raise ValueError(f"attention (decode v3): {nkv} kv heads, more than "
+                         f"{_ticket_counters(dev).size} ticket counters")
+    if n_splits == 1:
+        part_o, part_ml = out, out  # never written
+    else:
+        part_o = cp.empty((n_splits, Tq * nh, d), cp.float32)
+        part_ml = cp.empty((n_splits, Tq * nh, 2), cp.float32)
+    _kernel(plan["kernel"], plan["shared_mem"], dev, "attention_decode_v3")(
+        plan["grid"], plan["block"],
+        (q, k, v, *margs[:3], out, part_o, part_ml, _ticket_counters(dev), i32(Tq),
+         i32(k.shape[0]), i32(nh), i32(nkv), i32(d), fp32(scale), softcap, *margs[3:],
+         i32(plan["keys_per_split"]), i32(n_splits)),
+        shared_mem=plan["shared_mem"],
+    )
 
 
 def _decode_v2(plan: dict, q, k, v, margs: tuple, out, scale: float, softcap, dev: int) -> None:

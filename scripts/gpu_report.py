@@ -17,18 +17,23 @@ Phases, in order, each with a time budget in seconds (``--budget-scale`` multipl
     micro     host cost per launch of a bare RawKernel and of an op (rms_norm); projection
               bandwidth at 1 and 16 rows on every Qwen3-4B weight shape, ``ops.linear`` (our
               kernel, kernels_cupy/linear.py) beside cuBLAS (``x @ W.T``), each as a fraction
-              of the device copy bandwidth measured just before them
+              of the device copy bandwidth measured just before them: GPU time (CUDA events
+              around many launches queued behind a spin kernel), the host's enqueue time per
+              call beside it
     anchors   device copy bandwidth; chunked GDN vs fla's ``chunk_gated_delta_rule`` at 8k and
               32k tokens (16 heads, K = V = 128); chunked vs our recurrent kernel at 128k;
               attention vs torch SDPA at decode, verify and prefill shapes of 4k and 8k;
               decode attention per layer (Qwen3-4B heads) at 512, 4k, 8k and 32k keys: ours
-              (the v2 kernel), v1, torch SDPA with enable_gqa and FlashInfer when importable,
-              GPU time only (calls queued behind a spin kernel); every attention kernel on 16 ..
-              512 query rows after 4096 keys, where the decode / prefill selection threshold
-              (kernels_cupy/attention_prefill.py, choose_kernel) is to be placed
+              ("auto": v3), v2, v1, and the bytes of K and V read over the copy bandwidth (the
+              anchor), then torch SDPA with enable_gqa (FlashInfer when importable) as a second
+              row, GPU time only (calls queued behind a spin kernel); every attention kernel
+              on 16 .. 512 query rows after 4096 keys, where the decode / prefill selection
+              threshold (kernels_cupy/attention_prefill.py, choose_kernel) is to be placed
     e2e       benchmarks/e2e_decode.py's Qwen3-4B-shaped rows: plain decode tokens/s against the
               weight-read floor, a 16-token verify against a 1-token decode, speculative generate;
-              the same steps replayed as CUDA graphs beside eager (issue 27 item 5)
+              the same steps replayed as CUDA graphs beside eager; the DFlash step over a decode
+              graphed beside eager; a decode after 512 and 8192 tokens of context, eager and
+              graphed, against the weight floor and the weight + K/V floor
     profile   per-kernel GPU time of one decode forward and of one chunked GDN call (CUPTI
               through torch.profiler; skipped without torch)
 
@@ -78,6 +83,7 @@ from dflash_ref.backend import (  # noqa: E402
 )
 from dflash_ref.spec_decode.loop import generate  # noqa: E402
 from dflash_ref.spec_decode.observe import Clock  # noqa: E402
+from dflash_ref.spec_decode.warmup import warm_up  # noqa: E402
 
 # Qwen/Qwen3-4B's projection weights, [out, in] (hidden 2560, 32 / 8 heads of 128, intermediate
 # 9728, vocabulary 151936: tests/config/configs.py::qwen3_4b).
@@ -119,6 +125,7 @@ class Sizes:
     # att_threshold_ctx keys before them (a verify or chunked-prefill shape)
     att_threshold_Tq: tuple = (16, 32, 64, 128, 256, 512)
     att_threshold_ctx: int = 4096
+    e2e_contexts: tuple = (512, 8192)  # decode after this many tokens of context
 
 
 GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
@@ -128,11 +135,16 @@ GPU_SIZES = Sizes(iters=10, launches=2000, copy_mib=1024, proj=QWEN3_4B_WEIGHTS,
 DRY_SIZES = Sizes(iters=2, launches=50, copy_mib=1, proj=(("tiny", 48, 32),), proj_rows=(1, 16),
                   gdn_T=(64, 128), gdn_long_T=256, gdn_heads=2, gdn_dim=16, att_ctxs=(32, 64),
                   att_max_prefill=64, att_heads=(4, 2, 16), e2e_size="tiny", profile_gdn_T=64,
-                  att_decode_ctxs=(16, 48), att_threshold_Tq=(4, 8), att_threshold_ctx=32)
+                  att_decode_ctxs=(16, 48), att_threshold_Tq=(4, 8), att_threshold_ctx=32,
+                  e2e_contexts=(16, 48))
 
 # Seconds per phase on an H200 (the whole run about 8 minutes; --budget-scale to stretch).
-BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 240, "e2e": 120,
+BUDGETS = {"env": 15, "compile": 60, "tests": 150, "micro": 45, "anchors": 240, "e2e": 180,
            "profile": 45}
+# Goals of the decode attention rows (docs/performance.md): the K/V bytes at >= 0.6 of copy at
+# 32k keys, <= 12 us per layer at 512.
+DECODE_ATT_FRACTION_GOAL = 0.6
+DECODE_ATT_US_GOAL = 12.0
 
 
 class Skip(Exception):
@@ -263,6 +275,100 @@ class Phase:
             self.row(name, f"{type(exc).__name__}: {exc}", "error")
         else:
             self.row(name, text, "ok", **values)
+
+
+# ---------------------------------------------------------------- rows from timings (pure)
+# What a row prints, from the timings a measurement took: pure, so that
+# tests/benchmarks/test_gpu_report.py checks the arithmetic with made-up timings.
+
+
+def of_copy(n_bytes: float, seconds: float, copy_GBps: float | None) -> float:
+    """Reading ``n_bytes`` in ``seconds`` as a fraction of the copy bandwidth (NaN without a
+    measured copy)."""
+    return n_bytes / seconds / 1e9 / copy_GBps if copy_GBps else float("nan")
+
+
+def projection_text(name: str, gpu_s: float, host_s: float, n_bytes: int,
+                    copy_GBps: float | None) -> tuple[str, dict]:
+    """One kernel of a projection row: GPU time and weight-read rate (of copy), host time."""
+    key, frac = name.lower(), of_copy(n_bytes, gpu_s, copy_GBps)
+    return (f"  {name} GPU {gpu_s * 1e6:8.1f} us {n_bytes / gpu_s / 1e9:7.1f} GB/s {frac:5.2f} "
+            f"of copy, host {host_s * 1e6:6.1f} us/call;",
+            {f"{key}_us": gpu_s * 1e6, f"{key}_GBps": n_bytes / gpu_s / 1e9,
+             f"{key}_of_copy": frac, f"{key}_host_us": host_s * 1e6})
+
+
+def kv_bytes(ctx: int, nkv: int, d: int) -> int:
+    """Bytes of K and V (float32) one decode step's attention reads for one layer."""
+    return 2 * ctx * nkv * d * 4
+
+
+def decode_attention_text(ctx: int, nkv: int, d: int, times: dict,
+                          copy_GBps: float | None) -> tuple[str, dict]:
+    """The decode attention row: GPU seconds per call of each kernel ({"ours": ..., ...}), and
+    ours' K/V bytes over the copy bandwidth; the goal at 512 keys (time) and at >= 32k keys (the
+    fraction)."""
+    n = kv_bytes(ctx, nkv, d)
+    frac = of_copy(n, times["ours"], copy_GBps)
+    values = {**{f"{k}_us": t * 1e6 for k, t in times.items()}, "kv_MB": n / 1e6,
+              "kv_of_copy": frac}
+    text = "   ".join(f"{k} {t * 1e6:8.1f} us" for k, t in times.items())
+    text += f"   K/V {n / 1e6:.1f} MB at {frac:5.2f} of copy"
+    if ctx <= 512:
+        values["goal"], values["met"] = (f"ours <= {DECODE_ATT_US_GOAL:g} us",
+                                         times["ours"] * 1e6 <= DECODE_ATT_US_GOAL)
+    elif ctx >= 32768:
+        values["goal"], values["met"] = (f"ours >= {DECODE_ATT_FRACTION_GOAL} of copy",
+                                         frac >= DECODE_ATT_FRACTION_GOAL)
+    if "goal" in values:
+        text += f" (goal {values['goal']}: {'met' if values['met'] else 'not met'})"
+    return text, values
+
+
+def anchor_text(ctx: int, nkv: int, d: int, anchors: dict, ours_s: float,
+                copy_GBps: float | None) -> tuple[str, dict]:
+    """The anchors' row beside a decode attention row: each anchor's GPU time, its K/V rate as a
+    fraction of copy, and ours over it."""
+    n, parts, values = kv_bytes(ctx, nkv, d), [], {}
+    for name, t in anchors.items():
+        frac = of_copy(n, t, copy_GBps)
+        parts.append(f"{name} {t * 1e6:8.1f} us, {frac:5.2f} of copy, ours / {name} "
+                     f"{ours_s / t:5.2f}")
+        values.update({f"{name}_us": t * 1e6, f"{name}_of_copy": frac,
+                       f"ours_over_{name}": ours_s / t})
+    return "   ".join(parts), values
+
+
+def step_ratio_text(eager: dict, graphed: dict) -> tuple[str, dict]:
+    """A DFlash step (draft + verify) over a plain decode step, graphed beside eager; each
+    {"step_s": ..., "decode_s": ...}. Goal: graphed <= 1.5."""
+    r_g, r_e = (x["step_s"] / x["decode_s"] for x in (graphed, eager))
+    return (f"graphed: step {graphed['step_s'] * 1e3:.3f} ms / decode "
+            f"{graphed['decode_s'] * 1e3:.3f} ms = {r_g:.2f}x   eager: step "
+            f"{eager['step_s'] * 1e3:.3f} ms / decode {eager['decode_s'] * 1e3:.3f} ms = "
+            f"{r_e:.2f}x (goal graphed <= 1.5)",
+            {"graphed_ratio": r_g, "eager_ratio": r_e, "goal": "graphed <= 1.5",
+             **{f"{mode}_{k}_ms": v * 1e3 for mode, x in (("graphed", graphed), ("eager", eager))
+                for k, v in x.items()}})
+
+
+def context_decode_text(n_ctx: int, times: dict, weight_bytes: int, kv_read: int,
+                        copy_GBps: float | None) -> tuple[str, dict]:
+    """One decode forward after ``n_ctx`` tokens, {"eager": s, "graphs": s}: tokens/s and the
+    fraction of the float32 weight-read floor (weights / copy) and of the weights + K/V floor
+    (``kv_read``: every layer's K and V bytes). Goal, graphed: >= 0.65 at 512, >= 0.5 beyond."""
+    goal = 0.65 if n_ctx <= 512 else 0.5
+    values = {"goal": f"graphed >= {goal} of the weight floor"}
+    parts = []
+    for mode, t in times.items():
+        fw, fwk = of_copy(weight_bytes, t, copy_GBps), of_copy(weight_bytes + kv_read, t,
+                                                               copy_GBps)
+        parts.append(f"{mode} {1 / t:8.1f} tok/s = {fw:5.2f} of the weight floor, {fwk:5.2f} "
+                     f"of weights + K/V")
+        values.update({f"{mode}_ms": t * 1e3, f"{mode}_of_floor": fw,
+                       f"{mode}_of_floor_with_kv": fwk})
+    return (f"{n_ctx} tokens of context: " + "   ".join(parts) + f" (goal {values['goal']}; "
+            f"K/V {kv_read / 1e9:.2f} GB per step)", values)
 
 
 # ---------------------------------------------------------------------------------- env
@@ -479,8 +585,10 @@ def phase_micro(ph: Phase) -> None:
 
 def _projection(ph: Phase, W, rows: int, shape) -> tuple[str, dict]:
     """``x @ W.T`` at ``rows`` rows, ``ops.linear`` (ours) and cuBLAS: each checked on three
-    output columns against float64, then timed after a warm-up (Device.time); bandwidth = weight
-    bytes / time (each weight read once), and its fraction of the copy bandwidth."""
+    output columns against float64, then timed after a warm-up: GPU time (``_gpu_time``: many
+    calls queued behind a spin kernel, so the host's launch cost is not counted) and, apart,
+    the host's enqueue time per call; bandwidth = weight bytes / GPU time (each weight read
+    once), and its fraction of the copy bandwidth."""
     dev, xp, ops = ph.dev, ph.dev.xp, ph.dev.be.ops
     n_out, n_in = shape
     x = xp.asarray(np.random.default_rng(rows).standard_normal((rows, n_in)).astype(np.float32))
@@ -495,13 +603,12 @@ def _projection(ph: Phase, W, rows: int, shape) -> tuple[str, dict]:
                                        f"{errs[name]:.3g} of max")
     copy = ph.shared.get("micro_copy_GBps")
     text, values = f"W [{n_out}, {n_in}] {W.nbytes / 1e6:8.1f} MB:", {"rows": rows}
-    for name, fn in runs.items():
-        t = dev.time(fn, ph.sizes.iters)
-        gbs = W.nbytes / t / 1e9
-        frac = gbs / copy if copy else float("nan")
-        text += f"  {name} {t * 1e6:8.1f} us {gbs:7.1f} GB/s {frac:5.2f} of copy;"
-        key = name.lower()
-        values.update({f"{key}_us": t * 1e6, f"{key}_GBps": gbs, f"{key}_of_copy": frac})
+    for name, fn in runs.items():  # GPU time queued behind a spin; the host's enqueue apart
+        gpu_s = _gpu_time(dev, fn, ph.sizes.iters)
+        host_s = _host_cost(dev, fn, max(10, ph.sizes.launches // 20))[0]
+        t, v = projection_text(name, gpu_s, host_s, W.nbytes, copy)
+        text += t
+        values.update(v)
     text += (f" goal ours >= {PROJ_GOAL} (checked, err ours {errs['ours']:.1e}, "
              f"cuBLAS {errs['cuBLAS']:.1e})")
     return text, {**values, "goal": f"ours >= {PROJ_GOAL} of copy"}
@@ -563,6 +670,8 @@ def phase_anchors(ph: Phase) -> None:
     for ctx in sz.att_decode_ctxs:
         ph.measure(f"decode attention/layer Tk={ctx}",
                    lambda ctx=ctx: _decode_attention_vs_anchors(ph, ctx, nh, nkv, d))
+        ph.measure(f"decode attention anchors Tk={ctx}",
+                   lambda ctx=ctx: _decode_anchor_row(ph, ctx, nkv, d))
     for Tq in sz.att_threshold_Tq:
         ph.measure(f"attention kernel threshold Tq={Tq}",
                    lambda Tq=Tq: _attention_threshold(ph, Tq, sz.att_threshold_ctx, nh, nkv, d))
@@ -745,8 +854,11 @@ def _attention_threshold(ph: Phase, Tq: int, ctx: int, nh: int, nkv: int,
 def _decode_attention_vs_anchors(ph: Phase, ctx: int, nh: int, nkv: int,
                                  d: int) -> tuple[str, dict]:
     """One decode step's attention for one layer (1 query row, ``ctx`` keys, every key visible)
-    through ops.attention (the v2 decode kernel), the v1 kernel and torch SDPA with
-    ``enable_gqa``; FlashInfer's single decode too when it is importable (float32 permitting)."""
+    through ops.attention ("auto": the v3 decode kernel), v2 and v1, each checked against ours;
+    GPU time per call; ours' K/V bytes over the copy bandwidth of the anchors' copy row. The
+    anchors (torch SDPA with ``enable_gqa``; FlashInfer's single decode when importable) are
+    checked and timed here too and kept for the row after this one (:func:`_decode_anchor_row`).
+    """
     from dflash_ref.ops.masks import causal_mask
 
     dev, ops, xp = ph.dev, ph.dev.be.ops, ph.dev.xp
@@ -760,11 +872,13 @@ def _decode_attention_vs_anchors(ph: Phase, ctx: int, nh: int, nkv: int,
     if not dev.dry:
         from kernels_cupy.attention import attention_using
 
-        ref = attention_using("decode", q, k, v, spec)
-        _check_rel(f"decode Tk={ctx} v2 vs v1", _rel(dev, ours, ref), gpu_anchors.ATT_TOL)
-        times["v1"] = _gpu_time(dev, lambda: attention_using("decode", q, k, v, spec),
-                                ph.sizes.iters)
-    notes = []
+        for name, kernel in (("v2", "decode_v2"), ("v1", "decode")):
+            ref = attention_using(kernel, q, k, v, spec)
+            _check_rel(f"decode Tk={ctx} ours vs {name}", _rel(dev, ours, ref),
+                       gpu_anchors.ATT_TOL)
+            times[name] = _gpu_time(dev, lambda kernel=kernel: attention_using(
+                kernel, q, k, v, spec), ph.sizes.iters)
+    anchors, notes = {}, []
     try:
         torch = dev.torch()
         F = torch.nn.functional
@@ -774,10 +888,9 @@ def _decode_attention_vs_anchors(ph: Phase, ctx: int, nh: int, nkv: int,
         def sdpa():
             return F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
 
-        err = _check_rel(f"decode Tk={ctx} ours vs SDPA",
-                         _rel(dev, ours, sdpa()[0].permute(1, 0, 2)), gpu_anchors.ATT_TOL)
-        times["sdpa"] = _gpu_time(dev, sdpa, ph.sizes.iters)
-        notes.append(f"vs SDPA err {err:.1e}")
+        _check_rel(f"decode Tk={ctx} ours vs SDPA", _rel(dev, ours, sdpa()[0].permute(1, 0, 2)),
+                   gpu_anchors.ATT_TOL)
+        anchors["sdpa"] = _gpu_time(dev, sdpa, ph.sizes.iters)
     except Skip as exc:
         notes.append(f"SDPA skipped: {exc}")
     try:
@@ -792,19 +905,20 @@ def _decode_attention_vs_anchors(ph: Phase, ctx: int, nh: int, nkv: int,
 
         _check_rel(f"decode Tk={ctx} ours vs FlashInfer", _rel(dev, ours[0], fi()),
                    gpu_anchors.ATT_TOL)
-        times["flashinfer"] = _gpu_time(dev, fi, ph.sizes.iters)
+        anchors["flashinfer"] = _gpu_time(dev, fi, ph.sizes.iters)
     except Exception as exc:  # noqa: BLE001 - a missing or float32-less anchor is a note
         notes.append(f"FlashInfer skipped: {type(exc).__name__}: {str(exc)[:60]}")
-    anchor = min((times[a] for a in ("sdpa", "flashinfer") if a in times), default=None)
-    kv_gbs = 2 * ctx * nkv * d * 4 / times["ours"] / 1e9
-    text = "   ".join(f"{n} {t * 1e6:8.1f} us" for n, t in times.items())
-    values = {f"{n}_us": t * 1e6 for n, t in times.items()}
-    goal = "<= 20 us" if ctx <= 512 else "<= 1.2x the anchor"
-    if anchor is not None:
-        values["ratio"] = times["ours"] / anchor
-        text += f"   ratio {values['ratio']:5.2f}"
-    return (f"{text}   K/V {kv_gbs:7.1f} GB/s (goal {goal}; {'; '.join(notes)})",
-            {**values, "kv_GBps": kv_gbs, "goal": goal})
+    ph.shared.setdefault("decode_anchors", {})[ctx] = (anchors, notes, times["ours"])
+    return decode_attention_text(ctx, nkv, d, times, ph.shared.get("copy_GBps"))
+
+
+def _decode_anchor_row(ph: Phase, ctx: int, nkv: int, d: int) -> tuple[str, dict]:
+    """The anchors timed by the decode attention row of ``ctx`` keys, as a second row."""
+    anchors, notes, ours_s = ph.shared.get("decode_anchors", {}).get(ctx, ({}, [], None))
+    if not anchors:
+        raise Skip("; ".join(notes) or "the decode attention row above did not run")
+    text, values = anchor_text(ctx, nkv, d, anchors, ours_s, ph.shared.get("copy_GBps"))
+    return text + (f" ({'; '.join(notes)})" if notes else ""), values
 
 
 # ---------------------------------------------------------------------------------- e2e
@@ -853,7 +967,7 @@ def phase_e2e(ph: Phase) -> None:
         plain = m["plain"]
         decode_s = plain.timings["plain"] / (len(plain.tokens) - 1)
         floor_s = m["t_bytes"] / bw
-        m["decode_s"] = decode_s
+        m["decode_s"], m["copy_GBps"] = decode_s, bw / 1e9
         return (f"{1 / decode_s:8.1f} tok/s   floor {1 / floor_s:8.1f} tok/s (copy "
                 f"{bw / 1e9:.0f} GB/s)   ratio {floor_s / decode_s:5.2f} (goal >= 0.6)",
                 {"tok_s": 1 / decode_s, "floor_tok_s": 1 / floor_s,
@@ -877,6 +991,7 @@ def phase_e2e(ph: Phase) -> None:
         spec, plain = m["spec"], m["plain"]
         steps = max(len(spec.acceptance_lengths), 1)
         step_s = (spec.timings.get("draft", 0.0) + spec.timings.get("verify", 0.0)) / steps
+        m["step_s"] = step_s
         return (f"{n_new} tokens speculative {spec.timings['total']:7.3f} s ({steps} steps, tau "
                 f"{spec.tau:.2f})   plain {plain.timings['total']:7.3f} s   step / decode "
                 f"{step_s / m['decode_s']:5.2f} (goal <= 1.5)",
@@ -890,10 +1005,50 @@ def phase_e2e(ph: Phase) -> None:
         return e2e_decode.measure_graphs(target, drafter, prompt, n_new, m["plain"], m["spec"],
                                          Clock(be, None), iters)
 
+    def graphed_step():
+        """The DFlash step over a decode, both replayed as CUDA graphs (tokens checked against
+        the eager runs'), beside the eager ratio of the "speculative generate" row."""
+        target, drafter, prompt = need()
+        if "step_s" not in m:
+            raise Skip("no eager step (see the speculative generate row)")
+        state = target.new_state(kv_capacity=prompt.size + n_new + 4 * e2e_decode.VERIFY + 1,
+                                 graphs=True)
+        warm_up(target, drafter, prompt, state=state)  # the captures happen here
+        state.truncate(0)
+        plain = generate(target, None, prompt, n_new, state=state)
+        state.truncate(0)
+        spec = generate(target, drafter, prompt, n_new, state=state)
+        e2e_decode.check_same_tokens(target, prompt, m["plain"].tokens, plain.tokens)
+        e2e_decode.check_same_tokens(target, prompt, m["spec"].tokens, spec.tokens)
+        steps = max(len(spec.acceptance_lengths), 1)
+        graphed = {"step_s": (spec.timings.get("draft", 0.0) + spec.timings.get("verify", 0.0))
+                   / steps, "decode_s": plain.timings["plain"] / (len(plain.tokens) - 1)}
+        return step_ratio_text({"step_s": m["step_s"], "decode_s": m["decode_s"]}, graphed)
+
+    def context_decode(n_ctx: int):
+        """One decode forward after ``n_ctx`` prompt tokens, eager and graphed (fixed stores of
+        n_ctx + 8 rows), against the weight floor and the weights + K/V floor."""
+        target, _, _ = need()
+        if "copy_GBps" not in m:
+            raise Skip("no copy bandwidth (see the decode row)")
+        cfg = target.config
+        prompt = rng.integers(0, cfg.vocab_size, n_ctx)
+        times = {}
+        for mode, graphed in (("eager", False), ("graphs", True)):
+            state = target.new_state(kv_capacity=n_ctx + 8, graphs=graphed)
+            target.forward(prompt, state, logits_rows=slice(-1, None))
+            times[mode] = e2e_decode.forward_time(target, state, np.array([7]), Clock(be, None),
+                                                  iters)
+        kv_read = cfg.num_hidden_layers * kv_bytes(n_ctx, cfg.num_key_value_heads, cfg.head_dim)
+        return context_decode_text(n_ctx, times, m["t_bytes"], kv_read, m["copy_GBps"])
+
     for name, fn in (("build", build), ("check", check), ("decode", decode),
                      ("verify 16 vs decode 1", verify), ("speculative generate", speculative),
-                     ("cuda graphs vs eager", graphs)):
+                     ("cuda graphs vs eager", graphs), ("dflash step graphed vs eager",
+                                                        graphed_step)):
         ph.measure(name, fn)
+    for n_ctx in ph.sizes.e2e_contexts:
+        ph.measure(f"decode after {n_ctx} tokens", lambda n_ctx=n_ctx: context_decode(n_ctx))
 
 
 # ---------------------------------------------------------------------------------- profile

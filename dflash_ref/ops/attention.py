@@ -6,8 +6,12 @@
     p_i  = softmax_j( s_ij + M_ij )                  M = materialize(mask): 0 / -inf; float32
     out[i, h] = sum_j p_ij v[j, h // g]
 
-A row with no visible key outputs zeros (no NaN); a slot no query sees never reaches the output,
-whatever it holds (NaN, inf). :func:`attention_online` is the CuPy kernel's algorithm on a CPU.
+Non-finite values follow one rule (docs/conventions.md, "Non-finite attention"): a masked key
+contributes nothing, whatever its K and V hold (its probability is exactly 0 and its V is never
+multiplied); a visible NaN or +inf score makes the row NaN; a -inf score is a probability of 0;
+a visible V holding NaN or inf makes that column of the row non-finite, even where p = 0; a row
+with no visible key (or only -inf scores) outputs zeros. :func:`attention_online` is the CuPy
+kernel's algorithm on a CPU.
 """
 
 from __future__ import annotations
@@ -66,6 +70,26 @@ def _scores(q, k, scale, softcap, dt):
     return s
 
 
+def _weighted_values(p, v, vis):
+    """sum_j p_ij v_j over the keys row i sees, never touching another row's keys:
+    p [nkv, g, Tq, Tk], v [Tk, nkv, d], vis [Tq, Tk] bool or None (all visible).
+    -> [nkv, g, Tq, d].
+
+    A plain ``p @ v`` would compute 0 * NaN = NaN for a key masked for row i (p_ij = 0) whose V
+    holds NaN or inf because another row sees it. The product runs on V with its non-finite
+    entries zeroed; each key holding one then adds p_ij * v_j to the rows that see it only.
+    """
+    vt = v.transpose(1, 0, 2)[:, None]  # [Tk, nkv, d] -> [nkv, 1, Tk, d]
+    finite = np.isfinite(vt)
+    if vis is None or finite.all():
+        return p @ vt
+    o = p @ np.where(finite, vt, vt.dtype.type(0.0))  # [nkv, g, Tq, d]
+    for j in np.flatnonzero(~finite.all(axis=(0, 1, 3))):  # keys with a non-finite V entry
+        bad = np.where(finite[:, :, j, None], vt.dtype.type(0.0), vt[:, :, j, None])  # [.., 1, d]
+        o = o + np.where(vis[:, j, None], p[..., j, None] * bad, vt.dtype.type(0.0))
+    return o
+
+
 def attention(q, k, v, mask=None, scale=None, softcap=None) -> np.ndarray:
     """Masked GQA attention (the module's equations): q [Tq, nh, d], k and v [Tk, nkv, d] in any
     slot order, mask for [Tq, Tk] or None (all visible). [Tq, nh, d] in the compute dtype.
@@ -89,8 +113,8 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> np.ndarray:
     m = np.where(np.isfinite(m), m, dt.type(0.0))  # empty rows: any finite shift
     p = np.exp(s - m)  # 0 where masked
     denom = np.sum(p, axis=-1, keepdims=True)  # [nkv, g, Tq, 1]
-    vt = v.transpose(1, 0, 2)[:, None]  # [Tk, nkv, d] -> [nkv, 1, Tk, d]
-    o = (p @ vt) / np.where(denom > 0, denom, dt.type(1.0))  # [nkv, g, Tq, d]; empty rows 0
+    o = _weighted_values(p, v, None if mask is None else vis)  # [nkv, g, Tq, d]
+    o = o / np.where(denom > 0, denom, dt.type(1.0))  # empty rows 0
     return o.transpose(2, 0, 1, 3).reshape(Tq, nh, d)  # -> [Tq, nkv, g, d] -> [Tq, nh, d]
 
 
@@ -109,7 +133,7 @@ def attention_online(q, k, v, mask=None, scale=None, softcap=None, key_tile: int
         p      = exp(s - m_new)
         l      = c * l + sum_j p;  acc = c * acc + p @ v_tile;  m = m_new
 
-    then the ranges combine: M = max over ranges with l > 0, L = sum l_r exp(m_r - M),
+    then the ranges combine: M = max over ranges with l != 0, L = sum l_r exp(m_r - M),
     out = sum acc_r exp(m_r - M) / L, and 0 where L == 0.
     """
     q, k, v = in_compute_dtype(q, k, v)
@@ -143,7 +167,7 @@ def attention_online(q, k, v, mask=None, scale=None, softcap=None, key_tile: int
             c = np.exp(m - shift)  # rescales the old state; 0 when m was -inf
             p = np.exp(s - shift)  # 0 where masked
             l = c * l + np.sum(p, axis=-1, keepdims=True)
-            acc = c * acc + p @ v_t.transpose(1, 0, 2)[:, None]  # [nkv, g, Tq, d]
+            acc = c * acc + _weighted_values(p, v_t, vis)  # [nkv, g, Tq, d]
             m = m_new
         parts.append((m, l, acc))
     if not parts:  # Tk == 0
@@ -151,9 +175,10 @@ def attention_online(q, k, v, mask=None, scale=None, softcap=None, key_tile: int
     ms = np.stack([p[0] for p in parts])  # [S, nkv, g, Tq, 1]
     ls = np.stack([p[1] for p in parts])
     accs = np.stack([p[2] for p in parts])  # [S, nkv, g, Tq, d]
-    M = np.max(np.where(ls > 0, ms, -np.inf), axis=0)  # [nkv, g, Tq, 1]
+    full = ls != 0  # a split with mass (NaN counts: it must reach L)
+    M = np.max(np.where(full, ms, -np.inf), axis=0)  # [nkv, g, Tq, 1]
     M = np.where(np.isfinite(M), M, dt.type(0.0))
-    w = np.where(ls > 0, np.exp(np.where(ls > 0, ms, 0) - M), dt.type(0.0))  # [S, ..., 1]
+    w = np.where(full, np.exp(np.where(full, ms, 0) - M), dt.type(0.0))  # [S, ..., 1]
     L = np.sum(w * ls, axis=0)
     o = np.sum(w * accs, axis=0) / np.where(L > 0, L, dt.type(1.0))  # [nkv, g, Tq, d]
     return o.transpose(2, 0, 1, 3).reshape(Tq, nh, d)

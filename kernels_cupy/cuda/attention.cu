@@ -32,8 +32,11 @@
 //                          The vec4 kernel needs d % 4 == 0 and q, k, v 16-byte aligned; both
 //                          kernels sum q.k in the same order (dd = 0, 1, ...).
 //   attention_combine_f32  one block per (i, h) row (grid = Tq*nh); threads stride over d.
-//                          M = max over splits with l > 0; L = sum l_s e^(m_s - M);
-//                          out = sum acc_s e^(m_s - M) / L, or 0 when L == 0.
+//                          M = max over splits with l != 0 (0 if none is finite);
+//                          L = sum l_s e^(m_s - M); out = sum acc_s e^(m_s - M) / L, or 0
+//                          when L == 0 (weight 0 for l_s == 0; every split's acc is read).
+//   Non-finite inputs, every kernel here: docs/conventions.md, "Non-finite attention" (masked
+//   keys never reach a row; the online softmax shifts by att_softmax_shift, attention_mask.cuh).
 //   attention_prefill_d128_f32, attention_prefill_d128_vec4_f32, attention_prefill_d256_f32,
 //   attention_prefill_d256_vec4_f32: many query rows (prefill, long verify; selected by shape in
 //                          kernels_cupy/attention.py). grid = (ceil(Tq / BQ), nh); a block owns
@@ -239,9 +242,10 @@ __device__ __forceinline__ void attention_fwd_body(
             for (int s = 0; s < ATT_MAX_RPW; ++s) {
                 const unsigned b0 = bits[s];
                 if (b0 == 0u) continue;  // warp-uniform (a ballot result)
-                const float m_new = fmaxf(m[s], att_warp_max(sc[s]));  // finite: >= 1 visible
-                const float corr = expf(m[s] - m_new);                  // 0 when m was -inf
-                const float p = ((b0 >> lane) & 1u) ? expf(sc[s] - m_new) : 0.0f;
+                const float m_new = fmaxf(m[s], att_warp_max(sc[s]));  // fmaxf drops NaN
+                const float sh = att_softmax_shift(m_new);  // 0 while m_new is -inf
+                const float corr = expf(m[s] - sh);         // 0 when m was -inf
+                const float p = ((b0 >> lane) & 1u) ? expf(sc[s] - sh) : 0.0f;
                 l[s] = l[s] * corr + att_warp_sum(p);
 #pragma unroll
                 for (int c = 0; c < ATT_MAX_DC; ++c) acc[s][c] *= corr;
@@ -300,24 +304,26 @@ extern "C" __global__ void attention_combine_f32(const float* __restrict__ part_
                                                  float* __restrict__ out, const int rows,
                                                  const int d, const int n_splits) {
     const long long row = blockIdx.x;  // (i * nh + h)
-    float M = ATT_NEG_INF;
+    float M = ATT_NEG_INF;  // over the splits with mass (l != 0; a NaN l is mass)
     for (int s = 0; s < n_splits; ++s) {
         const long long pr = (long long)s * rows + row;
-        if (part_ml[pr * 2 + 1] > 0.0f) M = fmaxf(M, part_ml[pr * 2 + 0]);
+        if (part_ml[pr * 2 + 1] != 0.0f) M = fmaxf(M, part_ml[pr * 2 + 0]);
     }
+    M = att_softmax_shift(M);  // 0 when no split has a finite max
     float L = 0.0f;
     for (int s = 0; s < n_splits; ++s) {
         const long long pr = (long long)s * rows + row;
         const float ls = part_ml[pr * 2 + 1];
-        if (ls > 0.0f) L += ls * expf(part_ml[pr * 2 + 0] - M);
+        if (ls != 0.0f) L += ls * expf(part_ml[pr * 2 + 0] - M);
     }
-    const float inv = (L > 0.0f) ? 1.0f / L : 0.0f;  // no visible key in any split -> 0
+    const float inv = (L != 0.0f) ? 1.0f / L : 0.0f;  // no visible key in any split -> 0
     for (int dd = threadIdx.x; dd < d; dd += blockDim.x) {
-        float o = 0.0f;
+        float o = 0.0f;  // every split, even at weight 0: a NaN acc_s (non-finite V) reaches out
         for (int s = 0; s < n_splits; ++s) {
             const long long pr = (long long)s * rows + row;
             const float ls = part_ml[pr * 2 + 1];
-            if (ls > 0.0f) o = fmaf(part_o[pr * d + dd], expf(part_ml[pr * 2 + 0] - M), o);
+            const float w = (ls != 0.0f) ? expf(part_ml[pr * 2 + 0] - M) : 0.0f;
+            o = fmaf(part_o[pr * d + dd], w, o);
         }
         out[row * d + dd] = o * inv;
     }
@@ -465,9 +471,10 @@ __device__ __forceinline__ void attention_prefill_body(
                 const bool vis = (bits[s] >> lane) & 1u;
                 x = vis ? x : ATT_NEG_INF;
                 const float m_old = __shfl_sync(ATT_FULL, m_lane, s);
-                const float m_new = fmaxf(m_old, att_warp_max(x));  // finite: >= 1 visible
-                const float corr = expf(m_old - m_new);             // 0 when m was -inf
-                p[s] = vis ? expf(x - m_new) : 0.0f;
+                const float m_new = fmaxf(m_old, att_warp_max(x));  // fmaxf drops NaN
+                const float sh = att_softmax_shift(m_new);          // 0 while m_new is -inf
+                const float corr = expf(m_old - sh);                // 0 when m was -inf
+                p[s] = vis ? expf(x - sh) : 0.0f;
                 const float l_new = __shfl_sync(ATT_FULL, l_lane, s) * corr + att_warp_sum(p[s]);
 #pragma unroll
                 for (int c = 0; c < DC; ++c) acc[s][c] *= corr;

@@ -30,16 +30,18 @@
 //         5. a warp with a visible slot in tile t (mask words from sBits[t % stages], written
 //            by its own lane 0 at iteration t - stages + 1 or in the prologue) scores its rows:
 //            s_j = q . k_j (fmaf, dd ascending), x scale, optional softcap tanh, the mask;
-//            m_new = max(m, max_j s_j); c = e^(m - m_new); p_j = e^(s_j - m_new) (0 where
-//            masked); l = c l + sum_j p_j; acc = c acc; then acc += p_j V[j] over the slots j
-//            some row of the warp sees, ascending (each row only its own visible slots).
+//            m_new = fmaxf(m, max_j s_j); sh = m_new, or 0 while it is -inf; c = e^(m - sh);
+//            p_j = e^(s_j - sh) (0 where masked); l = c l + sum_j p_j; acc = c acc; then
+//            acc += p_j V[j] over the slots j some row of the warp sees, ascending (each row
+//            only its own visible slots).
 //       One barrier per key tile. n_splits == 1: out = acc / l (0 when l == 0). n_splits > 1:
 //       unnormalised acc -> part_o [S, Tq * nh, d], (m, l) -> part_ml [S, Tq * nh, 2].
 //   attention_decode_combine_f32
 //       grid = Tq * nh (one block per (i, h) row), any multiple of 32 threads <= 1024.
-//       M = max over splits with l_s > 0; w_s = e^(m_s - M) (0 when l_s == 0);
-//       L = sum_s l_s w_s (s ascending); out = (sum_s w_s acc_s) / L (fmaf, s ascending),
-//       0 when L == 0.
+//       M = max over splits with l_s != 0 (0 if none is finite); w_s = e^(m_s - M) (0 when
+//       l_s == 0; a NaN l_s is mass); L = sum_s l_s w_s (s ascending); out = (sum_s w_s acc_s)
+//       / L (fmaf over every split, s ascending), 0 when L == 0. Non-finite inputs:
+//       docs/conventions.md, "Non-finite attention" (att_softmax_shift, attention_mask.cuh).
 // Launch assumptions: blockDim.x == DEC_WARPS * 32 for the forward kernels; 1 <= d <= 32 * DC;
 // 1 <= R <= DEC_WARPS * RPW; 2 <= stages <= DEC_MAX_STAGES; n_splits <= DEC_MAX_SPLITS;
 // ld = d + 4 (vec4: d % 4 == 0 and q / k / v 16-byte aligned) or d + 1; dynamic shared memory
@@ -302,9 +304,10 @@ __device__ __forceinline__ void attention_decode_body(
             if (softcap > 0.0f) x = softcap * tanhf(x / softcap);  // before the mask
             const bool vis = (bits[s] >> lane) & 1u;
             x = vis ? x : DEC_NEG_INF;
-            const float m_new = fmaxf(m[s], dec_warp_max(x));  // finite: >= 1 visible
-            const float corr = expf(m[s] - m_new);              // 0 when m was -inf
-            p[s] = vis ? expf(x - m_new) : 0.0f;
+            const float m_new = fmaxf(m[s], dec_warp_max(x));  // fmaxf drops NaN
+            const float sh = att_softmax_shift(m_new);          // 0 while m_new is -inf
+            const float corr = expf(m[s] - sh);                 // 0 when m was -inf
+            p[s] = vis ? expf(x - sh) : 0.0f;
             l[s] = l[s] * corr + dec_warp_sum(p[s]);
 #pragma unroll
             for (int c = 0; c < DC; ++c) acc[s][c] *= corr;
@@ -393,25 +396,27 @@ extern "C" __global__ void attention_decode_combine_f32(const float* __restrict_
     for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
         const long long pr = (long long)s * rows + row;
         const float ls = part_ml[pr * 2 + 1];
-        sM[s] = (ls > 0.0f) ? part_ml[pr * 2 + 0] : DEC_NEG_INF;  // an empty split: no weight
+        // A split without mass (l == 0) has no weight; a NaN l is mass: it reaches L.
+        sM[s] = (ls != 0.0f) ? part_ml[pr * 2 + 0] : DEC_NEG_INF;
         sW[s] = ls;
     }
     __syncthreads();
     float M = DEC_NEG_INF;
     for (int s = 0; s < n_splits; ++s) M = fmaxf(M, sM[s]);
+    M = att_softmax_shift(M);  // 0 when no split has a finite max
     __syncthreads();
     for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        sM[s] = (sW[s] > 0.0f) ? expf(sM[s] - M) : 0.0f;  // w_s
+        sM[s] = (sW[s] != 0.0f) ? expf(sM[s] - M) : 0.0f;  // w_s
     }
     __syncthreads();
     float L = 0.0f;
     for (int s = 0; s < n_splits; ++s) L = fmaf(sW[s], sM[s], L);  // sum l_s w_s, s ascending
-    const float inv = (L > 0.0f) ? 1.0f / L : 0.0f;  // no visible key in any split -> 0
+    const float inv = (L != 0.0f) ? 1.0f / L : 0.0f;  // no visible key in any split -> 0
     for (int dd = threadIdx.x; dd < d; dd += blockDim.x) {
-        float o = 0.0f;
+        float o = 0.0f;  // every split, even at w_s = 0: a NaN acc_s (non-finite V) must reach out
         for (int s = 0; s < n_splits; ++s) {
             const long long pr = (long long)s * rows + row;
-            if (sM[s] > 0.0f) o = fmaf(part_o[pr * d + dd], sM[s], o);
+            o = fmaf(part_o[pr * d + dd], sM[s], o);
         }
         out[row * d + dd] = o * inv;
     }

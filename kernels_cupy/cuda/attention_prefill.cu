@@ -17,17 +17,21 @@
 //       threads are one half-warp: its max and its sum of p combine over them by xor shuffles
 //       (offsets 8, 4, 2, 1) after each thread adds its two keys, the order of the decode
 //       kernels' 32-lane sums. Per step: scale, optional softcap tanh, the mask (invisible ->
-//       -inf); a row that sees a key updates m_new = max(m, max_j s), c = e^(m - m_new),
-//       p_j = e^(s_j - m_new) (0 where masked), l = c l + sum_j p_j, acc = c acc; p goes
-//       through shared memory and acc += p_j V[j] over j = 0 .. 31 in order (a masked p_j is 0
-//       and adds exactly nothing). Writes out = acc / l (0 when l == 0).
+//       -inf); a row that sees a key of the step (decided from the mask, never from the max:
+//       fmaxf drops NaN) updates m_new = fmaxf(m, max_j s), sh = m_new or 0 while it is -inf,
+//       c = e^(m - sh), p_j = e^(s_j - sh) (-0 where masked), l = c l + sum_j p_j, acc = c acc;
+//       p goes through shared memory and acc += p_j V[j] over j = 0 .. 31 in order, skipping
+//       the masked keys of a row in a step where some row has one (pf2_accumulate). Writes
+//       out = acc / l (0 when l == 0). Non-finite inputs: docs/conventions.md, "Non-finite
+//       attention".
 //       K/V ring: `stages` (1..PF2_MAX_STAGES) buffers of {K, V} [PF2_BK, d + 4] filled by
 //       cp.async, one commit group per step; the step `stages - 1` ahead is issued while the
 //       current one computes. Slots past Tk and invalid slots (k_pos < 0) arrive as zeros
 //       (cp.async zero fill), so garbage in free cache slots never reaches acc. Each step's
 //       block-wide visibility (__syncthreads_or over every thread's (row, key) pairs) decides
 //       whether it is loaded and computed at all. Barriers per step: 3 (the ahead step's
-//       visibility, which also frees its buffer; copies landed; p complete).
+//       visibility, which also frees its buffer; copies landed; p complete, which also says
+//       whether some row has a masked key in the step).
 // Launch assumptions: sm_80+ (cp.async); blockDim == (PF2_TX, PF2_TX); d % 4 == 0, d <= 128;
 // q, k, v 16-byte aligned; dynamic shared memory = (PF2_BQ * d + stages * 2 * PF2_BK * (d + 4)
 // + PF2_BQ * PF2_LDP) * 4 bytes (plan_prefill_v2). Positions are int32; indices 64-bit.
@@ -84,6 +88,43 @@ __device__ __forceinline__ bool pf2_visible(const long long qi, const int qp, co
     const unsigned char* anc_row = has_anc ? anc + qi * (long long)Tk : anc;
     return att_key_visible(qp, k_pos[j], anc_row, j, causal, window, window_mode, has_base,
                            base_pos, has_anc);
+}
+
+// 5. acc += p_j V[j], j = 0 .. PF2_BK - 1 in order, over this thread's rows ty + 16 a and
+// columns 4 tx + 64 c. SKIP_MASKED: keys with p_j = -0 (masked for the row) are skipped, so
+// whatever their V holds (another row sees it) never reaches this row; without it (every key
+// of the step visible to every row) the plain loop. A visible key's V is multiplied even at
+// p_j = +0, so a NaN or inf there makes the row's column non-finite (docs/conventions.md).
+template <bool SKIP_MASKED>
+__device__ __forceinline__ void pf2_accumulate(float (&acc)[4][8], const float* sP,
+                                               const float* sV, const int ld, const int d,
+                                               const int tx, const int ty) {
+    for (int j4 = 0; j4 < PF2_BK / 4; ++j4) {
+        float4 pv[4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+            pv[a] = reinterpret_cast<const float4*>(sP + (ty + PF2_TX * a) * PF2_LDP)[j4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            const float* vr = sV + (4 * j4 + jj) * ld;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int col = 4 * tx + 64 * c;
+                if (col >= d) continue;
+                const float4 vv = *reinterpret_cast<const float4*>(vr + col);
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    const float pj = (jj == 0) ? pv[a].x : (jj == 1) ? pv[a].y
+                                   : (jj == 2) ? pv[a].z : pv[a].w;
+                    if (SKIP_MASKED && __float_as_uint(pj) == 0x80000000u) continue;
+                    acc[a][4 * c + 0] = fmaf(pj, vv.x, acc[a][4 * c + 0]);
+                    acc[a][4 * c + 1] = fmaf(pj, vv.y, acc[a][4 * c + 1]);
+                    acc[a][4 * c + 2] = fmaf(pj, vv.z, acc[a][4 * c + 2]);
+                    acc[a][4 * c + 3] = fmaf(pj, vv.w, acc[a][4 * c + 3]);
+                }
+            }
+        }
+    }
 }
 
 extern "C" __global__ void attention_prefill_v2_f32(
@@ -193,6 +234,7 @@ extern "C" __global__ void attention_prefill_v2_f32(
             }
         }
         // 4. Mask and the online-softmax update of each row (its half-warp), p -> sP.
+        bool partial = false;  // a (row, key) pair of this thread masked
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
             const int r = ty + PF2_TX * a;
@@ -209,18 +251,25 @@ extern "C" __global__ void attention_prefill_v2_f32(
             float mx = fmaxf(x[0], x[1]);
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            // A row that sees no key of this step (mx = -inf, uniform over its half-warp) keeps
-            // m, l and acc; the shuffles stay outside the branch (the warp holds two rows).
-            const bool seen = mx != PF2_NEG_INF;
+            // Whether the row sees a key of this step comes from the mask (one ballot; the
+            // row's half-warp), never from mx: fmaxf drops NaN, so a step whose visible scores
+            // are all NaN has mx = -inf and must still make the row NaN. A row that sees no key
+            // keeps m, l and acc; the shuffles stay outside the branch (the warp holds two rows).
+            const unsigned seen_bits = __ballot_sync(0xffffffffu, vb[0] || vb[1]);
+            const bool seen = ((seen_bits >> ((ty & 1) * 16)) & 0xffffu) != 0u;  // lane / 16
             const float m_new = fmaxf(m[a], mx);
+            const float sh = att_softmax_shift(m_new);  // 0 while m_new is -inf
             float p[2];
 #pragma unroll
-            for (int b = 0; b < 2; ++b) p[b] = (seen && vb[b]) ? expf(x[b] - m_new) : 0.0f;
+            for (int b = 0; b < 2; ++b) {
+                p[b] = vb[b] ? expf(x[b] - sh) : -0.0f;  // -0: masked, its V never multiplied
+                partial |= row_ok[a] && !vb[b];
+            }
             float sum = p[0] + p[1];
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
             if (seen) {
-                const float corr = expf(m[a] - m_new);  // 0 when m was -inf
+                const float corr = expf(m[a] - sh);  // 0 when m was -inf
                 l[a] = l[a] * corr + sum;
 #pragma unroll
                 for (int c = 0; c < 8; ++c) acc[a][c] *= corr;
@@ -229,33 +278,9 @@ extern "C" __global__ void attention_prefill_v2_f32(
 #pragma unroll
             for (int b = 0; b < 2; ++b) sP[r * PF2_LDP + tx + PF2_TX * b] = p[b];
         }
-        __syncthreads();  // p complete
-        // 5. acc += p_j V[j], j = 0 .. PF2_BK - 1 in order.
-        for (int j4 = 0; j4 < PF2_BK / 4; ++j4) {
-            float4 pv[4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-                pv[a] = reinterpret_cast<const float4*>(sP + (ty + PF2_TX * a) * PF2_LDP)[j4];
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                const float* vr = sV + (4 * j4 + jj) * ld;
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int col = 4 * tx + 64 * c;
-                    if (col >= d) continue;
-                    const float4 vv = *reinterpret_cast<const float4*>(vr + col);
-#pragma unroll
-                    for (int a = 0; a < 4; ++a) {
-                        const float pj = (jj == 0) ? pv[a].x : (jj == 1) ? pv[a].y
-                                       : (jj == 2) ? pv[a].z : pv[a].w;
-                        acc[a][4 * c + 0] = fmaf(pj, vv.x, acc[a][4 * c + 0]);
-                        acc[a][4 * c + 1] = fmaf(pj, vv.y, acc[a][4 * c + 1]);
-                        acc[a][4 * c + 2] = fmaf(pj, vv.z, acc[a][4 * c + 2]);
-                        acc[a][4 * c + 3] = fmaf(pj, vv.w, acc[a][4 * c + 3]);
-                    }
-                }
-            }
-        }
+        // p complete; does a row of the block have a masked key in this step (block-uniform)?
+        if (__syncthreads_or(partial)) pf2_accumulate<true>(acc, sP, sV, ld, d, tx, ty);
+        else pf2_accumulate<false>(acc, sP, sV, ld, d, tx, ty);
     }
     asm volatile("cp.async.wait_group 0;\n" ::);  // no copy outlives the block
 

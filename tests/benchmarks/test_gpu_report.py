@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,9 +26,11 @@ DRY_ROWS = {
               "proj tiny M=16"],
     "anchors": ["copy", "gdn chunked vs fla T=64", "gdn chunked vs fla T=128",
                 "gdn chunked vs recurrent T=256", "attention decode Tq=1 Tk=32",
-                "attention verify Tq=16 Tk=48", "attention prefill Tq=64 Tk=64"],
+                "attention verify Tq=16 Tk=48", "attention prefill Tq=64 Tk=64",
+                "decode attention/layer Tk=48", "decode attention anchors Tk=48"],
     "e2e": ["build", "check", "decode", "verify 16 vs decode 1", "speculative generate",
-            "cuda graphs vs eager"],
+            "cuda graphs vs eager", "dflash step graphed vs eager", "decode after 16 tokens",
+            "decode after 48 tokens"],
     "profile": ["decode kernel", "decode step", "gdn kernel", "chunked gdn call"],
 }
 
@@ -177,3 +180,74 @@ def test_without_a_gpu_the_full_run_is_one_error_line_naming_the_dry_run(tmp_pat
     assert run.stderr.startswith("gpu_report.py: error: no usable CUDA GPU")
     assert "--dry-run" in run.stderr and run.stderr.count("\n") == 1
     assert not (tmp_path / "r.json").exists()
+
+
+# ---------------------------------------------------------------- rows from made-up timings
+
+
+def test_the_decode_attention_row_is_kv_bytes_over_copy_bandwidth():
+    module = load_script()
+    # 32768 keys x 8 kv heads x 128 x 4 bytes x (K and V) = 268.4 MB; in 100 us that is
+    # 2684 GB/s, 0.671 of a 4000 GB/s copy: the 32k goal (>= 0.6) met.
+    text, values = module.decode_attention_text(32768, 8, 128, {"ours": 100e-6, "v2": 535e-6},
+                                                4000.0)
+    assert values["kv_MB"] == 268.435456 and abs(values["kv_of_copy"] - 0.67108864) < 1e-12
+    assert values["met"] is True and values["goal"] == "ours >= 0.6 of copy"
+    assert "ours    100.0 us   v2    535.0 us   K/V 268.4 MB at  0.67 of copy" in text
+    _, slow = module.decode_attention_text(32768, 8, 128, {"ours": 200e-6}, 4000.0)
+    assert slow["met"] is False  # 0.34 of copy
+    # 512 keys: the goal is the time (12 us), not the fraction; 4k keys: no goal
+    _, v512 = module.decode_attention_text(512, 8, 128, {"ours": 12.5e-6}, 4000.0)
+    assert v512["goal"] == "ours <= 12 us" and v512["met"] is False
+    assert "goal" not in module.decode_attention_text(4096, 8, 128, {"ours": 1e-5}, 4e3)[1]
+    # no copy row measured: the fraction is NaN, never a made-up number
+    assert np.isnan(module.decode_attention_text(4096, 8, 128, {"ours": 1e-5}, None)[1][
+        "kv_of_copy"])
+
+
+def test_the_anchor_row_is_a_second_row_with_its_own_fraction():
+    module = load_script()
+    text, values = module.anchor_text(4096, 8, 128, {"sdpa": 205.2e-6}, 77.3e-6, 4000.0)
+    # 33.55 MB in 205.2 us = 163.5 GB/s = 0.041 of copy; ours / SDPA = 77.3 / 205.2 = 0.377
+    assert abs(values["sdpa_of_copy"] - 33554432 / 205.2e-6 / 4e12) < 1e-12
+    assert abs(values["ours_over_sdpa"] - 77.3 / 205.2) < 1e-12
+    assert "sdpa    205.2 us,  0.04 of copy, ours / sdpa  0.38" in text
+
+
+def test_the_step_ratio_row_puts_graphed_beside_eager():
+    module = load_script()
+    # the sixth run's eager 1.94x, and a graphed decode of 7.02 ms with a 18.95 ms step: 2.70x
+    text, values = module.step_ratio_text({"step_s": 0.01975, "decode_s": 0.01018},
+                                          {"step_s": 0.01895, "decode_s": 0.00702})
+    assert f"{values['eager_ratio']:.2f}" == "1.94" and f"{values['graphed_ratio']:.2f}" == "2.70"
+    assert "= 2.70x   eager:" in text and "= 1.94x (goal graphed <= 1.5)" in text
+
+
+def test_the_context_decode_row_has_both_floors():
+    module = load_script()
+    # 16.09 GB of weights at 4146 GB/s: a 3.881 ms floor; 36 layers x 8192 keys x 8 x 128 x 8
+    # bytes = 2.416 GB of K/V. A 7.02 ms graphed step is 0.553 of the weight floor.
+    kv = 36 * module.kv_bytes(8192, 8, 128)
+    assert kv == 2415919104
+    text, values = module.context_decode_text(8192, {"eager": 0.0102, "graphs": 0.00702},
+                                              16_090_000_000, kv, 4146.0)
+    assert abs(values["graphs_of_floor"] - 16.09e9 / 0.00702 / 4146e9) < 1e-12
+    assert abs(values["graphs_of_floor_with_kv"] - (16.09e9 + kv) / 0.00702 / 4146e9) < 1e-12
+    assert values["goal"] == "graphed >= 0.5 of the weight floor"
+    assert module.context_decode_text(512, {"graphs": 0.007}, 1, 1, 1.0)[1]["goal"] == \
+        "graphed >= 0.65 of the weight floor"
+    assert "8192 tokens of context: eager     98.0 tok/s" in text and "K/V 2.42 GB" in text
+
+
+def test_projection_rows_report_gpu_time_and_host_time_apart():
+    module = load_script()
+    # q_proj: 41.9 MB read in 12.5 us of GPU time = 3355 GB/s, 0.80 of 4184; host 9.0 us/call
+    text, values = module.projection_text("ours", 12.5e-6, 9.0e-6, 4096 * 2560 * 4, 4184.0)
+    assert "ours GPU     12.5 us  3355.4 GB/s  0.80 of copy, host    9.0 us/call;" in text
+    assert values["ours_host_us"] == 9.0 and abs(values["ours_of_copy"] - 0.80196) < 1e-4
+
+
+def test_the_gpu_sizes_measure_the_issues_contexts():
+    module = load_script()
+    assert module.GPU_SIZES.att_decode_ctxs == (512, 4096, 8192, 32768)
+    assert module.GPU_SIZES.e2e_contexts == (512, 8192)

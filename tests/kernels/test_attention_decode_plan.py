@@ -293,34 +293,40 @@ def emulate_decode(q, k, v, spec, scale, softcap=None, sm_count=132, **device):
                 if softcap:
                     sc = dt(softcap) * np.tanh(sc / dt(softcap))
                 x = np.where(b[None], sc, -np.inf)
-                m_new = np.where(seen, np.maximum(m, x.max(axis=2)), m)
-                with np.errstate(invalid="ignore"):
-                    corr = np.where(seen, np.exp(m - m_new), 1)  # 0 when m was -inf
-                    pr = np.where(b[None], np.exp(x - m_new[..., None]), 0).astype(dt)
-                l = np.where(seen, l * corr + pr.sum(axis=2), l)
-                acc = acc * corr[..., None]
-                for jj in np.flatnonzero(b.any(axis=0)):  # slots ascending
-                    acc = acc + pr[:, :, jj, None] * vt[:, None, jj, :]
+                # fmaxf drops NaN; att_softmax_shift: 0 while the max is -inf
+                m_new = np.where(seen, np.fmax(m, np.fmax.reduce(x, axis=2, initial=-np.inf)), m)
+                sh = np.where(m_new == -np.inf, 0, m_new).astype(dt)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    corr = np.where(seen, np.exp(m - sh), 1)  # 0 when m was -inf
+                    pr = np.where(b[None], np.exp(x - sh[..., None]), 0).astype(dt)
+                    l = np.where(seen, l * corr + pr.sum(axis=2), l)
+                    acc = acc * corr[..., None]
+                    for jj in np.flatnonzero(b.any(axis=0)):  # slots ascending; a row only its own
+                        acc = np.where(b[None, :, jj, None],
+                                       acc + pr[:, :, jj, None] * vt[:, None, jj, :], acc)
                 m = m_new
             orow = (i[None, :] * nh + heads)[:, row_ok]  # [nkv, rows] rows of out / part_*
             if S == 1:
                 inv = np.where(l > 0, 1 / np.where(l > 0, l, 1), 0).astype(dt)
-                out.reshape(Tq * nh, d)[orow] = (acc * inv[..., None])[:, row_ok]
+                with np.errstate(invalid="ignore"):
+                    out.reshape(Tq * nh, d)[orow] = (acc * inv[..., None])[:, row_ok]
             else:
                 part_o[z][orow] = acc[:, row_ok]
                 part_ml[z][orow] = np.stack([m, l], axis=-1)[:, row_ok]
     if S > 1:  # attention_decode_combine_f32, per (i, h) row
         ms, ls = part_ml[..., 0], part_ml[..., 1]  # [S, Tq * nh]
-        M = np.where(ls > 0, ms, -np.inf).max(axis=0)
-        with np.errstate(invalid="ignore"):
-            w = np.where(ls > 0, np.exp(ms - M), 0).astype(dt)  # [S, rows]
-        L = np.zeros(Tq * nh, dt)
-        o = np.zeros((Tq * nh, d), dt)
-        for z in range(S):  # s ascending
-            L = L + ls[z] * w[z]
-            o = o + np.where(w[z] > 0, w[z], 0)[:, None] * np.where(w[z][:, None] > 0, part_o[z], 0)
-        inv = np.where(L > 0, 1 / np.where(L > 0, L, 1), 0).astype(dt)
-        out = (o * inv[:, None]).reshape(Tq, nh, d)
+        full = ls != 0  # mass; a NaN l counts
+        M = np.fmax.reduce(np.where(full, ms, -np.inf), axis=0)
+        M = np.where(M == -np.inf, 0, M)  # att_softmax_shift
+        with np.errstate(invalid="ignore", over="ignore"):
+            w = np.where(full, np.exp(ms - M), 0).astype(dt)  # [S, rows]
+            L = np.zeros(Tq * nh, dt)
+            o = np.zeros((Tq * nh, d), dt)
+            for z in range(S):  # s ascending, every split (w = 0 still multiplies acc)
+                L = L + ls[z] * w[z]
+                o = o + w[z][:, None] * part_o[z]
+            inv = np.where(L != 0, 1 / np.where(L != 0, L, 1), 0).astype(dt)
+            out = (o * inv[:, None]).reshape(Tq, nh, d)
     return out, count
 
 

@@ -187,22 +187,27 @@ def _emulate_forward(q, k, v, spec, scale, sm_count, shared_limit=SHARED_LIMIT):
                         if not bits[r].any():
                             continue
                         s = np.where(bits[r], kt @ q[i, h] * scale, -np.inf)
-                        m_new = max(parts[1][split, i, h], s.max())
-                        corr = np.exp(parts[1][split, i, h] - m_new)
-                        pr = np.exp(s - m_new)
+                        # fmaxf drops NaN; att_softmax_shift: 0 while the max is -inf
+                        m_new = np.fmax(parts[1][split, i, h], np.fmax.reduce(s, initial=-np.inf))
+                        sh = 0.0 if m_new == -np.inf else m_new
+                        corr = np.exp(parts[1][split, i, h] - sh)
+                        pr = np.where(bits[r], np.exp(s - sh), 0.0)
                         ls[split, i, h] = ls[split, i, h] * corr + pr.sum()
-                        parts[0][split, i, h] = parts[0][split, i, h] * corr + pr @ vt
+                        seen = bits[r]  # a row accumulates only the V rows it sees
+                        parts[0][split, i, h] = (parts[0][split, i, h] * corr
+                                                 + pr[seen] @ vt[seen])
                         parts[1][split, i, h] = m_new
                 if nbuf == 1 and next_vis:
                     barriers += 1
                 buf = buf ^ 1 if nbuf == 2 else 0
                 vis, bits = next_vis, next_bits
-    acc, m = parts
-    M = np.where(ls > 0, m, -np.inf).max(axis=0)
-    M = np.where(np.isfinite(M), M, 0.0)  # no visible key in any split: any finite shift
-    w = np.where(ls > 0, np.exp(np.where(ls > 0, m, 0.0) - M), 0.0)
+    acc, m = parts  # attention_combine_f32: l != 0 is mass (a NaN l counts)
+    M = np.fmax.reduce(np.where(ls != 0, m, -np.inf), axis=0)
+    M = np.where(M == -np.inf, 0.0, M)  # att_softmax_shift
+    w = np.where(ls != 0, np.exp(np.where(ls != 0, m, 0.0) - M), 0.0)
     L = (ls * w).sum(axis=0)
-    out = (acc * w[..., None]).sum(axis=0) / np.where(L > 0, L, 1.0)[..., None]
+    inv = np.where(L != 0, 1 / np.where(L != 0, L, 1.0), 0.0)
+    out = (acc * w[..., None]).sum(axis=0) * inv[..., None]  # every split's acc, even at w = 0
     return out, barriers, tiles, loaded
 
 

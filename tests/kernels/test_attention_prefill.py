@@ -227,9 +227,11 @@ def _emulate_prefill(q, k, v, spec, scale, softcap, plan):
                         if softcap:
                             x = softcap * np.tanh(x / softcap)
                         x = np.where(bits[r], x, -np.inf)
-                        m_new = max(m[r], x.max())
-                        corr = np.exp(m[r] - m_new)
-                        p[r] = np.where(bits[r], np.exp(x - m_new), 0.0)
+                        # fmaxf drops NaN; att_softmax_shift: 0 while the max is -inf
+                        m_new = np.fmax(m[r], np.fmax.reduce(x, initial=-np.inf))
+                        sh = 0.0 if m_new == -np.inf else m_new
+                        corr = np.exp(m[r] - sh)
+                        p[r] = np.where(bits[r], np.exp(x - sh), 0.0)
                         l[r] = l[r] * corr + p[r].sum()
                         acc[r] *= corr
                         m[r] = m_new
@@ -245,8 +247,8 @@ def _emulate_prefill(q, k, v, spec, scale, softcap, plan):
                             if bits[r, jj]:
                                 acc[r] += p[r, jj] * vrow
             for r in range(BQ):
-                if row_ok[r]:
-                    out[i0 + r, h] = acc[r] / l[r] if l[r] > 0 else 0.0
+                if row_ok[r]:  # inv = l > 0 ? 1 / l : 0; a NaN acc stays NaN
+                    out[i0 + r, h] = acc[r] * (1 / l[r] if l[r] > 0 else 0.0)
     return out, barriers, tiles, loaded
 
 

@@ -149,25 +149,30 @@ def emulate_prefill_v2(q, k, v, spec, scale, softcap, plan):
                 if softcap:
                     x = softcap * np.tanh(x / softcap)
                 x = np.where(bits, x, -np.inf)
-                p = np.zeros((BQ, BK))
+                p = np.full((BQ, BK), -0.0)  # -0: masked
                 for r in range(BQ):
-                    mx = x[r].max()
-                    if mx == -np.inf:  # the row sees nothing in this step
+                    if not bits[r].any():  # the row sees nothing in this step (from the mask)
                         continue
-                    m_new = max(m[r], mx)
-                    p[r] = np.where(bits[r], np.exp(x[r] - m_new), 0.0)
-                    corr = np.exp(m[r] - m_new)
+                    # fmaxf drops NaN; att_softmax_shift: 0 while the max is -inf
+                    m_new = np.fmax(m[r], np.fmax.reduce(x[r], initial=-np.inf))
+                    sh = 0.0 if m_new == -np.inf else m_new
+                    p[r] = np.where(bits[r], np.exp(x[r] - sh), -0.0)
+                    corr = np.exp(m[r] - sh)
                     l[r] = l[r] * corr + p[r].sum()
                     acc[r] *= corr
                     m[r] = m_new
                 for r in range(BQ):
                     smem[sP + r * LDP:sP + r * LDP + BK] = p[r]
-                barriers += 1  # p complete
+                barriers += 1  # p complete (and whether a row has a masked key)
                 P = smem[sP:sP + BQ * LDP].reshape(BQ, LDP)[:, :BK]
-                acc += P @ Vs  # j in order; masked p_j = 0 adds nothing
+                if (rows_ok[:, None] & ~bits).any():  # pf2_accumulate<true>: skip p_j = -0
+                    masked = (P == 0) & np.signbit(P)
+                    acc += np.where(masked[:, :, None], 0.0, P[:, :, None] * Vs[None]).sum(axis=1)
+                else:
+                    acc += P @ Vs  # j in order
             for r in range(BQ):
-                if rows_ok[r]:
-                    out[i0 + r, h] = acc[r] / l[r] if l[r] > 0 else 0.0
+                if rows_ok[r]:  # inv = l > 0 ? 1 / l : 0; a NaN acc stays NaN
+                    out[i0 + r, h] = acc[r] * (1 / l[r] if l[r] > 0 else 0.0)
     return out, barriers, steps, loaded, computed
 
 

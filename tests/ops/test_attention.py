@@ -26,6 +26,9 @@ from dflash_ref.ops.masks import (
 )
 from dflash_ref.testing import assert_close
 from tests.gpu import check_twin
+from tests.ops.attention_rule import SCALE as RULE_SCALE
+from tests.ops.attention_rule import cases as rule_cases
+from tests.ops.attention_rule import check_rule
 from tests.ops.test_masks import mask_specs
 
 # ---------------------------------------------------------------- the float64 direct oracle
@@ -126,6 +129,23 @@ def test_rows_without_visible_keys_are_zero_without_warnings(rng):
     assert np.all(out[:2] == 0) and np.all(online[:2] == 0)
     assert np.all(np.isfinite(out)) and np.abs(out[2]).sum() > 0
     assert empty.shape == (3, 2, 8) and np.all(empty == 0)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in rule_cases(np.random.default_rng(0))])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_nonfinite_rule(name, dtype):
+    # docs/conventions.md, "Non-finite attention", against its row-by-row float64 statement
+    # (tests/ops/attention_rule.py). Catches: p @ v multiplying a V that only another row sees
+    # (0 * NaN, case nonfinite_v_partly_visible); e^(-inf + inf) for a row of -inf scores
+    # (neg_inf_scores); NaN dropped by a NaN-blind max (nan_scores_whole_tile).
+    case = next(c for c in rule_cases(np.random.default_rng(1)) if c[0] == name)
+    _, q, k, v, spec = case
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    with np.errstate(all="ignore"):
+        check_rule(attention(q, k, v, spec, scale=RULE_SCALE), case, what="attention")
+        for n_splits in (1, 3):  # the kernel's algorithm, and its split combine
+            check_rule(attention_online(q, k, v, spec, scale=RULE_SCALE, n_splits=n_splits),
+                       case, what=f"attention_online n_splits={n_splits}")
 
 
 def test_dtypes_follow_the_compute_rule(rng):

@@ -1,0 +1,286 @@
+"""Decode attention v3 (``attention_decode_v3_f32``, kernels_cupy/cuda/attention_decode_v3.cu).
+
+On CPU: the plan (kernels_cupy/attention_decode_v3.py: every key in exactly one split, at most
+MAX_SPLITS splits of whole 64-key strides, refusals), the constants against the CUDA source,
+registers without spills, and :func:`emulate_decode_v3`, the kernel's thread mapping and
+summation order in NumPy: per (split, kv head) block, warp w's key groups j_begin + 8 (w + 8 u),
+the lane partial dots (lane L: columns 4 L .. 4 L + 3, x y z w in order), the reduce-scatter over
+32 lanes (the xor tree 16, 8, 4, 2, 1), the row's 8-lane max and sum (xor 4, 2, 1), V added key
+by key for the rows that see it, then the block's merge in warp order and the last block's merge
+in split order. Expected values: ``dflash_ref.ops.attention.attention`` (the mask materialised,
+a two-pass softmax: an independent evaluation).
+
+Tolerances: float64 emulation vs float64 reference, rtol 1e-10 / atol 1e-12 (another association
+of the same sums; a one-line error in the recurrence or the merge is O(1)); float32 emulation vs
+float64 reference at "float32_attention" (dflash_ref/testing.py), the tolerance the ``gpu``
+tests hold the kernel to. On a GPU (``gpu``): the kernel against the reference, every mask, with
+and without splits, twice in a row (the ticket counters reset), and replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from dflash_ref.ops.attention import attention
+from dflash_ref.ops.masks import MaskSpec, visible
+from dflash_ref.testing import assert_close
+from kernels_cupy import _build
+from kernels_cupy import attention_decode_v3 as d3
+from tests.kernels.test_attention_decode_plan import MASKS, make_mask
+
+LANES = np.arange(32)
+
+
+def _fma(a, b, c, dt):
+    """fmaf: one rounding of a * b + c (float64 products of float32 values are exact)."""
+    return (np.asarray(a, np.float64) * b + c).astype(dt)
+
+
+def _merge(slots, dt):
+    """d3_merge over [(m [R], l [R], acc [R, 128])] in slot order -> (O, M, L)."""
+    M = np.full(slots[0][0].shape, -np.inf, dt)
+    for m, l, _ in slots:
+        M = np.where(l != 0, np.fmax(M, m), M)  # a NaN l is mass
+    M = np.where(M == -np.inf, 0, M).astype(dt)  # att_softmax_shift
+    L = np.zeros_like(M)
+    O = np.zeros_like(slots[0][2])
+    for m, l, acc in slots:
+        w = np.where(l != 0, np.exp(m - M), 0).astype(dt)
+        L = _fma(l, w, L, dt)
+        O = _fma(acc, w[:, None], O, dt)  # every slot, even at w = 0
+    return O, M, L
+
+
+def _finish(O, L, dt):
+    inv = np.where(L != 0, 1 / np.where(L != 0, L, 1), 0).astype(dt)
+    return (O * inv[:, None]).astype(dt)
+
+
+def _warp(Q, k, v, vis, kvh, rows, j_first, j_end, scale, softcap, dt):
+    """One warp's groups of one block: its (m, l, acc) per row. Q [ROWS, 128]: the lane
+    columns of q (zero past d and past the rows)."""
+    R, KG, d = d3.ROWS, d3.KEY_GROUP, k.shape[2]
+    m = np.full(R, -np.inf, dt)
+    l = np.zeros(R, dt)
+    acc = np.zeros((R, 128), dt)
+    for j0 in range(j_first, j_end, d3.WARPS * KG):
+        keys = j0 + np.arange(KG)
+        bits = np.zeros((R, KG), bool)  # ballot: bit 8 s + t
+        bits[:rows] = vis[:, np.minimum(keys, len(k) - 1)] & (keys < j_end)[None]
+        if not bits.any():
+            continue
+        need = bits.any(axis=0)  # K / V rows loaded: keys some row sees
+        K = np.zeros((KG, 128), dt)
+        V = np.zeros((KG, 128), dt)
+        K[need, :d], V[need, :d] = k[keys[need], kvh], v[keys[need], kvh]
+        Qr, Kr = Q.reshape(R, 32, 4), K.reshape(KG, 32, 4)  # [.., lane, x y z w]
+        a = (Qr[:, None, :, 0] * Kr[None, :, :, 0]).astype(dt)  # [R, KG, lane]
+        for e in (1, 2, 3):
+            a = _fma(Qr[:, None, :, e], Kr[None, :, :, e], a, dt)
+        for o in (16, 8, 4, 2, 1):  # reduce-scatter: the xor-butterfly tree
+            a = (a + a[..., LANES ^ o]).astype(dt)
+        x = (a[..., 0] * dt(scale)).astype(dt)  # [R, KG]
+        if softcap:
+            x = (dt(softcap) * np.tanh(x / dt(softcap))).astype(dt)
+        x = np.where(bits, x, -np.inf).astype(dt)
+        m_new = np.fmax(m, np.fmax.reduce(x, axis=1))  # fmaxf drops NaN
+        sh = np.where(m_new == -np.inf, 0, m_new).astype(dt)
+        p = np.where(bits, np.exp(x - sh[:, None]), 0).astype(dt)
+        ps = p
+        for o in (4, 2, 1):  # the row's 8 lanes
+            ps = (ps + ps[:, np.arange(KG) ^ o]).astype(dt)
+        seen = bits.any(axis=1)
+        corr = np.exp(m - sh).astype(dt)
+        l = np.where(seen, _fma(l, corr, ps[:, 0], dt), l)
+        acc = np.where(seen[:, None], (acc * corr[:, None]).astype(dt), acc)
+        for t in range(KG):  # keys ascending; a row only the keys it sees
+            acc = np.where(bits[:, t, None], _fma(p[:, t, None], V[t][None], acc, dt), acc)
+        m = np.where(seen, m_new, m)
+    return m, l, acc
+
+
+def emulate_decode_v3(q, k, v, spec, scale, softcap=None, sm_count=132):
+    """attention_decode_v3_f32 in NumPy, block by block, in q's dtype. -> out [Tq, nh, d]."""
+    dt = q.dtype.type
+    Tq, nh, d = q.shape
+    Tk, nkv, _ = k.shape
+    g = nh // nkv
+    plan = d3.plan_decode_v3(Tq, nh, nkv, d, Tk, sm_count)
+    S, kps, rows = plan["n_splits"], plan["keys_per_split"], plan["rows"]
+    vis_all = visible(spec) if spec is not None else np.ones((Tq, Tk), bool)
+    out = np.full((Tq, nh, d), np.nan, dt)  # NaN: an unwritten row fails loudly
+    ri = np.arange(rows) // g  # query row of block row r
+    rh = np.arange(rows) % g  # head within the group
+    for kvh in range(nkv):
+        Q = np.zeros((d3.ROWS, 128), dt)
+        Q[:rows, :d] = q[ri, kvh * g + rh]
+        parts = []
+        for z in range(S):
+            jb, je = z * kps, min(Tk, (z + 1) * kps)
+            slots = [_warp(Q, k, v, vis_all[ri], kvh, rows, jb + w * d3.KEY_GROUP, je, scale,
+                           softcap, dt) for w in range(d3.WARPS)]
+            O, M, L = _merge(slots, dt)
+            parts.append((M, L, O))
+        O, _, L = parts[0][2], None, parts[0][1]
+        if S > 1:  # the last block: the splits' partials in split order
+            O, _, L = _merge(parts, dt)
+        out[ri, kvh * g + rh] = _finish(O, L, dt)[:rows, :d]
+    return out
+
+
+def _inputs(rng, Tq, nh, nkv, d, Tk, dtype=np.float64):
+    return tuple(rng.standard_normal(s).astype(dtype)
+                 for s in ((Tq, nh, d), (Tk, nkv, d), (Tk, nkv, d)))
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@pytest.mark.parametrize("Tk", [1, 7, 63, 64, 65, 511, 512, 4100, 32768, 100000])
+@pytest.mark.parametrize(("nkv", "sm_count"), [(8, 132), (1, 132), (2, 8), (8, 1)])
+def test_plan_covers_every_key_once(Tk, nkv, sm_count):
+    p = d3.plan_decode_v3(1, 4 * nkv, nkv, 128, Tk, sm_count)
+    S, kps = p["n_splits"], p["keys_per_split"]
+    assert p["grid"] == (S, nkv) and 1 <= S <= d3.MAX_SPLITS
+    assert kps % d3.BLOCK_KEYS == 0 and (S - 1) * kps < Tk <= S * kps  # no empty split
+    if S > 1:
+        assert kps >= d3.MIN_KEYS_PER_SPLIT
+        assert S * nkv <= max(sm_count, nkv)  # at most about one block per SM
+
+
+def test_plan_at_32k_keys_for_qwen3_4b():
+    # 8 kv heads on 132 SMs: 8 splits of 4096 keys, 64 blocks of 8 warps on keys.
+    p = d3.plan_decode_v3(1, 32, 8, 128, 32768, 132)
+    assert (p["n_splits"], p["keys_per_split"], p["rows"]) == (8, 4096, 4)
+    assert p["shared_mem"] == 8 * 4 * 130 * 4  # hand count: slots of (acc, m, l)
+
+
+@pytest.mark.parametrize(("shape", "why"), [
+    ((2, 32, 8, 128), "rows"), ((1, 8, 1, 128), "rows"), ((1, 4, 1, 256), "head dim"),
+    ((1, 4, 1, 66), "head dim"), ((1, 4, 3, 64), "cannot share"),
+])
+def test_plan_refuses_what_v3_does_not_take(shape, why):
+    with pytest.raises(ValueError, match=why):
+        d3.plan_decode_v3(*shape, 100, 132)
+
+
+def test_constants_match_the_cuda_source():
+    src = (_build.CUDA_DIR / "attention_decode_v3.cu").read_text()
+    for macro, value in [("D3_WARPS", d3.WARPS), ("D3_KG", d3.KEY_GROUP), ("D3_ROWS", d3.ROWS),
+                         ("D3_MAX_SPLITS", d3.MAX_SPLITS), ("D3_MAX_D", d3.MAX_HEAD_DIM)]:
+        assert re.search(rf"#define {macro} {value}\b", src), macro
+    assert d3.ROWS * d3.KEY_GROUP == 32 and d3.MAX_SPLITS <= d3.WARPS  # merge slots suffice
+    assert d3.KERNEL in _build.kernel_names("attention_decode_v3")
+
+
+def test_kernel_compiles_without_spilling():
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    prog = nvrtc.createProgram(_build.source("attention_decode_v3"), "attention_decode_v3.cu",
+                               [], [])
+    try:
+        nvrtc.compileProgram(prog, [*_build.COMPILE_OPTIONS, "--gpu-architecture=sm_90",
+                                    "--ptxas-options=-v"])
+        log = nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    entries = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?"
+                         r"Used (\d+) registers", log, re.S)
+    assert [name for name, _, _ in entries] == [d3.KERNEL], log
+    assert all(int(spills) == 0 and int(regs) <= 255 for _, spills, regs in entries), entries
+
+
+# ---------------------------------------------------------------- the emulation
+
+SHAPES = [  # (Tq, nh, nkv, d, Tk)
+    (1, 32, 8, 128, 4100),  # Qwen3-4B decode: GQA 4, 8 splits
+    (1, 8, 8, 64, 700),  # MHA: one row per block
+    (2, 4, 2, 128, 300),  # two query rows x GQA 2
+    (1, 6, 2, 36, 130),  # d = 36: lanes 9.. hold no column; 3 rows
+    (4, 2, 2, 128, 97),  # Tq = 4, one head per kv head; a short cache: one split
+]
+
+
+@pytest.mark.parametrize("kind", MASKS + ["empty"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_emulated_kernel_matches_the_reference(rng, shape, kind):
+    Tq, nh, nkv, d, Tk = shape
+    q, k, v = _inputs(rng, Tq, nh, nkv, d, Tk)
+    spec = make_mask(kind, Tq, Tk, rng)
+    if spec is not None:  # garbage in the invalid slots never reaches a row
+        k[np.asarray(spec.k_pos) < 0], v[np.asarray(spec.k_pos) < 0] = np.nan, np.inf
+    for sm_count in (1, 132):  # one split; several
+        out = emulate_decode_v3(q, k, v, spec, 0.1, sm_count=sm_count)
+        np.testing.assert_allclose(out, attention(q, k, v, spec, scale=0.1), rtol=1e-10,
+                                   atol=1e-12, err_msg=f"{shape} {kind} sm_count={sm_count}")
+
+
+def test_emulated_kernel_softcap(rng):
+    q, k, v = _inputs(rng, 1, 32, 8, 128, 900)
+    spec = make_mask("causal", 1, 900, rng)
+    out = emulate_decode_v3(3 * q, k, v, spec, 0.2, softcap=5.0)
+    np.testing.assert_allclose(out, attention(3 * q, k, v, spec, scale=0.2, softcap=5.0),
+                               rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("shape", "kind"), [((1, 32, 8, 128, 4100), "causal"),
+                                             ((1, 32, 8, 128, 32768), "none"),
+                                             ((2, 4, 2, 128, 2000), "prefix_window"),
+                                             ((1, 6, 2, 36, 700), "tree")], ids=str)
+def test_float32_emulation_within_the_stated_tolerance(rng, shape, kind):
+    Tq, nh, nkv, d, Tk = shape
+    q, k, v = _inputs(rng, Tq, nh, nkv, d, Tk)
+    spec = make_mask(kind, Tq, Tk, rng)
+    out32 = emulate_decode_v3(*(x.astype(np.float32) for x in (q, k, v)), spec, d ** -0.5)
+    assert out32.dtype == np.float32
+    assert_close(out32, attention(q, k, v, spec), "float32_attention", op="attention",
+                 case=f"emulated v3 float32 {shape} {kind}")
+
+
+# ---------------------------------------------------------------- on a GPU
+
+GPU_SHAPES = SHAPES + [(1, 32, 8, 128, 32768), (1, 16, 4, 128, 8192), (1, 4, 1, 128, 65)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", MASKS + ["empty"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_decode_v3_matches_the_reference(rng, shape, kind):
+    import cupy as cp
+
+    from kernels_cupy.attention import attention_using
+
+    Tq, nh, nkv, d, Tk = shape
+    q, k, v = _inputs(rng, Tq, nh, nkv, d, Tk, np.float32)
+    spec = make_mask(kind, Tq, Tk, rng)
+    dev = [cp.asarray(x) for x in (q, k, v)]
+    expected = attention(q, k, v, spec, scale=0.1)
+    for run in range(2):  # the second launch finds its ticket counters back at 0
+        got = attention_using("decode_v3", *dev, spec, scale=0.1)
+        assert_close(got, expected, "float32_attention", op="attention (decode v3)",
+                     case=f"{shape} {kind} run {run}")
+
+
+@pytest.mark.gpu
+def test_decode_v3_is_chosen_for_a_decode_and_replays_from_a_graph(rng, monkeypatch):
+    import cupy as cp
+
+    import kernels_cupy.attention as katt
+    from kernels_cupy.graphs import capture
+
+    q, k, v = (cp.asarray(x) for x in _inputs(rng, 1, 32, 8, 128, 8192, np.float32))
+    host = make_mask("causal", 1, 8192, rng)
+    expected = attention(*(cp.asnumpy(x) for x in (q, k, v)), host)
+    # positions on the device, int32: a captured step copies nothing from the host
+    spec = MaskSpec(cp.asarray(host.q_pos, cp.int32), cp.asarray(host.k_pos, cp.int32),
+                    causal=True)
+    launched = []
+    real = katt._decode_v3
+    monkeypatch.setattr(katt, "_decode_v3", lambda *a: launched.append(1) or real(*a))
+    assert_close(katt.attention(q, k, v, spec), expected, "float32_attention", op="auto")
+    assert launched  # "auto" ran v3
+    replay = capture(lambda: katt.attention_using("decode_v3", q, k, v, spec))
+    for _ in range(3):  # no memset, no host sync: each replay is the whole op
+        assert_close(replay(), expected, "float32_attention", op="decode v3 (graph)")

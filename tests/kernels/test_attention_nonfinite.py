@@ -1,0 +1,156 @@
+"""The non-finite attention rule (docs/conventions.md, "Non-finite attention") for every attention
+kernel: emulated on the CPU, run on a GPU (``gpu``).
+
+The expected values are tests/ops/attention_rule.py's row-by-row float64 evaluation of the rule
+(independent of the kernels and of dflash_ref/ops/attention.py). The emulations are the kernels'
+transcriptions that the other tests in this folder check against the reference: decode v2
+(attention_decode_*, with and without a key split, then its combine), decode v3
+(attention_decode_v3_f32, two query rows at a time: it takes at most 4 rows per kv head), v1
+(attention_fwd_*, the fallback decode and the tree / masked kernel, with its combine), prefill
+v1 (attention_prefill_*) and prefill v2 (attention_prefill_v2_f32, each ring depth). Each models
+fmaxf (NaN dropped from a max), the online softmax's shift (att_softmax_shift) and which V rows
+a row multiplies.
+Plausible bugs each case catches: a row's "seen" taken from an fmaxf max (case 1, prefill v2), V
+multiplied for a key the row does not see (case 2, prefill v2 and the reference), e^(-inf + inf)
+= NaN for a row of -inf scores (case 3, every kernel), a NaN split dropped by an "l > 0" combine
+(case 1 with splits), 0 written where the rule says NaN (case 4).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dflash_ref.ops.masks import MaskSpec
+from kernels_cupy import attention_prefill as kpf
+from kernels_cupy.attention import plan_launch
+from tests.kernels.test_attention_decode_plan import emulate_decode
+from tests.kernels.test_attention_decode_v3 import emulate_decode_v3
+from tests.kernels.test_attention_plan import _emulate_forward
+from tests.kernels.test_attention_prefill import _emulate_prefill
+from tests.kernels.test_attention_prefill_v2 import emulate_prefill_v2
+from tests.ops.attention_rule import SCALE, cases, check_rule
+
+CASE_NAMES = [c[0] for c in cases(np.random.default_rng(0))]
+
+
+def _case(name, Tk=90):
+    return next(c for c in cases(np.random.default_rng(1), Tk) if c[0] == name)
+
+
+def _two_rows(case, i):
+    """Query rows i, i + 1 of a case: decode v3 takes at most 4 rows per kv head (2 x GQA 2)."""
+    name, q, k, v, spec = case
+    rows = MaskSpec(np.asarray(spec.q_pos)[i:i + 2], spec.k_pos, causal=spec.causal,
+                    window=spec.window, window_mode=spec.window_mode, base_pos=spec.base_pos)
+    return name, q[i:i + 2], k, v, rows
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with np.errstate(all="ignore"):  # NaN and inf are the point here
+        yield
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("sm_count", [1, 132])  # one split; splits of 16-32 keys
+def test_decode_v2_emulated(name, sm_count):
+    case = _case(name)
+    _, q, k, v, spec = case
+    for dt in (np.float64, np.float32):
+        out, _ = emulate_decode(*(x.astype(dt) for x in (q, k, v)), spec, SCALE,
+                                sm_count=sm_count)
+        check_rule(out, case, what=f"decode v2 {dt.__name__} sm_count={sm_count}")
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("sm_count", [1, 132])  # one split; splits of 64 keys
+def test_decode_v3_emulated(name, sm_count):
+    for i in (0, 2):
+        case = _two_rows(_case(name, 300), i)
+        _, q, k, v, spec = case
+        for dt in (np.float64, np.float32):
+            out = emulate_decode_v3(*(x.astype(dt) for x in (q, k, v)), spec, SCALE,
+                                    sm_count=sm_count)
+            check_rule(out, case, what=f"decode v3 rows {i}, {i + 1} {dt} sm_count={sm_count}")
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("Tk", [90, 600])  # 600: two key splits on 64 SMs
+def test_v1_forward_emulated(name, Tk):
+    case = _case(name, Tk)
+    _, q, k, v, spec = case
+    if Tk == 600:
+        assert plan_launch(len(q), q.shape[1], k.shape[1], q.shape[2], Tk, 64)["n_splits"] > 1
+    out = _emulate_forward(q, k, v, spec, SCALE, sm_count=64)[0]
+    check_rule(out, case, what=f"attention_fwd Tk={Tk}")
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_prefill_v1_emulated(name):
+    case = _case(name)
+    _, q, k, v, spec = case
+    plan = kpf.plan_prefill(*q.shape[:2], k.shape[1], q.shape[2], k.shape[0], 96 * 1024)
+    check_rule(_emulate_prefill(q, k, v, spec, SCALE, None, plan)[0], case, what="prefill v1")
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_prefill_v2_emulated(name, stages):
+    case = _case(name)
+    _, q, k, v, spec = case
+    plan = kpf.plan_prefill_v2(*q.shape[:2], k.shape[1], q.shape[2], 10**6, 10**7)
+    plan = {**plan, "stages": stages, "shared_mem": kpf.prefill_v2_shared_bytes(q.shape[2],
+                                                                                 stages)}
+    check_rule(emulate_prefill_v2(q, k, v, spec, SCALE, None, plan)[0], case,
+               what=f"prefill v2 stages={stages}")
+
+
+# ---------------------------------------------------------------- on a GPU
+
+KERNELS = ["decode", "decode_v2", "prefill", "prefill_v2"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("Tk", [90, 4100])  # 4100: 8 key splits
+def test_decode_v3_follows_the_rule_on_a_gpu(name, Tk):
+    import cupy as cp
+
+    from kernels_cupy.attention import attention_using
+
+    for i in (0, 2):
+        case = _two_rows(_case(name, Tk), i)
+        _, q, k, v, spec = case
+        dev = [cp.asarray(x.astype(np.float32)) for x in (q, k, v)]
+        check_rule(cp.asnumpy(attention_using("decode_v3", *dev, spec, scale=SCALE)), case,
+                   what=f"decode_v3 rows {i}, {i + 1}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("Tk", [90, 4100])  # 4100: key splits in decode v1 and v2
+def test_every_kernel_follows_the_rule_on_a_gpu(name, kernel, Tk):
+    import cupy as cp
+
+    from kernels_cupy.attention import attention_using
+
+    case = _case(name, Tk)
+    _, q, k, v, spec = case
+    dev = [cp.asarray(x.astype(np.float32)) for x in (q, k, v)]
+    got = cp.asnumpy(attention_using(kernel, *dev, spec, scale=SCALE))
+    check_rule(got, case, what=kernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_the_auto_choice_follows_the_rule_on_a_gpu(name):
+    import cupy as cp
+
+    from kernels_cupy.attention import attention
+
+    case = _case(name)
+    _, q, k, v, spec = case
+    got = attention(*(cp.asarray(x.astype(np.float32)) for x in (q, k, v)), spec, scale=SCALE)
+    check_rule(cp.asnumpy(got), case, what="auto")
