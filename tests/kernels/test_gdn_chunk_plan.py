@@ -3,11 +3,12 @@
 ``gdn_chunked`` (CuPy) runs, per block of chunks, ``gdn_chunk_prep_f32`` -> ``gdn_chunk_state_f32``
 -> ``gdn_chunk_output_f32``. Each is emulated here in NumPy float32 with the kernel's index maps
 (reads of the raw [T, H, K] inputs, zero padding past T, grouped GQA) and summation orders (the
-running gate sum in token order, the score sums over channels in order, forward substitution row
-by row, the output's K + C terms in order); outputs start as NaN and every write is counted, so
-an element written twice or never fails. The three are chained and compared with the recurrence
-in float64 (``dflash_ref.ops.gdn.gdn_recurrent``: an independent form, itself checked against a
-closed form in tests/ops/test_gdn.py), at the tolerance the twin is held to, ``float32_gdn``.
+running gate sum in token order, the score sums over channels in order, the blocked inverse
+and its product (tests/kernels/test_gdn_prep_inverse.py), the output's K + C terms in order);
+outputs start as NaN and every write is counted, so an element written twice or never fails.
+The three are chained and compared with the recurrence in float64
+(``dflash_ref.ops.gdn.gdn_recurrent``: an independent form, itself checked against a closed form
+in tests/ops/test_gdn.py), at the tolerance the twin is held to, ``float32_gdn``.
 
 One float32 rounding per product and per sum here; the kernels fuse them with ``fmaf`` (within
 the tolerance: the state kernel's emulation, tests/kernels/test_gdn_plan.py, does the same).
@@ -25,6 +26,7 @@ from dflash_ref.testing import assert_close
 from kernels_cupy import _build
 from kernels_cupy import gdn as kgdn
 from tests.kernels.test_gdn_plan import SM80_OPTIN, SM86_OPTIN, SM90_OPTIN, emulate_state_kernel
+from tests.kernels.test_gdn_prep_inverse import apply_inverse, blocked_inverse
 from tests.ops.test_gdn import make_inputs
 
 f = np.float32
@@ -138,14 +140,12 @@ def emulate_prep_kernel(q, k, v, g, beta, C: int, scale: float):
             put("G", hv, n, slice(None), sG)
             if Kp > K:
                 put("W", hv, n, (slice(None), slice(K, Kp)), f(0))
-            # the solve: columns [beta e^G K | beta V], rows in order, earlier rows from the slots
+            # the solve: (I + A)^-1 by blocks, then times the columns [beta e^G K | beta V]
             rhs_k = sB[:, None] * np.exp(sG if kda else sG[:, :1]) * sK  # [C, K]
             rhs_v = np.zeros((C, V), f)
             rhs_v[:nT] = sB[:nT, None] * v[t0:t0 + nT, hv]
             X = np.concatenate([rhs_k, rhs_v], axis=1)  # [C, K + V]: one column per thread
-            for i in range(C):
-                for j in range(i):
-                    X[i] = X[i] - A[i, j] * X[j]
+            X = apply_inverse(blocked_inverse(A.astype(f)), X)
             put("W", hv, n, (slice(None), slice(0, K)), X[:, :K])
             put("U", hv, n, slice(None), X[:, K:])
     return out, writes
