@@ -46,6 +46,8 @@
 //       (b < 4) of the block's [C, 64] tile; one accumulator per output, the K + C terms summed
 //       in order (state rows first, then the chunk's delta rows) with fmaf, in slabs of
 //       GDN_OUT_KS staged in shared memory.
+// A chunk whose g has an entry > 0 (not a log decay) gets beta = NaN in the prep kernel: the
+// head's outputs from that chunk on and its state come out NaN (no host check, no sync).
 // Launch assumptions: sm_80+ (cp.async); blockDim as stated per kernel; C <= GDN_MAX_C,
 // K <= GDN_MAX_K; every pointer is contiguous float32; int arguments are 32-bit.
 
@@ -147,15 +149,23 @@ extern "C" __global__ void gdn_chunk_prep_f32(
         sK[i * ldk + c] = (i < nT) ? k[src] : 0.0f;
         sX[i * ldk + c] = (i < nT) ? q[src] : 0.0f;
     }
+    int rising = 0;  // a log decay g > 0 seen by this thread
     for (int e = tid; e < C * gk; e += GDN_PREP_THREADS) {
         const int i = e / gk, c = e % gk;
-        sG[i * ldg + c] = (i < nT) ? g[((long long)(t0 + i) * HV + hv) * gk + c] : 0.0f;
+        const float gv = (i < nT) ? g[((long long)(t0 + i) * HV + hv) * gk + c] : 0.0f;
+        rising |= gv > 0.0f;
+        sG[i * ldg + c] = gv;
     }
     for (int i = tid; i < C; i += GDN_PREP_THREADS)
         sB[i] = (i < nT) ? beta[(long long)(t0 + i) * HV + hv] : 0.0f;
-    __syncthreads();
+    // The log-decay rule, checked here rather than on the host (no synchronisation): a chunk
+    // with any g > 0 gets beta = NaN, so its W, U, Delta, every later chunk's state and output
+    // of this head, and the returned state are NaN (the NumPy reference raises instead).
+    rising = __syncthreads_or(rising);
     for (int c = tid; c < gk; c += GDN_PREP_THREADS)  // G_i = G_(i-1) + g_i, in token order
         for (int i = 1; i < C; ++i) sG[i * ldg + c] += sG[(i - 1) * ldg + c];
+    if (rising)
+        for (int i = tid; i < C; i += GDN_PREP_THREADS) sB[i] = __int_as_float(0x7fffffff);
     __syncthreads();
 
     // Scores: P (written out) and A (kept in shared memory); only i >= j is exponentiated.

@@ -106,8 +106,11 @@ def emulate_prep_kernel(q, k, v, g, beta, C: int, scale: float):
             sK[:nT], sQ[:nT] = k[t0:t0 + nT, hk], q[t0:t0 + nT, hk]
             sG, sB = np.zeros((C, gk), f), np.zeros(C, f)
             sG[:nT], sB[:nT] = g3[t0:t0 + nT, hv], beta[t0:t0 + nT, hv]
+            rising = bool((sG > 0).any())  # the log-decay rule, on the device
             for i in range(1, C):  # the running sum, token by token
                 sG[i] = sG[i - 1] + sG[i]
+            if rising:
+                sB[:] = np.nan
             # scores: one (i, j) per thread, the channels summed in order
             i_, j_ = np.meshgrid(np.arange(C), np.arange(C), indexing="ij")
             low = i_ >= j_
@@ -227,6 +230,19 @@ def test_extreme_gates_stay_finite_in_the_emulation(rng):
         o, S = emulate_gdn_chunked_block(*(a.astype(f) for a in args), K ** -0.5, C)
     assert_close(o, o_r, "float32_gdn", op="gdn_chunk (emulated)", case="g to -50")
     assert_close(S, S_r, "float32_gdn", op="gdn_chunk (emulated)", tensor="state")
+
+
+def test_a_rising_gate_poisons_its_head_from_its_chunk_on(rng):
+    # g > 0 at token 37 (chunk 2 of C = 16) of head 1: that head's outputs from token 32 on and
+    # its state are NaN, everything before and every other head finite (the device's stand-in
+    # for the reference's ValueError; without it the head would come out finite and wrong).
+    T, H, HV, K, V, C = 60, 1, 2, 8, 6, 16
+    args = [a.astype(f) for a in make_inputs(rng, T, H, HV, K, V)]
+    args[3][37, 1] = 0.25
+    with np.errstate(invalid="ignore"):
+        o, S = emulate_gdn_chunked_block(*args, K ** -0.5, C)
+    assert np.isnan(o[32:, 1]).all() and np.isnan(S[1]).all()
+    assert np.isfinite(o[:32, 1]).all() and np.isfinite(o[:, 0]).all() and np.isfinite(S[0]).all()
 
 
 def test_one_block_is_three_launches():
