@@ -42,7 +42,7 @@ The bound (per output element of a K-term dot product y = sum_k a_k b_k), derive
 For comparison, one TF32 pass (a_hi b_hi only) has a representation error up to
 ``(2 u_t + u_t^2) |a b|``, about 9.8e-4 of sum |a b|, over 100x this bound (7.3e-6) at
 K = 2560; the float32 CUDA-core kernel's bound is gamma_d with u = 2^-24 and d = 24 there
-(:func:`kernels_cupy.linear_plan.summation_depth`), 1.43e-6: 4.6x smaller (tests/kernels/
+(:func:`kernels_cupy.linear_plan.summation_depth`), 1.43e-6: 5.1x smaller (tests/kernels/
 test_tf32_bound.py checks both comparisons and that the emulation stays inside the bound).
 
 bf16 weights (:func:`round_bf16`, round to nearest even, 8 significant bits) are exact TF32

@@ -167,8 +167,8 @@ def test_one_tf32_pass_and_a_dropped_cross_product_break_the_bound(K):
 @pytest.mark.parametrize("K", [1024, 2560, 4096, 9728])
 def test_the_bound_beside_float32_and_one_tf32_pass(K):
     # Hand numbers at K = 2560: 320 k-steps, 40 per warp, 5 per accumulator: d_hi = 8 * 5 +
-    # 7 + 1 + 7 = 55, d_lo = 16 * 5 + 15 = 95; c ~ 7.2e-7 + 6.6e-6 + 1.1e-8 ~ 7.3e-6, 4.6x the
-    # float32 kernel's gamma_24 (u = 2^-24) = 1.43e-6.
+    # 7 + 1 + 7 = 55, d_lo = 16 * 5 + 15 = 95; c ~ 7.2e-7 + 6.6e-6 + 1.1e-8 ~ 7.3e-6, 5.1x the
+    # float32 kernel's gamma_24 (u = 2^-24) = 1.43e-6 and 134x below one TF32 pass (docs).
     c = bound_coefficient(*mma_depths(K))
     one_tf32 = 2 * U_TF32 + U_TF32**2  # one pass: both operands rounded, per product
     float32_kernel = gamma(summation_depth(K), 2.0**-24)
@@ -179,3 +179,4 @@ def test_the_bound_beside_float32_and_one_tf32_pass(K):
         assert c == pytest.approx(REPRESENTATION + gamma(55) * (1 + U_TF32)**2
                                   + gamma(95) * 2 * U_TF32 * (1 + U_TF32)**2)
         assert 7.2e-6 < c < 7.4e-6
+        assert round(c / float32_kernel, 1) == 5.1 and one_tf32 / c > 100
