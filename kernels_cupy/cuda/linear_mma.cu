@@ -28,6 +28,8 @@
 // against an error bound, not bit for bit.
 // Launch: sm_80+ (mma.sync with .tf32); grid (any count <= ceil(N / 8), 1, 1), block
 // (LMM_THREADS, 1, 1), no dynamic shared memory (red: LMM_WARPS x 32 x 4 floats, static).
+// __launch_bounds__(LMM_THREADS, 2): at most 128 registers, so two blocks share an SM (twice
+// the weight loads in flight of one).
 
 #define LMM_THREADS 256
 #define LMM_WARPS (LMM_THREADS / 32)
@@ -156,10 +158,12 @@ __device__ __forceinline__ void lmm_body(const float* __restrict__ x,
 #define LMM_PARAMS(WT) const float* __restrict__ x, const WT* __restrict__ w, \
                        float* __restrict__ y, const int T, const int N, const int K
 
-extern "C" __global__ void linear_mma_rows16_f32(LMM_PARAMS(float)) {
+extern "C" __global__ void __launch_bounds__(LMM_THREADS, 2)
+linear_mma_rows16_f32(LMM_PARAMS(float)) {
     lmm_body<false>(x, w, y, T, N, K);
 }
-extern "C" __global__ void linear_mma_rows16_bf16w(LMM_PARAMS(unsigned short)) {
+extern "C" __global__ void __launch_bounds__(LMM_THREADS, 2)
+linear_mma_rows16_bf16w(LMM_PARAMS(unsigned short)) {
     lmm_body<true>(x, w, y, T, N, K);
 }
 

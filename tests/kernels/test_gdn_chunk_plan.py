@@ -245,6 +245,21 @@ def test_a_rising_gate_poisons_its_head_from_its_chunk_on(rng):
     assert np.isfinite(o[:32, 1]).all() and np.isfinite(o[:, 0]).all() and np.isfinite(S[0]).all()
 
 
+@pytest.mark.gpu
+def test_a_rising_gate_poisons_its_head_on_the_device(rng):
+    # The twin's stand-in for the reference's ValueError, without a host read: the same cut as
+    # the emulation above, from the kernels.
+    import cupy as cp
+
+    T, H, HV, K, V, C = 60, 1, 2, 8, 6, 16
+    args = [a.astype(f) for a in make_inputs(rng, T, H, HV, K, V)]
+    args[3][37, 1] = 0.25
+    o, S = kgdn.gdn_chunked(*(cp.asarray(a) for a in args), chunk_size=C)
+    o, S = o.get(), S.get()
+    assert np.isnan(o[32:, 1]).all() and np.isnan(S[1]).all()
+    assert np.isfinite(o[:32, 1]).all() and np.isfinite(o[:, 0]).all() and np.isfinite(S[0]).all()
+
+
 def test_one_block_is_three_launches():
     # The block body launches the prep, state and output kernels and nothing else: the
     # temporaries are cp.empty (no fill), the output is written in place (no copy). Before the

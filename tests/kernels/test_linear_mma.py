@@ -332,10 +332,18 @@ def test_kernel_is_within_the_bound(T, N, K):
 
     if not has_tensor_cores(cp.cuda.Device().id):
         pytest.skip("the tensor-core kernel needs sm_80+")
+    from kernels_cupy.linear import linear_cuda_cores
+    from kernels_cupy.linear_plan import summation_depth
+    from tests.kernels.test_linear_plan import linear_bound
+
     x, w = _inputs(T, N, K, seed=T * N + K)
-    y = linear(cp.asarray(x), cp.asarray(w)).get()
-    ratio = assert_within(y, x, w, what=f"kernel {T, N, K}")
-    assert ratio <= 1.0
+    xd, wd = cp.asarray(x), cp.asarray(w)
+    y = linear(xd, wd).get()
+    assert_within(y, x, w, what=f"kernel {T, N, K}")
+    # Against its twin, the float32 CUDA-core kernel: within the sum of the two bounds.
+    twin = linear_cuda_cores(xd, wd).get()
+    err = np.abs(y.astype(np.float64) - twin)
+    assert (err <= bound(x, w) + linear_bound(x, w, summation_depth(K, K % 4 == 0))).all()
 
 
 @pytest.mark.gpu
