@@ -17,6 +17,7 @@ from dflash_ref.errors import BackendUnavailable
 from dflash_ref.ops import OP_FAMILIES
 
 BACKEND_NAMES = ("numpy", "cupy", "auto")
+WEIGHT_STORAGE = ("float32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Backend:
 
     ``to_numpy(arr)`` / ``to_backend(arr)``: the only ways data moves between host and backend
     (given, or chosen for ``xp``). ``capture(step) -> replay``: records a step function once
-    (a CUDA graph on CuPy; :func:`capture_by_calling` on NumPy).
+    (a CUDA graph on CuPy; :func:`capture_by_calling` on NumPy). ``weights``: how the
+    projections store their weights ("float32"; "bf16" on CuPy: kernels_cupy/linear_bf16.py).
     """
 
     name: str
@@ -34,6 +36,7 @@ class Backend:
     to_numpy: Callable[[Any], np.ndarray] | None = None
     to_backend: Callable[[Any], Any] | None = None
     capture: Callable[[Callable], Callable] | None = None
+    weights: str = "float32"
 
     def __post_init__(self):
         """Choose ``to_numpy`` and ``to_backend`` for ``xp`` where they were not given."""
@@ -46,7 +49,8 @@ class Backend:
             object.__setattr__(self, "capture", capture_by_calling)
 
     def __repr__(self) -> str:
-        return f"Backend(name={self.name!r}, ops={len(vars(self.ops))})"
+        extra = "" if self.weights == "float32" else f", weights={self.weights!r}"
+        return f"Backend(name={self.name!r}, ops={len(vars(self.ops))}{extra})"
 
 
 def capture_by_calling(step: Callable) -> Callable:
@@ -110,14 +114,22 @@ def cupy_device_description() -> str:
 
 
 @functools.cache
-def get_backend(name: str = "numpy") -> Backend:
+def get_backend(name: str = "numpy", weights: str = "float32") -> Backend:
     """The backend ``name``: "numpy", "cupy" or "auto" (CuPy when usable, else NumPy); raises
-    BackendUnavailable (saying why) for an unusable "cupy"."""
+    BackendUnavailable (saying why) for an unusable "cupy".
+
+    ``weights="bf16"`` (CuPy only, off by default): the projections read their weights rounded
+    to bf16, half the bytes, within their own tolerance class (kernels_cupy/linear_bf16.py)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
+    if weights not in WEIGHT_STORAGE:
+        raise ValueError(f"unknown weight storage {weights!r}; expected one of {WEIGHT_STORAGE}")
     if name == "auto":
         name = "cupy" if cupy_unavailable_reason() is None else "numpy"
     if name == "numpy":
+        if weights != "float32":
+            raise ValueError("weights='bf16' is an option of the cupy backend; the NumPy "
+                             "reference keeps float32 weights (drop weights= or use 'cupy')")
         return Backend("numpy", np, _op_table("dflash_ref.ops"))
     reason = cupy_unavailable_reason()
     if reason is not None:
@@ -125,7 +137,10 @@ def get_backend(name: str = "numpy") -> Backend:
     import cupy
 
     graphs = importlib.import_module("kernels_cupy.graphs")
-    return Backend("cupy", cupy, _op_table("kernels_cupy"), capture=graphs.capture)
+    ops = _op_table("kernels_cupy")
+    if weights == "bf16":
+        ops.linear = importlib.import_module("kernels_cupy.linear_bf16").Bf16Weights()
+    return Backend("cupy", cupy, ops, capture=graphs.capture, weights=weights)
 
 
 def as_backend(backend: str | Backend) -> Backend:

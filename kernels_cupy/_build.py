@@ -44,7 +44,8 @@ ELEMENTWISE_BLOCK = 256
 # 128 covers a d = 128 head in one step and d = 256 in two.
 QK_THREADS = 128
 
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
+_KERNEL_RE = re.compile(
+    r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(')
 
 
 class KernelCompileError(RuntimeError):

@@ -16,12 +16,16 @@ memory.
 
 The row count is rounded up to the kernel's template row count TT (1, 2, 4, 8, 16); the padded
 rows read no x, add nothing and are not written. T > MAX_ROWS goes to cuBLAS (``cupy.matmul``)
-and T == 0 or N == 0 launches nothing.
+and T == 0 or N == 0 launches nothing. On sm_80+ (``tensor_cores``) the 1-16-row products run
+on tensor cores in 3xTF32 instead (kernels_cupy/linear_mma_plan.py): these kernels stay the
+float32 reference twin they are checked against.
 """
 
 from __future__ import annotations
 
 import math
+
+from kernels_cupy.linear_mma_plan import plan_mma
 
 # Must match linear.cu (tests/kernels/test_linear_plan.py checks the source).
 THREADS = 256  # LIN_THREADS: 8 warps
@@ -55,11 +59,14 @@ def resident_blocks(num_regs: int, regs_per_sm: int = 65536, threads_per_sm: int
     return max(1, min(by_regs, threads_per_sm // THREADS, max_blocks_per_sm))
 
 
-def plan_linear(T: int, N: int, K: int, vec4: bool = True, max_blocks: int | None = None) -> dict:
+def plan_linear(T: int, N: int, K: int, vec4: bool = True, max_blocks: int | None = None,
+                tensor_cores: bool = False) -> dict:
     """How ``kernels_cupy.linear.linear`` computes a [T, K] x [N, K]^T product.
 
     Returns a dict with ``path``: "empty" (T == 0 or N == 0: nothing to launch), "cublas"
-    (T > MAX_ROWS) or "kernel"; for "kernel" also kernel (name), TT (template rows >= T),
+    (T > MAX_ROWS) or "kernel"; for "kernel" with ``tensor_cores`` (sm_80+) the tensor-core
+    kernel's plan (:func:`kernels_cupy.linear_mma_plan.plan_mma`), else family ("linear"),
+    kernel (name), TT (template rows >= T),
     vec4, group (elements per load: 4 or 1), tiles (ceil(N / COLS)), grid (min(tiles,
     max_blocks), 1, 1) (``max_blocks``: one wave, SMs x :func:`resident_blocks`; None: a block
     per tile), block (THREADS, 1, 1),
@@ -79,12 +86,15 @@ def plan_linear(T: int, N: int, K: int, vec4: bool = True, max_blocks: int | Non
         return {"path": "empty"}
     if T > MAX_ROWS:
         return {"path": "cublas"}
+    if tensor_cores:
+        return plan_mma(T, N, K, max_blocks)
     TT = next(r for r in ROW_TEMPLATES if r >= T)
     group = 4 if vec4 else 1
     per_thread = math.ceil(K // group / THREADS)
     tiles = math.ceil(N / COLS)
     return {
-        "path": "kernel", "kernel": kernel_name(TT, vec4), "TT": TT, "vec4": vec4,
+        "path": "kernel", "family": "linear", "kernel": kernel_name(TT, vec4), "TT": TT,
+        "vec4": vec4,
         "group": group, "tiles": tiles, "block": (THREADS, 1, 1),
         "grid": (tiles if max_blocks is None else min(tiles, max_blocks), 1, 1),
         "per_thread": per_thread, "depth": summation_depth(K, vec4),

@@ -289,6 +289,27 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'heapq.heappush(queue, ((-score[merged], -len(piece[left])), left, right, len(merged)))',
         'tests/io/test_spm_tie_order.py',
     ),
+    (
+        'TC1 tf32 rounding: half a TF32 ulp rounds down (not cvt.rna\'s ties away)',
+        'kernels_cupy/tf32.py',
+        'rounded = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)',
+        'rounded = ((bits + np.uint32(0x0FFF)) & np.uint32(0xFFFFE000)).view(np.float32)',
+        'tests/kernels/test_tf32_bound.py::test_round_tf32_hand_cases',
+    ),
+    (
+        'TC2 bf16 storage: ties rounded up, not to even',
+        'kernels_cupy/tf32.py',
+        '    odd = (bits >> np.uint32(16)) & np.uint32(1)',
+        '    odd = np.uint32(1)',
+        'tests/kernels/test_tf32_bound.py::test_round_bf16_equals_ggml',
+    ),
+    (
+        'TC3 3xTF32 bound: the lo accumulator counted with one MMA per k-step',
+        'kernels_cupy/linear_mma_plan.py',
+        '    lo_mmas = 1 if weights == "bf16" else 2',
+        '    lo_mmas = 1',
+        'tests/kernels/test_linear_mma.py::test_grid_and_depths_by_hand',
+    ),
     # ---- issue 26: the oracle's blind spots (each killed without torch)
     (
         '12 SPM: equal scores merge the rightmost pair, not the leftmost',

@@ -11,14 +11,21 @@
 //   gdn_chunk_prep_f32     everything of a chunk that does not depend on the state, from the
 //       raw inputs: G = running sum of g (token order), P = scale (Q K^T) Gamma (i >= j),
 //       A = beta_i (K K^T) Gamma (i > j) (Gamma_ij = exp(G_i - G_j), masked before exp; KDA: the
-//       decay inside the sum over channels), [W | U] = (I + A)^-1 [beta e^G K | beta V] by
-//       forward substitution, and the state pass's operands KdT, fold, dC (see the state
-//       kernel). One block per (value head, chunk), GDN_PREP_THREADS threads. Dynamic shared
-//       memory (kernels_cupy/gdn.py::plan_chunk_prep): K [C][K + 1], G [C][gk or K + 1],
-//       beta [C], A [C][C + 1], then Q [C][K + 1] whose space the solve reuses as one column
-//       slot per thread [C][GDN_PREP_THREADS]. Scores: one thread per (i, j), sums over the
-//       channels in order. Solve: thread t owns columns t, t + 128, ... of [W | U] and walks
-//       the C rows in order, reading its earlier rows back from its own slots (no barrier).
+//       decay inside the sum over channels), Tinv = (I + A)^-1 by a blocked inverse, then
+//       [W | U] = Tinv [beta e^G K | beta V], and the state pass's operands KdT, fold, dC (see
+//       the state kernel). One block per (value head, chunk), GDN_PREP_THREADS threads. Dynamic
+//       shared memory (kernels_cupy/gdn.py::plan_chunk_prep): K [C][K + 1], G [C][gk or K + 1],
+//       beta [C], A [C][C + 1], then Q [C][K + 1] whose space the inverse's temporaries, then
+//       one column slot per thread [C][GDN_PREP_THREADS], reuse. Scores: one thread per (i, j),
+//       sums over the channels in order. Inverse (gdn_prep_invert), in place of A: the
+//       GDN_INV_B x GDN_INV_B diagonal blocks by forward substitution (thread (b, col): column
+//       col of block b, rows in order), then block rows bi = 1, 2, ... in order, each as
+//       Y = sum_(l = bj)^(bi - 1) A_(bi, l) Tinv_(l, bj) for every bj < bi and
+//       Tinv_(bi, bj) = -Tinv_(bi, bi) Y (one thread per element, sums in index order; two
+//       barriers per block row). Product: thread t owns columns t, t + 128, ... of [W | U],
+//       puts the column's right-hand side in its slots, and forms rows i0 .. i0 + 3 at a time
+//       (four independent sums over j <= i in order; no barrier). CPU emulation and the
+//       tolerance against the serial solve: tests/kernels/test_gdn_prep_inverse.py.
 //   gdn_chunk_state_f32    the sequential inter-chunk pass, fla's chunk_delta_h order:
 //       Delta = U - W S0, S <- dC * S + KdT (fold * Delta), saving every chunk-start state S0
 //       and every Delta. Scalar gate: KdT = K^T and fold_i = exp(G_C - G_i) (the decay folded
@@ -39,12 +46,15 @@
 //       (b < 4) of the block's [C, 64] tile; one accumulator per output, the K + C terms summed
 //       in order (state rows first, then the chunk's delta rows) with fmaf, in slabs of
 //       GDN_OUT_KS staged in shared memory.
+// A chunk whose g has an entry > 0 (not a log decay) gets beta = NaN in the prep kernel: the
+// head's outputs from that chunk on and its state come out NaN (no host check, no sync).
 // Launch assumptions: sm_80+ (cp.async); blockDim as stated per kernel; C <= GDN_MAX_C,
 // K <= GDN_MAX_K; every pointer is contiguous float32; int arguments are 32-bit.
 
 #define GDN_MAX_C 64             // chunk size limit of the chunk kernels
 #define GDN_MAX_K 256            // key dim limit of the chunk kernels
 #define GDN_PREP_THREADS 128     // threads per block of gdn_chunk_prep_f32 (= solve slots)
+#define GDN_INV_B 16             // diagonal block size of the prep kernel's blocked inverse
 #define GDN_ST_VS 16             // value columns per block of gdn_chunk_state_f32 (threadIdx.x)
 #define GDN_ST_TY 16             // threadIdx.y extent of gdn_chunk_state_f32
 #define GDN_ST_THREADS 256       // GDN_ST_VS * GDN_ST_TY
@@ -53,6 +63,60 @@
 #define GDN_OUT_VT 64            // value columns per block of gdn_chunk_output_f32
 #define GDN_OUT_TX 16            // block (GDN_OUT_TX, GDN_OUT_TX): rows ty + 16 a, cols tx + 16 b
 #define GDN_OUT_KS 16            // reduction terms per shared-memory slab of the output kernel
+
+// (I + A)^-1 in place of the strictly lower A [C][C + 1] (zeros on and above the diagonal), for
+// C <= GDN_MAX_C, blocked by GDN_INV_B (the last block may be smaller); sT: temporaries of at
+// least min(C, GDN_INV_B) * GDN_INV_B floats when C <= GDN_INV_B, else ceil(C / GDN_INV_B)
+// * GDN_INV_B^2 (inside the prep kernel's query space). Called by every thread of the block.
+__device__ __forceinline__ void gdn_prep_invert(float* sA, float* sT, const int C,
+                                                const int tid) {
+    constexpr int B = GDN_INV_B, BB = GDN_INV_B * GDN_INV_B;
+    const int lda = C + 1;
+    const int nb = (C + B - 1) / B;
+    // 1. Diagonal blocks: thread (b, col) forward-substitutes column col of block b's inverse,
+    //    D_b[i][col] = delta(i, col) - sum_(col <= j < i) A[o + i][o + j] D_b[j][col], into sT.
+    for (int e = tid; e < nb * B; e += GDN_PREP_THREADS) {
+        const int b = e / B, col = e % B, o = b * B;
+        const int bs = min(B, C - o);
+        float* D = sT + b * BB;
+        for (int i = 0; i < bs; ++i) {
+            float x = (i == col) ? 1.0f : 0.0f;
+            if (col < bs)
+                for (int j = col; j < i; ++j) x = fmaf(-sA[(o + i) * lda + o + j], D[j * B + col], x);
+            D[i * B + col] = x;  // rows of this column: only this thread writes and reads them
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < nb * BB; e += GDN_PREP_THREADS) {  // D_b over A's diagonal block
+        const int b = e / BB, i = (e / B) % B, j = e % B, o = b * B;
+        if (o + i < C && o + j < C) sA[(o + i) * lda + o + j] = sT[e];
+    }
+    __syncthreads();
+    // 2. Block rows in order: Y_bj = sum_(m = oj)^(oi - 1) A[oi + r][m] Tinv[m][oj + c] (block
+    //    row bi of A still intact, earlier block rows already inverted), then
+    //    Tinv[oi + r][oj + c] = -sum_(m <= r) D_bi[r][m] Y_bj[m][c] over A's block (bi, bj).
+    for (int bi = 1; bi < nb; ++bi) {
+        const int oi = bi * B, bsi = min(B, C - oi);
+        for (int e = tid; e < bi * BB; e += GDN_PREP_THREADS) {
+            const int bj = e / BB, r = (e / B) % B, c = e % B, oj = bj * B;
+            float y = 0.0f;
+            if (r < bsi)
+                for (int m = oj; m < oi; ++m) y = fmaf(sA[(oi + r) * lda + m], sA[m * lda + oj + c], y);
+            sT[e] = y;
+        }
+        __syncthreads();
+        for (int e = tid; e < bi * BB; e += GDN_PREP_THREADS) {
+            const int bj = e / BB, r = (e / B) % B, c = e % B, oj = bj * B;
+            if (r < bsi) {
+                float x = 0.0f;
+                for (int m = 0; m <= r; ++m)
+                    x = fmaf(-sA[(oi + r) * lda + oi + m], sT[bj * BB + m * B + c], x);
+                sA[(oi + r) * lda + oj + c] = x;
+            }
+        }
+        __syncthreads();
+    }
+}
 
 // Outputs, per (value head, chunk) hn: W [C, Kp] (zero past K), KdT [K, Cp] (zero past C),
 // U [C, V], fold [C], dC [K], P [C, C] (zero above the diagonal), G [C, gk].
@@ -85,15 +149,23 @@ extern "C" __global__ void gdn_chunk_prep_f32(
         sK[i * ldk + c] = (i < nT) ? k[src] : 0.0f;
         sX[i * ldk + c] = (i < nT) ? q[src] : 0.0f;
     }
+    int rising = 0;  // a log decay g > 0 seen by this thread
     for (int e = tid; e < C * gk; e += GDN_PREP_THREADS) {
         const int i = e / gk, c = e % gk;
-        sG[i * ldg + c] = (i < nT) ? g[((long long)(t0 + i) * HV + hv) * gk + c] : 0.0f;
+        const float gv = (i < nT) ? g[((long long)(t0 + i) * HV + hv) * gk + c] : 0.0f;
+        rising |= gv > 0.0f;
+        sG[i * ldg + c] = gv;
     }
     for (int i = tid; i < C; i += GDN_PREP_THREADS)
         sB[i] = (i < nT) ? beta[(long long)(t0 + i) * HV + hv] : 0.0f;
-    __syncthreads();
+    // The log-decay rule, checked here rather than on the host (no synchronisation): a chunk
+    // with any g > 0 gets beta = NaN, so its W, U, Delta, every later chunk's state and output
+    // of this head, and the returned state are NaN (the NumPy reference raises instead).
+    rising = __syncthreads_or(rising);
     for (int c = tid; c < gk; c += GDN_PREP_THREADS)  // G_i = G_(i-1) + g_i, in token order
         for (int i = 1; i < C; ++i) sG[i * ldg + c] += sG[(i - 1) * ldg + c];
+    if (rising)
+        for (int i = tid; i < C; i += GDN_PREP_THREADS) sB[i] = __int_as_float(0x7fffffff);
     __syncthreads();
 
     // Scores: P (written out) and A (kept in shared memory); only i >= j is exponentiated.
@@ -146,7 +218,10 @@ extern "C" __global__ void gdn_chunk_prep_f32(
     for (int e = tid; e < C * (Kp - K); e += GDN_PREP_THREADS)  // W's zero padding
         W[hn * C * Kp + (long long)(e / (Kp - K)) * Kp + K + e % (Kp - K)] = 0.0f;
 
-    // [W | U] = (I + A)^-1 [beta e^G K | beta V]: row i = rhs_i - sum_(j < i) A_ij row_j.
+    gdn_prep_invert(sA, sX, C, tid);  // sA <- (I + A)^-1 (lower, ones on the diagonal)
+
+    // [W | U] = Tinv [beta e^G K | beta V]: the column's right-hand side into this thread's
+    // slots, then rows i0 .. i0 + 3 as four independent sums over j <= i, in j order.
     for (int c = tid; c < K + V; c += GDN_PREP_THREADS) {
         const bool is_k = c < K;
         float* X = is_k ? W + hn * C * Kp + c : U + hn * C * V + (c - K);
@@ -158,11 +233,21 @@ extern "C" __global__ void gdn_chunk_prep_f32(
                 x = bi * expf(sG[i * ldg + ((gk == 1) ? 0 : c)]) * sK[i * ldk + c];
             else
                 x = (i < nT) ? bi * v[((long long)(t0 + i) * HV + hv) * V + (c - K)] : 0.0f;
-#pragma unroll 4
-            for (int j = 0; j < i; ++j)
-                x = fmaf(-sA[i * (C + 1) + j], sX[j * GDN_PREP_THREADS + tid], x);
             sX[i * GDN_PREP_THREADS + tid] = x;  // only this thread reads its slots
-            X[(long long)i * ld] = x;
+        }
+        for (int i0 = 0; i0 < C; i0 += 4) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const int jend = min(C, i0 + 4);
+            for (int j = 0; j < jend; ++j) {
+                const float r = sX[j * GDN_PREP_THREADS + tid];
+#pragma unroll
+                for (int a = 0; a < 4; ++a)
+                    if (j <= i0 + a && i0 + a < C)
+                        acc[a] = fmaf(sA[(i0 + a) * (C + 1) + j], r, acc[a]);
+            }
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+                if (i0 + a < C) X[(long long)(i0 + a) * ld] = acc[a];
         }
     }
 }

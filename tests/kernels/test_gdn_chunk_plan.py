@@ -3,11 +3,12 @@
 ``gdn_chunked`` (CuPy) runs, per block of chunks, ``gdn_chunk_prep_f32`` -> ``gdn_chunk_state_f32``
 -> ``gdn_chunk_output_f32``. Each is emulated here in NumPy float32 with the kernel's index maps
 (reads of the raw [T, H, K] inputs, zero padding past T, grouped GQA) and summation orders (the
-running gate sum in token order, the score sums over channels in order, forward substitution row
-by row, the output's K + C terms in order); outputs start as NaN and every write is counted, so
-an element written twice or never fails. The three are chained and compared with the recurrence
-in float64 (``dflash_ref.ops.gdn.gdn_recurrent``: an independent form, itself checked against a
-closed form in tests/ops/test_gdn.py), at the tolerance the twin is held to, ``float32_gdn``.
+running gate sum in token order, the score sums over channels in order, the blocked inverse
+and its product (tests/kernels/test_gdn_prep_inverse.py), the output's K + C terms in order);
+outputs start as NaN and every write is counted, so an element written twice or never fails.
+The three are chained and compared with the recurrence in float64
+(``dflash_ref.ops.gdn.gdn_recurrent``: an independent form, itself checked against a closed form
+in tests/ops/test_gdn.py), at the tolerance the twin is held to, ``float32_gdn``.
 
 One float32 rounding per product and per sum here; the kernels fuse them with ``fmaf`` (within
 the tolerance: the state kernel's emulation, tests/kernels/test_gdn_plan.py, does the same).
@@ -25,6 +26,7 @@ from dflash_ref.testing import assert_close
 from kernels_cupy import _build
 from kernels_cupy import gdn as kgdn
 from tests.kernels.test_gdn_plan import SM80_OPTIN, SM86_OPTIN, SM90_OPTIN, emulate_state_kernel
+from tests.kernels.test_gdn_prep_inverse import apply_inverse, blocked_inverse
 from tests.ops.test_gdn import make_inputs
 
 f = np.float32
@@ -104,8 +106,11 @@ def emulate_prep_kernel(q, k, v, g, beta, C: int, scale: float):
             sK[:nT], sQ[:nT] = k[t0:t0 + nT, hk], q[t0:t0 + nT, hk]
             sG, sB = np.zeros((C, gk), f), np.zeros(C, f)
             sG[:nT], sB[:nT] = g3[t0:t0 + nT, hv], beta[t0:t0 + nT, hv]
+            rising = bool((sG > 0).any())  # the log-decay rule, on the device
             for i in range(1, C):  # the running sum, token by token
                 sG[i] = sG[i - 1] + sG[i]
+            if rising:
+                sB[:] = np.nan
             # scores: one (i, j) per thread, the channels summed in order
             i_, j_ = np.meshgrid(np.arange(C), np.arange(C), indexing="ij")
             low = i_ >= j_
@@ -138,14 +143,12 @@ def emulate_prep_kernel(q, k, v, g, beta, C: int, scale: float):
             put("G", hv, n, slice(None), sG)
             if Kp > K:
                 put("W", hv, n, (slice(None), slice(K, Kp)), f(0))
-            # the solve: columns [beta e^G K | beta V], rows in order, earlier rows from the slots
+            # the solve: (I + A)^-1 by blocks, then times the columns [beta e^G K | beta V]
             rhs_k = sB[:, None] * np.exp(sG if kda else sG[:, :1]) * sK  # [C, K]
             rhs_v = np.zeros((C, V), f)
             rhs_v[:nT] = sB[:nT, None] * v[t0:t0 + nT, hv]
             X = np.concatenate([rhs_k, rhs_v], axis=1)  # [C, K + V]: one column per thread
-            for i in range(C):
-                for j in range(i):
-                    X[i] = X[i] - A[i, j] * X[j]
+            X = apply_inverse(blocked_inverse(A.astype(f)), X)
             put("W", hv, n, (slice(None), slice(0, K)), X[:, :K])
             put("U", hv, n, slice(None), X[:, K:])
     return out, writes
@@ -227,6 +230,34 @@ def test_extreme_gates_stay_finite_in_the_emulation(rng):
         o, S = emulate_gdn_chunked_block(*(a.astype(f) for a in args), K ** -0.5, C)
     assert_close(o, o_r, "float32_gdn", op="gdn_chunk (emulated)", case="g to -50")
     assert_close(S, S_r, "float32_gdn", op="gdn_chunk (emulated)", tensor="state")
+
+
+def test_a_rising_gate_poisons_its_head_from_its_chunk_on(rng):
+    # g > 0 at token 37 (chunk 2 of C = 16) of head 1: that head's outputs from token 32 on and
+    # its state are NaN, everything before and every other head finite (the device's stand-in
+    # for the reference's ValueError; without it the head would come out finite and wrong).
+    T, H, HV, K, V, C = 60, 1, 2, 8, 6, 16
+    args = [a.astype(f) for a in make_inputs(rng, T, H, HV, K, V)]
+    args[3][37, 1] = 0.25
+    with np.errstate(invalid="ignore"):
+        o, S = emulate_gdn_chunked_block(*args, K ** -0.5, C)
+    assert np.isnan(o[32:, 1]).all() and np.isnan(S[1]).all()
+    assert np.isfinite(o[:32, 1]).all() and np.isfinite(o[:, 0]).all() and np.isfinite(S[0]).all()
+
+
+@pytest.mark.gpu
+def test_a_rising_gate_poisons_its_head_on_the_device(rng):
+    # The twin's stand-in for the reference's ValueError, without a host read: the same cut as
+    # the emulation above, from the kernels.
+    import cupy as cp
+
+    T, H, HV, K, V, C = 60, 1, 2, 8, 6, 16
+    args = [a.astype(f) for a in make_inputs(rng, T, H, HV, K, V)]
+    args[3][37, 1] = 0.25
+    o, S = kgdn.gdn_chunked(*(cp.asarray(a) for a in args), chunk_size=C)
+    o, S = o.get(), S.get()
+    assert np.isnan(o[32:, 1]).all() and np.isnan(S[1]).all()
+    assert np.isfinite(o[:32, 1]).all() and np.isfinite(o[:, 0]).all() and np.isfinite(S[0]).all()
 
 
 def test_one_block_is_three_launches():

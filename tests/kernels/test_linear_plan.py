@@ -377,7 +377,7 @@ def test_kernel_equals_the_emulation_bit_for_bit(T, N, K, misalign):
     # subnormals). ``misalign`` shifts x by one float, so the scalar kernel runs.
     import cupy as cp
 
-    from kernels_cupy.linear import linear
+    from kernels_cupy.linear import linear_cuda_cores as linear  # the float32 twin on any GPU
 
     x, w = _inputs(T, N, K, seed=T * N + K)
     if misalign:
