@@ -71,16 +71,11 @@ def check_against_dflash_ref(tm, out: Path, drafter, feats, ids, emb, head):
         got = drafter(f[None], block, torch.tensor([anchors]), emb, head)[0].numpy()
     diff = 0.0
     for i, s in enumerate(anchors):
-        ref = draft_logits(dm, f[:s].numpy(), int(ids[s]), s)
+        ref = dm.forward_block(f[:s].numpy(), np.arange(s), int(ids[s]), s)  # [B, V]
+        ref = np.asarray(dm.draft_head.gather(ref))  # [B, Vd]: the draft rows
         diff = max(diff, float(np.max(np.abs(got[i] - ref))) / max(1.0, float(np.abs(ref).max())))
     print(f"torch vs dflash_ref drafter logits (3 blocks): max relative |diff| {diff:.2e}")
     return diff
-
-
-def draft_logits(dm, feats: np.ndarray, anchor_id: int, s: int) -> np.ndarray:
-    """The dflash_ref drafter's logits [B, Vd] over its own head rows for one block."""
-    z = dm.block_hidden(feats, np.arange(s), anchor_id, s)
-    return np.asarray(dm.head.logits(z))
 
 
 class GemmaDrafter(Drafter):
@@ -135,10 +130,13 @@ def train(k: dict, cache: Path, out: Path) -> None:
     drafter = GemmaDrafter(DRAFTER, H, len(DRAFTER["target_layer_ids"]))
     opt = torch.optim.AdamW([*drafter.parameters(), head], lr=k["lr"], betas=(0.9, 0.95),
                             weight_decay=0.01)
-    bsz, K, steps, deadline = k["batch"], k["anchors"], k["steps"], t0 + 60 * k["train_minutes"]
+    bsz, K, steps, budget = k["batch"], k["anchors"], k["steps"], 60 * k["train_minutes"]
     curve, t1 = [], time.time()
     for step in range(steps + 1):
-        last = step == steps or time.time() > deadline
+        # the schedule runs on steps or on time, whichever ends first: a slow machine still
+        # decays the learning rate to zero by the end of its time budget
+        progress = max(step / steps, (time.time() - t1) / budget)
+        last = progress >= 1
         val = last or step % 250 == 0
         rows = np.arange(N - n_val, N) if val else rng.integers(0, N - n_val, bsz)
         s = sample_batch(rng, rows, K, W, B)
@@ -162,7 +160,8 @@ def train(k: dict, cache: Path, out: Path) -> None:
                 break
             continue
         for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, steps, k["lr"])
+            g["lr"] = cosine_lr(round(progress * 10_000), 10_000, k["lr"], warmup=100 * 10_000
+                                // steps)
         logits = drafter(f, block, s_t, emb, head)[:, :, 1:]
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                              reduction="none").view(labels.shape)
