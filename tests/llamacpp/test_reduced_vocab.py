@@ -1,4 +1,4 @@
-"""llama.cpp's convert_hf_to_gguf.py on a drafter with a reduced draft vocabulary
+"""llama.cpp on a drafter with a reduced draft vocabulary: its converter, and its DFlash loop
 (docs/interop.md, "A reduced draft vocabulary").
 
 In the pinned source only the DSpark class (``DSparkModel``: ``draft_vocab_size``,
@@ -53,3 +53,43 @@ def test_llamacpps_dflash_converter_has_no_d2t(llamacpp_src, tmp_path):
     with pytest.raises(AssertionError, match="Can not map tensor 'model.d2t'"):
         convert_with_llamacpp(llamacpp_src, src, "--target-model-dir", DEMO / "target",
                               "--outfile", tmp_path / "theirs.gguf", "--outtype", "bf16")
+
+
+def test_llamacpp_drafts_and_accepts_as_we_do_with_a_reduced_head(llamacpp, tmp_path):
+    """The reduced drafter's GGUF (ours) next to the shipped target GGUF in llama.cpp's DFlash
+    loop and in ours: llama.cpp reports the d2t map, the output is plain greedy decoding's, and
+    the accepted drafts per step agree (tests/llamacpp/test_dflash.py drives both loops)."""
+    from dflash_ref.demo_text import decode_bytes
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.target import TargetModel
+    from dflash_ref.spec_decode.loop import generate
+    from tests.llamacpp.harness import spec_steps
+    from tests.llamacpp.test_dflash import (
+        GGUF,
+        N_DRAFT,
+        N_NEW,
+        PROMPTS,
+        _before_first_short,
+        llamacpp_loop,
+    )
+
+    drafter_gguf = convert_drafter(write_reduced_drafter(tmp_path / "reduced", TEXT_IDS),
+                                   tmp_path / "reduced.gguf", "bf16", target=DEMO / "target",
+                                   progress=False)
+    target = TargetModel.from_gguf(GGUF / "target.gguf")
+    drafter = DFlashDrafter.from_gguf(drafter_gguf, target)
+    ids = PROMPTS[0]
+    p = llamacpp.run("llama-speculative-simple", "-m", GGUF / "target.gguf", "-md", drafter_gguf,
+                     "--spec-type", "draft-dflash", "--spec-draft-n-max", N_DRAFT, "-n", N_NEW,
+                     "-p", decode_bytes(ids), "--temp", "0", "-t", "1", "-c", "512", "-v",
+                     until="n_accept")
+    assert f"draft_vocab_size = {TEXT_IDS.size}" in p.stderr_text  # llama.cpp read d2t
+    plain = generate(target, None, ids, N_NEW + N_DRAFT + 1).tokens
+    assert generate(target, drafter, ids, N_NEW + N_DRAFT + 1).tokens == plain
+    theirs = list(p.stdout.lstrip(b"\n")[len(ids):].rstrip(b"\n"))
+    assert len(theirs) >= N_NEW and theirs == plain[:len(theirs)]
+    steps = spec_steps(p.stderr_text)
+    accepted = _before_first_short(steps)
+    assert len(accepted) >= len(steps) - 2 and sum(accepted) > 0, steps
+    _, ours = llamacpp_loop(target, drafter, ids, N_NEW + N_DRAFT + 1)
+    assert accepted == ours[:len(accepted)], (steps, ours)
