@@ -180,3 +180,20 @@ def test_convert_cli_refuses_a_bad_map_and_writes_nothing(bad_dirs, tmp_path, ca
     status = main(["convert", str(bad_dirs["duplicate"]), str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and len(err) == 1 and "d2t" in err[0] and not out.exists()
+
+
+@pytest.mark.gpu
+def test_a_reduced_drafter_on_cupy_drafts_as_on_numpy(made):
+    # The same xp calls on both backends (xp.full, a fancy-index scatter and gather); catches a
+    # host array reaching device code or d2t left on the host for the scatter.
+    from dflash_ref.testing import Tolerance, assert_close
+
+    cpu = DFlashDrafter.from_pretrained(made["reduced"], _target())
+    t_gpu = TargetModel.from_pretrained(DEMO / "target", backend="cupy")
+    gpu = DFlashDrafter.from_pretrained(made["reduced"], t_gpu)
+    a, b = _block(cpu, PROMPTS[0]), _block(gpu, PROMPTS[0])
+    assert_close(b, a, Tolerance(1e-4, 1e-4, "cuBLAS vs NumPy BLAS, 3 layers"),
+                 op="reduced drafter", case="demo")
+    assert (cpu.draft_tokens(a) == gpu.draft_tokens(b)).all()
+    plain = generate(t_gpu, None, PROMPTS[1], NEW).tokens
+    assert generate(t_gpu, gpu, PROMPTS[1], NEW).tokens == plain
