@@ -116,6 +116,16 @@ def test_gguf_py_reads_d2t_as_i64_absolute_ids_and_the_reduced_output(made):
     assert "token_embd.weight" not in t  # the block's embeddings stay the target's
 
 
+def test_compare_weights_pairs_the_head_and_the_map_of_both_forms(made):
+    # lm_head.weight is output.weight in the GGUF, and d2t is offsets in one, absolute ids in
+    # the other: catches either side compared as stored (one-sided rows, a d2t outlier).
+    from dflash_ref.io.compare import compare_weights
+
+    rows = {r.name: r for r in compare_weights(made["reduced"], made["gguf"], show=False)}
+    assert not any(r.flagged for r in rows.values()), [r for r in rows.values() if r.flagged]
+    assert rows["d2t"].max_abs == 0.0 and rows["lm_head.weight"].max_abs == 0.0
+
+
 def test_lucebox_naming_refuses_a_reduced_drafter(made, tmp_path):
     with pytest.raises(ConfigError, match="lucebox naming has no reduced draft vocabulary"):
         convert_drafter(made["reduced"], tmp_path / "x.gguf", naming="lucebox")
