@@ -62,10 +62,18 @@ def check_d2t(target_ids, draft_vocab_size: int, vocab_size: int | None, where: 
                           f"id {int(ids[j])}; each target id may have one draft row; {fix}")
 
 
-def d2t_from_checkpoint(ckpt, draft_vocab_size: int, vocab_size: int | None,
-                        where: str) -> np.ndarray:
+def d2t_from_checkpoint(ckpt, draft_vocab_size: int | None, vocab_size: int | None,
+                        where: str) -> np.ndarray | None:
     """The absolute ids of a directory's ``d2t`` (offsets on disk), checked; reads that one
-    tensor only (``ckpt``: an opened safetensors checkpoint)."""
+    tensor only (``ckpt``: an opened safetensors checkpoint). None for a drafter on the
+    target's head (no ``draft_vocab_size``), which must then hold no d2t."""
+    if draft_vocab_size is None:
+        if D2T in ckpt:
+            n = ckpt.info(D2T).shape
+            raise FormatError(f"{where}: the checkpoint holds d2t {list(n)} (a reduced draft "
+                              f"vocabulary) but config.json has no draft_vocab_size; add "
+                              f"\"draft_vocab_size\": {n[0] if n else '?'} to config.json")
+        return None
     if D2T not in ckpt:
         raise FormatError(f"{where}: config.json gives draft_vocab_size {draft_vocab_size} but the "
                           f"checkpoint has no d2t tensor (draft id -> target id); add it, or "

@@ -65,8 +65,7 @@ def drafter_config_of(path: str | Path, target: TargetConfig) -> DrafterConfig:
         check_tensor_shapes(headers, drafter_expected_tensors(config),
                             f"the drafter checkpoint ({config.layout} layout)",
                             hint="is it complete and in this layout?")
-        if config.draft_vocab_size is not None:  # the map alone: a few kB, no weight
-            d2t_from_checkpoint(open_checkpoint(path), config.draft_vocab_size,
-                                target.vocab_size, str(path))
+        d2t_from_checkpoint(open_checkpoint(path), config.draft_vocab_size, target.vocab_size,
+                            str(path))  # the map alone: a few kB, no weight
         return config
 

@@ -47,10 +47,10 @@ def load_pretrained(cls, path, target: TargetModel, backend=None,
 def read_drafter_weights(path: Path, config: DrafterConfig, target: TargetModel) -> dict:
     """Every tensor of a drafter directory as float32, but ``d2t`` (a reduced draft vocabulary's
     map, int64 offsets as stored), which is read and checked first, before any weight."""
-    if config.draft_vocab_size is None:
-        return read_checkpoint_weights(path)
     ids = d2t_from_checkpoint(open_checkpoint(path), config.draft_vocab_size,
                               target.config.vocab_size, f"{path}")
+    if ids is None:
+        return read_checkpoint_weights(path)
     return {**read_checkpoint_weights(path, skip=(D2T,)), D2T: offsets(ids)}
 
 

@@ -148,6 +148,8 @@ def bad_dirs(made):
         out[name] = write_reduced_drafter(made["root"] / name, TEXT_IDS, d2t=d2t)
     out["short"] = write_reduced_drafter(made["root"] / "short", TEXT_IDS,
                                          d2t=np.zeros(5, np.int64))
+    out["undeclared"] = write_reduced_drafter(made["root"] / "undeclared", TEXT_IDS,
+                                              config_changes={"draft_vocab_size": None})
     return out
 
 
@@ -172,7 +174,7 @@ def test_from_gguf_refuses_a_bad_map(made, tmp_path):
         DFlashDrafter.from_gguf(path, _target())
 
 
-@pytest.mark.parametrize("name", ["duplicate", "out_of_range", "short"])
+@pytest.mark.parametrize("name", ["duplicate", "out_of_range", "short", "undeclared"])
 def test_generate_cli_says_one_error_line_before_a_model_loads(bad_dirs, name, capsys,
                                                                monkeypatch):
     def refuse(*args, **kwargs):
