@@ -747,6 +747,27 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '    return beta_inc(k + 1, n - k, p)',
         'tests/testing/test_harness_power.py::test_binomial_tails_equal_the_sums_of_their_terms',
     ),
+    (
+        'V1 reduced draft vocabulary: the directory\'s d2t offsets read as absolute ids',
+        'dflash_ref/io/draft_vocab.py',
+        '    return d + np.arange(d.size, dtype=np.int64)',
+        '    return d',
+        'tests/models/test_draft_head.py',
+    ),
+    (
+        'V2 reduced draft vocabulary: greedy drafts left as draft ids',
+        'dflash_ref/models/draft_head.py',
+        '        return self.to_target(super().argmax(self.gather(logits), first_row))',
+        '        return super().argmax(self.gather(logits), first_row)',
+        'tests/models/test_reduced_drafter.py',
+    ),
+    (
+        'V3 reduced draft vocabulary: the sampled law q on draft ids, not on d2t',
+        'dflash_ref/models/draft_head.py',
+        '                             np.broadcast_to(self.ids, drawn.q.shape))',
+        '                             np.broadcast_to(np.arange(self.ids.size), drawn.q.shape))',
+        'tests/models/test_draft_head.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""

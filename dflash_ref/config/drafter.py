@@ -15,6 +15,7 @@ from typing import Any
 from dflash_ref.config.drafter_keys import (
     _dflash2_sizes,
     _dflash_value,
+    _draft_vocab_size,
     _drafter_kind,
     _drafter_layout,
     _drafter_swa,
@@ -80,7 +81,9 @@ class DrafterConfig:
     ``kind`` is "dflash", "dspark" (models/dspark.py) or "dflash2" (``DFlash2DraftModel``:
     ``dflash2`` holds conv_kernel_size, conv_group_size, selector_rank, selector_top_k).
     ``output_multiplier`` and ``final_logit_softcapping`` are the release's draft-head keys
-    (docs/drafter.md, "Head").
+    (docs/drafter.md, "Head"). ``draft_vocab_size`` Vd (None: the target's full head) is a
+    reduced draft vocabulary: the drafter's own ``lm_head.weight`` [Vd, H] and ``d2t``
+    (docs/drafter.md, "A reduced draft vocabulary").
     """
 
     layout: str
@@ -113,6 +116,7 @@ class DrafterConfig:
     dflash2: Mapping[str, int] | None = None
     output_multiplier: float | None = None
     final_logit_softcapping: float | None = None
+    draft_vocab_size: int | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -205,6 +209,7 @@ class DrafterConfig:
         kind = _drafter_kind(config, where)
         sizes = _dflash2_sizes(config, where, hidden, vocab) if kind == "dflash2" else None
         multiplier, softcap = _head_keys(config, where)
+        draft_vocab = _draft_vocab_size(config, where, kind, vocab)
         return cls(
             layout=layout, hidden_size=hidden, num_hidden_layers=n_layers,
             num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=head_dim,
@@ -219,7 +224,8 @@ class DrafterConfig:
                 "max_position_embeddings", None),
             defaults_used=tuple(f.defaults_used), raw=MappingProxyType(dict(config)),
             kind=kind, dflash2=None if sizes is None else MappingProxyType(sizes),
-            output_multiplier=multiplier, final_logit_softcapping=softcap)
+            output_multiplier=multiplier, final_logit_softcapping=softcap,
+            draft_vocab_size=draft_vocab)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> DrafterConfig:
@@ -415,6 +421,9 @@ class DrafterConfig:
             lines.append(f"  causal override: {self.causal_override} (all layers)")
         if self.input_embedding_scale is not None:
             lines.append(f"  input embedding scale {self.input_embedding_scale:g}")
+        if self.draft_vocab_size is not None:
+            lines.append(f"  draft vocabulary {self.draft_vocab_size} of {self.vocab_size} "
+                         f"(own lm_head, d2t)")
         if self.dflash2 is not None:
             lines.append("  DFlash 2: " + ", ".join(f"{k} {v}" for k, v in self.dflash2.items()))
         if self.defaults_used:

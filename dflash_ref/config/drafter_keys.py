@@ -185,3 +185,25 @@ def _head_keys(config: Mapping, where: str) -> tuple[float | None, float | None]
             raise ConfigError(f"{where}: {key} must be a number, got {v!r}.")
         out.append(None if v is None else float(v))
     return out[0], out[1]
+
+
+def _draft_vocab_size(config: Mapping, where: str, kind: str, vocab: int | None) -> int | None:
+    """``draft_vocab_size`` Vd (top level or ``dflash_config``), None when absent: a reduced
+    draft vocabulary needs the target's ``vocab_size`` beside it (d2t's ids are checked against
+    it) and 1 <= Vd <= vocab_size; DFlash drafters only (DFlash 2's selector and DSpark's Markov
+    head read the full vocabulary here)."""
+    v, key = _dflash_value(config, where, "draft_vocab_size")
+    if v is None:
+        return None
+    v = _pos_int(v, key, where)
+    if vocab is None:
+        raise ConfigError(f"{where}: {key} {v} needs vocab_size (the target's vocabulary, which "
+                          f"d2t maps into) beside it; add vocab_size.")
+    if v > vocab:
+        raise ConfigError(f"{where}: {key} {v} exceeds vocab_size {vocab}; a draft vocabulary is "
+                          f"a subset of the target's.")
+    if kind != "dflash":
+        raise ConfigError(f"{where}: a reduced draft vocabulary ({key}) is implemented for "
+                          f"DFlashDraftModel drafters, not {kind!r}; remove {key} and the "
+                          f"drafter's lm_head / d2t to use the target's head.")
+    return v

@@ -159,7 +159,8 @@ def _drop_gemma4_kv(cfg: TargetConfig, t: dict) -> dict:
 
 def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     """Tensor names and PyTorch [out, in] shapes of a drafter checkpoint (docs/formats.md,
-    "DFlash drafter names"; z-lab/dflash ``dflash/model.py``)."""
+    "DFlash drafter names"; z-lab/dflash ``dflash/model.py``); with ``draft_vocab_size`` Vd
+    also ``lm_head.weight`` [Vd, H] and the int64 map ``d2t`` [Vd]."""
     H, d, F = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
     t = {cfg.fc_name: (H, cfg.n_capture * H), cfg.hidden_norm_name: (H,), "norm.weight": (H,)}
@@ -183,6 +184,9 @@ def drafter_expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
             for conv in ("attention_conv", "mlp_conv"):
                 t[L + conv + ".base_kernel"] = (2, K, H)
                 t[L + conv + ".kernel_projection.weight"] = (2 * K * G, H)
+    if cfg.draft_vocab_size is not None:  # a reduced draft vocabulary: its own head and d2t
+        t["lm_head.weight"] = (cfg.draft_vocab_size, H)
+        t["d2t"] = (cfg.draft_vocab_size,)
     if cfg.kind == "dflash2":
         r, V = cfg.dflash2["selector_rank"], cfg.vocab_size
         if V is None:

@@ -16,7 +16,8 @@ sliding-window      a sliding pattern with a window, a SWA RoPE base with a patt
                     target with its window (llama.cpp reads a missing one as "no SWA")
 old-dflash2         DFlash 2 tensors in the names and keys upstream llama.cpp reads: the four
                     size keys, ``selector_hidden.weight``, the llama.cpp naming
-draft-vocab         a draft vocabulary smaller than the target's needs a ``d2t`` map
+draft-vocab         a draft vocabulary smaller than the target's needs a ``d2t`` map; a
+                    ``d2t`` is I64 with one entry per row of the drafter's ``output.weight``
 pairing             drafter vs target: hidden width, ``target_hidden_size``, ``fc`` width,
                     vocabulary size and tokens
 unclaimed-tensor    every tensor is one the drafter architecture loads

@@ -36,6 +36,7 @@ from dflash_ref.io.convert_target import (
     hf_names_of_gguf_target,
     target_config_of_gguf,
 )
+from dflash_ref.io.draft_vocab import D2T, HEAD, offsets
 from dflash_ref.io.gguf_io import GGUF_MAGIC, open_gguf
 from dflash_ref.io.names import FLAVOURS, canonical_hf_name, flavour_of_arch, gguf_to_hf
 from dflash_ref.io.safetensors_io import open_checkpoint
@@ -92,10 +93,13 @@ class _Weights:
                 self._add_target_gguf(g)
                 return
             to_hf = _resolve_map(name_map, g.arch)
+            reduced = {v: k for k, v in HEAD.items()} if D2T in g else {}  # its own head
             for stored in g.tensor_names:
                 info = g.tensor_info(stored)
-                self._add(to_hf(stored), stored, info.ggml_type, info.numpy_shape,
-                          lambda s=stored: g.load_native(s).astype(np.float32))
+                load = (lambda s=stored: g.load_native(s).astype(np.float32)) if stored != D2T \
+                    else (lambda: offsets(g.load_native(D2T)))  # the directory's form
+                self._add(reduced.get(stored) or to_hf(stored), stored, info.ggml_type,
+                          info.numpy_shape, load)
         else:
             ckpt = open_checkpoint(path)
             for stored in ckpt:

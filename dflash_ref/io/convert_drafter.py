@@ -69,6 +69,7 @@ from dflash_ref.io.convert_common import (
     transformer_keys,
     write_converted,
 )
+from dflash_ref.io.draft_vocab import D2T, HEAD, d2t_from_checkpoint
 from dflash_ref.io.names import (
     CONF_W,
     DSPARK_HEAD_PREFIXES,
@@ -170,9 +171,9 @@ def drafter_shape_problems(shapes: Mapping[str, tuple], cfg: DrafterConfig) -> l
     if extra:
         problems.append(
             f"tensors dflash-ref's drafter does not implement: {extra[:6]}"
-            f"{' ...' if len(extra) > 6 else ''} (biases, d2t reduced vocabularies, attention "
-            f"sinks, own embeddings); converting without them would give a GGUF that runs "
-            f"differently from the checkpoint")
+            f"{' ...' if len(extra) > 6 else ''} (biases, attention sinks, own embeddings, a "
+            f"d2t or lm_head without draft_vocab_size in config.json); converting without them "
+            f"would give a GGUF that runs differently from the checkpoint")
     for name, shape in expected.items():
         if name not in shapes:
             problems.append(f"missing tensor {name}")
@@ -321,6 +322,9 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
             "tensors it cannot name, so the file would run as plain DFlash. Use "
             "naming='llama.cpp' (arch 'dflash', which llama.cpp reads as DFlash 2; "
             "docs/formats.md, \"DFlash drafter names\")")
+    if cfg.draft_vocab_size is not None and flavour != "dflash":
+        raise ConfigError("the lucebox naming has no reduced draft vocabulary (d2t); use "
+                          "naming='llama.cpp', whose dflash arch reads d2t and output.weight")
     if flavour == "dflash":
         if arch not in (None, "dflash"):
             raise ConfigError(f"the llama.cpp naming uses arch 'dflash', not {arch!r}")
@@ -334,10 +338,13 @@ def convert_drafter(src_dir, out_path, qtype: str = "bf16", naming: str = "llama
     order = [cfg.fc_name, cfg.hidden_norm_name, "norm.weight"]
     order += sorted((n for n in shapes if n not in order), key=_write_order)
     loaders, types = {}, {}
-    for hf_name in order:
-        g_name = hf_to_gguf(hf_name, flavour)
+    for hf_name in (n for n in order if n != D2T):
+        g_name = HEAD.get(hf_name) or hf_to_gguf(hf_name, flavour)  # lm_head: a reduced head
         loaders[g_name] = lambda n=stored[hf_name]: ckpt.load(n)
         types[g_name] = tensor_type(g_name, shapes[hf_name], ggml_type, fallback)
+    if cfg.draft_vocab_size is not None:  # d2t as llama.cpp reads it: I64 absolute target ids
+        ids = d2t_from_checkpoint(ckpt, cfg.draft_vocab_size, cfg.vocab_size, str(src_dir))
+        loaders[D2T], types[D2T] = (lambda: ids), "I64"
     metadata = drafter_metadata(cfg, naming, arch, ggml_type, target_cfg)
     if cfg.kind == "dspark":  # llama.cpp's DSparkModel keys (conversion/qwen.py)
         metadata[f"{arch}.sample_from_anchor"] = True

@@ -42,6 +42,7 @@ from dflash_ref.config import (
 )
 from dflash_ref.errors import FormatError
 from dflash_ref.io.convert_common import meta
+from dflash_ref.io.draft_vocab import D2T, HEAD, d2t_from_gguf, offsets
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
 from dflash_ref.io.names import (
     DSPARK_HEAD_PREFIXES,
@@ -189,6 +190,11 @@ def drafter_config_dict_from_gguf(g: GGUFFile, target: TargetConfig | None = Non
     if sizes is not None:
         config["architectures"] = ["DFlash2DraftModel"]
         config["dflash_config"].update(sizes)
+    if D2T in g:  # a reduced draft vocabulary: output.weight holds the draft rows
+        config["draft_vocab_size"] = int(g.tensor_info(D2T).numpy_shape[0])
+        tokens = g.get("tokenizer.ggml.tokens")  # llama.cpp's n_vocab, when no key says V
+        config["vocab_size"] = (config["vocab_size"] or (target and target.vocab_size)
+                                or (len(tokens) if isinstance(tokens, list) else None))
     if any(map(is_dspark_tensor, g.tensor_names)):  # llama.cpp: markov_w1.weight loads DSpark
         config["architectures"] = ["DSparkDraftModel"]
         config["sample_from_anchor"] = meta(g, "sample_from_anchor", "bool", True)
@@ -211,13 +217,19 @@ def read_gguf_drafter(path, target: TargetConfig | None = None) -> tuple[dict, d
 
     Tensors are mapped back to HF names (:func:`dflash_ref.io.names.gguf_to_hf`) and
     dequantized. ``token_embd`` / ``output`` (the target's, which llama.cpp files may carry) are
-    skipped; tensors the drafter does not implement are a FormatError.
+    skipped, but a file with ``d2t`` has its own reduced head in ``output.weight``: it becomes
+    ``lm_head.weight`` and d2t's absolute ids the directory's offsets (io/draft_vocab.py), d2t
+    checked before any weight is read. Tensors the drafter does not implement are a
+    FormatError.
     """
     g = open_gguf(path)
     config = drafter_config_dict_from_gguf(g, target)
     flavour = flavour_of_arch(g.arch)
-    names = {gguf_to_hf(n, flavour): n for n in g.tensor_names
-             if n not in ("token_embd.weight", "output.weight")}  # the target's, if carried
+    reduced = D2T in g  # then output.weight is the drafter's own head, else the target's
+    carried = ("token_embd.weight",) if reduced else ("token_embd.weight", "output.weight")
+    head = {v: k for k, v in HEAD.items()} if reduced else {}
+    names = {head.get(n) or gguf_to_hf(n, flavour): n for n in g.tensor_names
+             if n not in carried}
     expected = drafter_expected_tensors(DrafterConfig.from_hf(config))
     if "DSparkDraftModel" in config["architectures"]:  # the heads (shapes: models/dspark.py)
         expected.update({h: g.tensor_info(names[h]).numpy_shape for h in names
@@ -225,7 +237,7 @@ def read_gguf_drafter(path, target: TargetConfig | None = None) -> tuple[dict, d
     extra = sorted(names[h] for h in set(names) - set(expected))
     if extra:
         raise FormatError(f"{g.path.name}: tensors {extra[:6]} are not part of the DFlash drafter "
-                          f"dflash-ref implements (fc.scale, attn_sinks, d2t, biases), or lie "
+                          f"dflash-ref implements (fc.scale, attn_sinks, biases), or lie "
                           f"beyond block_count {config['num_hidden_layers']}")
     missing = [hf_to_gguf(h, flavour) for h in expected if h not in names]
     if missing:
@@ -234,8 +246,11 @@ def read_gguf_drafter(path, target: TargetConfig | None = None) -> tuple[dict, d
         raise FormatError(f"{g.path.name} lacks tensor(s) {missing[:4]}{more} of {kind} drafter "
                           f"in the {flavour} naming; is the file complete? it has "
                           f"{len(g.tensor_names)} tensors")
-    weights = {hf: g.load(names[hf], shape=shape) for hf, shape in expected.items()}
-    return config, weights
+    if not reduced:
+        return config, {hf: g.load(names[hf], shape=shape) for hf, shape in expected.items()}
+    ids = d2t_from_gguf(g, config["vocab_size"])  # checked before any weight is read
+    weights = {hf: g.load(names[hf], shape=shape) for hf, shape in expected.items() if hf != D2T}
+    return config, {**weights, D2T: offsets(ids)}  # the directory's form: offsets
 
 
 def drafter_config_from_gguf(path, target: TargetConfig | None = None,

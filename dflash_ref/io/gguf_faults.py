@@ -221,11 +221,30 @@ def draft_vocab(d: Drafter) -> int | None:
 
 def check_draft_vocab(d: Drafter, t: GGUFFile | None) -> list[Fault]:
     V, v = _target_vocab(d, t), draft_vocab(d)
+    if "d2t" in d.g:
+        return _d2t_faults(d, v)
     if V is None or v is None or v >= V or any(n in d.g for n in D2T):
         return []
     return [Fault("draft-vocab", f"the draft vocabulary has {v} entries, the target's {V}, and "
                   f"there is no d2t map: draft ids cannot be turned into target ids",
                   "convert with the checkpoint's d2t tensor, or use a full-vocabulary drafter")]
+
+
+def _d2t_faults(d: Drafter, v: int | None) -> list[Fault]:
+    """llama.cpp asserts d2t is I64 with one entry per row of ``output.weight``
+    (src/models/dflash.cpp); its values are checked where the file loads (io/draft_vocab.py)."""
+    info = d.g.tensor_info("d2t")
+    faults = []
+    if info.ggml_type != "I64":
+        faults.append(Fault("draft-vocab", f"d2t is {info.ggml_type}, but llama.cpp reads it as "
+                            f"I64 absolute target ids (GGML_ASSERT)", RECONVERT))
+    if v is not None and info.numpy_shape != (v,):
+        faults.append(Fault("draft-vocab", f"d2t has shape {list(info.numpy_shape)} but "
+                            f"output.weight has {v} draft rows", RECONVERT))
+    if v is None:
+        faults.append(Fault("draft-vocab", "d2t without the drafter's own output.weight: the "
+                            "draft rows it maps are missing", RECONVERT))
+    return faults
 
 
 def check_pairing(d: Drafter, t: GGUFFile | None) -> list[Fault]:

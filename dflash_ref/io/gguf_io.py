@@ -34,7 +34,7 @@ from dflash_ref.io.safetensors_io import MissingTensorError, missing_tensor_mess
 from dflash_ref.io.writing import Replace, new_file, replace_any
 
 GGUF_MAGIC = b"GGUF"
-WRITE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K")  # types write_gguf can produce
+WRITE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_K")  # float types write_gguf can produce
 _UNPREFIXED = ("general.", "tokenizer.", "split.")  # keys that never carry the arch prefix
 _INT_TYPES = ("I8", "I16", "I32", "I64")
 
@@ -278,8 +278,11 @@ def _encode_tensor(name: str, x, ggml_type: str):
     from gguf import GGMLQuantizationType as Q
 
     x = np.asarray(x)
+    if ggml_type == "I64" and np.issubdtype(x.dtype, np.integer):  # ids (a drafter's d2t)
+        return np.ascontiguousarray(x, dtype=np.int64), Q.I64
     if not np.issubdtype(x.dtype, np.floating):
-        raise FormatError(f"tensor {name!r}: write_gguf takes float arrays, got dtype {x.dtype}")
+        raise FormatError(f"tensor {name!r}: write_gguf takes float arrays (integer ones as "
+                          f"I64), got dtype {x.dtype}")
     if x.ndim == 0:
         raise FormatError(f"tensor {name!r}: GGUF tensors need at least one dimension")
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -310,7 +313,8 @@ def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
     Args:
         arch: ``general.architecture`` (e.g. "dflash", "qwen35-dflash-draft").
         tensors: name -> float array in **NumPy order** [out, in] (written as ggml {in, out}).
-        types: one of ``WRITE_TYPES`` for every tensor, or name -> type (missing names: F32).
+        types: one of ``WRITE_TYPES`` for every tensor, or name -> type (missing names: F32;
+            "I64" for an integer array, such as a drafter's d2t).
             Q8_0 needs the last dimension a multiple of 32, Q4_K of 256.
         metadata: full key -> value (keys are written as given: include the arch prefix);
             plain values are typed by :func:`_value_type`, or pass ``(value, "INT32")``.
@@ -333,7 +337,7 @@ def write_gguf(path: str | Path, arch: str, tensors: Mapping[str, np.ndarray],
         for key, value in (metadata or {}).items():
             val, vtype, sub = _value_type(key, value)
             writer.add_key_value(key, val, vtype, sub_type=sub)
-        if any(raw is not None and raw.name not in ("BF16",) for _, raw in encoded.values()):
+        if any(raw is not None and raw.name not in ("BF16", "I64") for _, raw in encoded.values()):
             writer.add_quantization_version(GGML_QUANT_VERSION)
         for name, (data, raw_dtype) in encoded.items():
             writer.add_tensor(name, data, raw_dtype=raw_dtype)

@@ -10,7 +10,8 @@ an option that does not fit, before the loaders read (and dequantize) the weight
 - :func:`drafter_config_of`: the :class:`~dflash_ref.config.DrafterConfig` checked against that
   target as the drafter's loader checks it (:meth:`DrafterConfig.validate_against
   <dflash_ref.config.DrafterConfig.validate_against>`: hidden size, vocabulary, mask id, layer
-  ids, the ``fc`` shape; a directory's every tensor shape from its header).
+  ids, the ``fc`` shape; a directory's every tensor shape from its header) and a reduced draft
+  vocabulary's ``d2t`` map (io/draft_vocab.py: the one small tensor read here).
 
 Warnings the checks raise are dropped here: the load that follows raises them again, once.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from dflash_ref.config import DrafterConfig, TargetConfig, drafter_expected_tensors
 from dflash_ref.errors import FormatError
 from dflash_ref.io.convert_target import target_config_dict_from_gguf
+from dflash_ref.io.draft_vocab import D2T, d2t_from_checkpoint, d2t_from_gguf
 from dflash_ref.io.drafter_from_gguf import drafter_config_dict_from_gguf
 from dflash_ref.io.gguf_io import GGUFFile, open_gguf
 from dflash_ref.io.names import flavour_of_arch, hf_to_gguf
@@ -49,6 +51,8 @@ def drafter_config_of(path: str | Path, target: TargetConfig) -> DrafterConfig:
             g = open_gguf(path)
             config = DrafterConfig.from_hf(drafter_config_dict_from_gguf(g, target))
             fc = g.tensor_info(hf_to_gguf(config.fc_name, flavour_of_arch(g.arch))).numpy_shape
+            if D2T in g:  # the map alone: a few kB, no weight
+                d2t_from_gguf(g, target.vocab_size)
             return config.validate_against(target, fc_shape=fc)
         if not (path / "config.json").exists():
             raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
@@ -61,5 +65,7 @@ def drafter_config_of(path: str | Path, target: TargetConfig) -> DrafterConfig:
         check_tensor_shapes(headers, drafter_expected_tensors(config),
                             f"the drafter checkpoint ({config.layout} layout)",
                             hint="is it complete and in this layout?")
+        d2t_from_checkpoint(open_checkpoint(path), config.draft_vocab_size, target.vocab_size,
+                            str(path))  # the map alone: a few kB, no weight
         return config
 

@@ -16,7 +16,8 @@ nh / nkv heads, d head_dim, B block size, ctx context rows.
         h = h + W_down(swiglu(W_gate u', W_up u')),  u' = RMSNorm_post(h)
     logits = lm_head_target(RMSNorm_norm(h))  (+ target softcap)        [B, V]   head
 
-The context rows are never queries; the embedding and lm_head are the target's, borrowed. The
+The context rows are never queries; the embedding is the target's, borrowed, and so is the
+lm_head unless the drafter has a reduced draft vocabulary of its own (models/draft_head.py). The
 context K/V is recomputed every call (:meth:`DFlashDrafter.forward_block`, the oracle) or cached
 (:class:`~dflash_ref.models.draft_cache.DraftCache`).
 """
@@ -29,6 +30,7 @@ from dflash_ref.backend import Backend
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError
 from dflash_ref.models.draft_cache import DraftCache
+from dflash_ref.models.draft_head import draft_head
 from dflash_ref.models.drafter_loading import (
     bind_capture,
     checked_config,
@@ -39,8 +41,7 @@ from dflash_ref.models.fixed_stores import FixedDraftCache, step_now
 from dflash_ref.models.layers import Projections
 from dflash_ref.models.target import TargetModel
 from dflash_ref.ops.masks import MaskSpec, drafter_mask
-from dflash_ref.ops.reductions import argmax_rows_checked
-from dflash_ref.ops.sampling import DraftProposal, SamplingParams, sample_rows
+from dflash_ref.ops.sampling import DraftProposal, SamplingParams
 
 
 class DFlashDrafter:
@@ -67,6 +68,7 @@ class DFlashDrafter:
         self.block_size = config.block_size  # B, the block drafted by default
         # each layer's key-visibility rule (DrafterConfig.visibility), read once for every draft
         self.visibility = [config.visibility(i) for i in range(config.num_hidden_layers)]
+        self.draft_head = draft_head(config, weights, target)  # FullHead or ReducedHead
         bind_capture(config, target)
 
     def stack_products(self, w: dict) -> dict:
@@ -207,20 +209,9 @@ class DFlashDrafter:
         return self.be.ops.linear(self.be.ops.swiglu(g, up), self.layers[i]["mlp.down_proj.weight"])
 
     def logits(self, z):
-        """Draft logits from final-normed rows z [n, H]: ``l = z E_out^T * output_multiplier``,
-        then ``cap * tanh(l / cap)``, cap the drafter's ``final_logit_softcapping`` if stated
-        (0: none), else the target's (docs/drafter.md, "Head")."""
-        cfg, xp = self.config, self.be.xp
-        if cfg.output_multiplier is None and cfg.final_logit_softcapping is None:
-            return self.target.lm_head(z)
-        logits = self.be.ops.linear(z, self.target.lm_head_weight)
-        if cfg.output_multiplier is not None:
-            logits = logits * xp.float32(cfg.output_multiplier)
-        cap = (cfg.final_logit_softcapping if cfg.final_logit_softcapping is not None
-               else self.target.config.final_logit_softcapping)
-        if cap:
-            logits = xp.float32(cap) * xp.tanh(logits / xp.float32(cap))
-        return logits
+        """Draft logits [n, V] from final-normed rows z [n, H]: the target's head, or the
+        drafter's reduced head scattered over V (models/draft_head.py; docs/drafter.md, "Head")."""
+        return self.draft_head.logits(z)
 
     def head(self, h, with_hidden: bool = False):
         """Head: ``z = RMSNorm_norm(h)``, then the logits (and z with ``with_hidden``)."""
@@ -249,7 +240,7 @@ class DFlashDrafter:
         ``anchor_token`` are what DFlash 2's selector reads."""
         if law is None or law.greedy:
             return DraftProposal(self.draft_tokens(logits))
-        return sample_rows(self.be, logits[1:], law, rng)
+        return self.draft_head.sample(logits[1:], law, rng)
 
     # ------------------------------------------------------------------ stateless entry point
 
@@ -277,7 +268,7 @@ class DFlashDrafter:
     def draft_tokens(self, logits) -> np.ndarray:
         """Greedy drafts: argmax of rows 1..B-1, host int64 [B-1]; a non-finite row raises
         (docs/conventions.md, "Non-finite logits")."""
-        return argmax_rows_checked(self.be, logits[1:], role="draft", first_row=1)
+        return self.draft_head.argmax(logits[1:], first_row=1)
 
     # ------------------------------------------------------------------ cached form
 

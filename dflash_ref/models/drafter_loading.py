@@ -11,7 +11,8 @@ from pathlib import Path
 from dflash_ref.config import DrafterConfig, drafter_expected_tensors
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.compare import check_finite_weights
-from dflash_ref.io.safetensors_io import check_tensor_shapes
+from dflash_ref.io.draft_vocab import D2T, d2t_from_checkpoint, offsets
+from dflash_ref.io.safetensors_io import check_tensor_shapes, open_checkpoint
 from dflash_ref.models.loading import read_checkpoint_weights
 from dflash_ref.models.target import TargetModel
 
@@ -37,10 +38,20 @@ def load_pretrained(cls, path, target: TargetModel, backend=None,
     if not cfg_path.exists():
         raise FormatError(f"{path} has no config.json; expected a DFlash drafter directory")
     config = DrafterConfig.from_file(cfg_path, swa_convention=swa_convention)
-    weights = read_checkpoint_weights(path)
+    weights = read_drafter_weights(path, config, target)
     if check_finite:
         check_finite_weights(weights, path)
     return cls.class_for(config)(config, weights, target)
+
+
+def read_drafter_weights(path: Path, config: DrafterConfig, target: TargetModel) -> dict:
+    """Every tensor of a drafter directory as float32, but ``d2t`` (a reduced draft vocabulary's
+    map, int64 offsets as stored), which is read and checked first, before any weight."""
+    ids = d2t_from_checkpoint(open_checkpoint(path), config.draft_vocab_size,
+                              target.config.vocab_size, f"{path}")
+    if ids is None:
+        return read_checkpoint_weights(path)
+    return {**read_checkpoint_weights(path, skip=(D2T,)), D2T: offsets(ids)}
 
 
 def load_gguf(cls, path, target: TargetModel, swa_convention: str | None = None):

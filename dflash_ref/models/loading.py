@@ -71,14 +71,15 @@ def from_gguf(cls, path, backend="numpy", target_layer_ids=None, embedding_scale
     return cls(config, weights, backend=backend, target_layer_ids=target_layer_ids, fused=fused)
 
 
-def read_checkpoint_weights(path: Path) -> dict:
-    """Every tensor of the checkpoint directory ``path`` as float32, with a progress bar on
-    stderr while it reads, when stderr is a terminal (a large model reads for seconds)."""
+def read_checkpoint_weights(path: Path, skip: tuple[str, ...] = ()) -> dict:
+    """Every tensor of the checkpoint directory ``path`` (but those named in ``skip``) as
+    float32, with a progress bar on stderr while it reads, when stderr is a terminal (a large
+    model reads for seconds)."""
     from tqdm import tqdm
 
     ckpt = open_checkpoint(path)
-    names = tqdm(list(ckpt), desc=f"loading {path.name}", unit="tensor", leave=False,
-                 disable=not sys.stderr.isatty())
+    names = tqdm([n for n in ckpt if n not in skip], desc=f"loading {path.name}",
+                 unit="tensor", leave=False, disable=not sys.stderr.isatty())
     return {name: ckpt.load(name) for name in names}
 
 

@@ -83,8 +83,9 @@ def plant(src: Path, dst: Path, set_keys=None, drop_keys=(), add=None, drop=(), 
     for t in r.tensors:
         if t.name not in drop:
             w.add_tensor((rename or {}).get(t.name, t.name), np.array(t.data))
-    for name, x in (add or {}).items():
-        w.add_tensor(name, np.asarray(x, dtype=np.float32))
+    for name, x in (add or {}).items():  # F32, but int64 ids (a d2t) stay I64
+        x = np.asarray(x)
+        w.add_tensor(name, x if x.dtype == np.int64 else x.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -161,6 +162,12 @@ PLANTS = [
     ("reduced_vocab_without_d2t", "demo_llama.cpp", "d",
      {"add": {"output.weight": np.zeros((200, H))}}, "draft-vocab",
      ["200 entries", f"the target's {V}", "no d2t"]),
+    ("d2t_not_i64", "demo_llama.cpp", "d",
+     {"add": {"output.weight": np.zeros((200, H)), "d2t": np.arange(200.0)}}, "draft-vocab",
+     ["d2t is F32", "I64"]),  # llama.cpp asserts I64
+    ("d2t_length", "demo_llama.cpp", "d",
+     {"add": {"output.weight": np.zeros((200, H)), "d2t": np.arange(199)}}, "draft-vocab",
+     ["d2t has shape [199]", "200 draft rows"]),  # one short: the edge
     ("width_mismatch", "demo_llama.cpp", "t", {"set_keys": {"qwen3.embedding_length": (96, U32)}},
      "pairing", ["embedding_length 128 != target qwen3.embedding_length 96"]),
     ("target_hidden_size_mismatch", "demo_llama.cpp", "d",

@@ -38,6 +38,8 @@ EXPECTED = {
     "ids_out_of_range": "crashes",
     "ids_count_vs_fc": "refuses",
     "reduced_vocab_without_d2t": "refuses",
+    "d2t_not_i64": "crashes",
+    "d2t_length": "refuses",
     "width_mismatch": "crashes",
     "target_hidden_size_mismatch": "runs, unchanged",
     "vocab_size_mismatch": "runs, unchanged",
