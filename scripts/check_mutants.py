@@ -433,8 +433,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '21c rejection sampling: the bonus after a rejection drawn from p, not the residual',
         'dflash_ref/spec_decode/verify.py',
-        '    residual = np.maximum(p[a] - q_full[a], 0.0)',
-        '    residual = p[a].copy()',
+        '    residual = np.maximum(p_row - q_row, 0.0)',
+        '    residual = p_row.copy()',
         'tests/testing/test_lossless.py',
     ),
     (

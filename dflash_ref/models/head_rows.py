@@ -1,0 +1,88 @@
+"""A target forward whose lm_head runs later, only on the rows a verifier asks for.
+
+A chain verify of B rows needs row j's logits only if drafts 1..j were all accepted; on a CPU the
+head of a large vocabulary costs as much as the layers (Gemma 3 270M: 262 144 x 640). So
+``forward_head_later`` runs the layers as ``TargetModel.forward`` does and hands back, as the
+output's ``logits``, a :class:`HeadRows` over the final-normed rows::
+
+    out = target.forward_head_later(ids, state)   # state updated, features captured: [T, C*H]
+    out.logits[0:1]                               # lm_head(normed[0:1]) [1, V], kept
+    out.logits[1:8]                               # one product for rows 1..7 [7, V]
+    np.asarray(out.logits)                        # every row not yet computed, in one product
+
+Each row's logits equal ``forward``'s row (``lm_head`` acts row by row); which rows are computed,
+and grouped how, is the caller's (spec_decode/lazy_verify.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_ref.models.output import TargetOutput
+
+HEAD_LATER = "head later"
+"""The ``rows`` a lazy step hands the state's runner: not None, so a graph runner runs the step
+eagerly (its recordings compute every row's logits)."""
+
+
+class HeadRows:
+    """Logits rows [T, V] computed on demand from final-normed rows ``normed`` [T, H] by
+    ``head`` ([r, H] -> [r, V]): ``rows[lo:hi]`` (a slice with step 1) puts the rows not yet
+    computed through the head in one product and keeps them; ``np.asarray(rows)`` is every row."""
+
+    def __init__(self, be, head, normed, vocab: int):
+        self.be, self.head, self.normed = be, head, normed
+        self.shape = (int(normed.shape[0]), int(vocab))
+        self.done: dict[int, object] = {}  # row -> its logits [V] (a view of a computed block)
+        self.blocks: dict[tuple[int, int], object] = {}  # (lo, hi) -> a product's [hi-lo, V]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice):
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError(f"HeadRows takes a slice of consecutive rows, got {key!r}")
+        lo, hi, _ = key.indices(self.shape[0])
+        if hi <= lo:
+            raise IndexError(f"HeadRows: rows {key!r} of {self.shape[0]} is empty")
+        missing = [r for r in range(lo, hi) if r not in self.done]
+        if missing:
+            self.compute(missing[0], missing[-1] + 1)
+        if (lo, hi) in self.blocks:
+            return self.blocks[lo, hi]  # [hi-lo, V], as computed
+        return self.be.xp.stack([self.done[r] for r in range(lo, hi)])  # [hi-lo, V]
+
+    def compute(self, lo: int, hi: int) -> None:
+        """Rows lo..hi-1 not yet computed go through the head in one product."""
+        block = self.blocks[lo, hi] = self.head(self.normed[lo:hi])  # [hi-lo, V]
+        for r in range(lo, hi):
+            self.done.setdefault(r, block[r - lo])
+
+    def __array__(self, dtype=None, copy=None):
+        rows = self[0: self.shape[0]]  # [T, V]
+        return np.asarray(rows, dtype=dtype)
+
+    @classmethod
+    def ready(cls, be, logits) -> HeadRows:
+        """Every row already computed (``logits`` [T, V]): a forward that could not wait."""
+        rows = cls(be, None, logits, logits.shape[1])
+        rows.done = {r: logits[r] for r in range(logits.shape[0])}
+        rows.blocks = {(0, logits.shape[0]): logits}
+        return rows
+
+
+def forward_head_later(target, ids, state, tap=None) -> TargetOutput:
+    """``target.forward(ids, state, tap)``, its ``logits`` a :class:`HeadRows` (module
+    docstring). A span longer than a KVFlash chunk runs as ``forward`` does (every row's logits,
+    computed now)."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)  # [T]
+    pager = state.pager
+    if pager is not None and ids.size > pager.chunk_tokens:
+        out = target.forward(ids, state, tap)
+        return TargetOutput(HeadRows.ready(target.be, out.logits), out.features)
+    batch = state.begin_batch(ids, tap=tap)
+    normed, features = state.runner.run(batch, HEAD_LATER,
+                                        lambda: target.hidden_states(batch.arrays.ids, batch))
+    state.end_batch(batch, features)
+    return TargetOutput(HeadRows(target.be, target.lm_head, normed, target.config.vocab_size),
+                        features)
