@@ -45,15 +45,14 @@ class HeadRows:
         lo, hi, _ = key.indices(self.shape[0])
         if hi <= lo:
             raise IndexError(f"HeadRows: rows {key!r} of {self.shape[0]} is empty")
-        missing = [r for r in range(lo, hi) if r not in self.done]
-        if missing:
-            self.compute(missing[0], missing[-1] + 1)
+        for a, b in missing_runs(self.done, lo, hi):
+            self.compute(a, b)
         if (lo, hi) in self.blocks:
             return self.blocks[lo, hi]  # [hi-lo, V], as computed
         return self.be.xp.stack([self.done[r] for r in range(lo, hi)])  # [hi-lo, V]
 
     def compute(self, lo: int, hi: int) -> None:
-        """Rows lo..hi-1 not yet computed go through the head in one product."""
+        """Rows lo..hi-1 (none computed yet) go through the head in one product."""
         block = self.blocks[lo, hi] = self.head(self.normed[lo:hi])  # [hi-lo, V]
         for r in range(lo, hi):
             self.done.setdefault(r, block[r - lo])
@@ -69,6 +68,20 @@ class HeadRows:
         rows.done = {r: logits[r] for r in range(logits.shape[0])}
         rows.blocks = {(0, logits.shape[0]): logits}
         return rows
+
+
+def missing_runs(done, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The runs ``(a, b)`` of consecutive rows in lo..hi-1 not in ``done``:
+    ``missing_runs({2}, 0, 5) == [(0, 2), (3, 5)]``."""
+    runs = []
+    for r in range(lo, hi):
+        if r in done:
+            continue
+        if runs and runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], r + 1)
+        else:
+            runs.append((r, r + 1))
+    return runs
 
 
 def forward_head_later(target, ids, state, tap=None) -> TargetOutput:
