@@ -726,6 +726,35 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '    return beta_inc(k + 1, n - k, p)',
         'tests/testing/test_harness_power.py::test_binomial_tails_equal_the_sums_of_their_terms',
     ),
+    # ---- lazy chain verify: the head on rows 0..a only
+    (
+        'V1 lazy verify: the step stops one group early (the bonus row never computed)',
+        'dflash_ref/spec_decode/lazy_verify.py',
+        '        if a < hi:  # row a, the bonus\'s, is read: the rows past it are never needed',
+        '        if a <= hi:  # row a, the bonus\'s, is read: the rows past it are never needed',
+        'tests/spec_decode/test_lazy_verify.py',
+    ),
+    (
+        'V2 lazy verify: the drafts compared one row short',
+        'dflash_ref/spec_decode/lazy_verify.py',
+        '        a = int(accept_length(b[1: 1 + min(hi, n - 1)], posterior))',
+        '        a = int(accept_length(b[1: min(hi, n - 1)], posterior))',
+        'tests/spec_decode/test_lazy_verify.py',
+    ),
+    (
+        'V3 lazy sampled verify: the bonus uniform drawn before the accept uniforms',
+        'dflash_ref/spec_decode/lazy_verify.py',
+        'u_accept, u_bonus = g.random(n - 1), g.random()',
+        'u_bonus, u_accept = g.random(), g.random(n - 1)',
+        'tests/spec_decode/test_lazy_verify.py',
+    ),
+    (
+        'V4 head rows: a later run of rows read from the start of its product',
+        'dflash_ref/models/head_rows.py',
+        '            self.done.setdefault(r, block[r - lo])',
+        '            self.done.setdefault(r, block[r])',
+        'tests/spec_decode/test_lazy_verify.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""

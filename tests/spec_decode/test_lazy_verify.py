@@ -187,7 +187,7 @@ def test_only_row_0_goes_through_the_target_head_when_every_first_draft_is_wrong
         drafter = ScriptedDrafter(target, plain, 8, adversarial_token=wrong)
         seen = []
         head = target.lm_head
-        target.lm_head = lambda h, head=head: (seen.append(h.shape[0]), head(h))[1]
+        target.lm_head = lambda h, head=head, seen=seen: (seen.append(h.shape[0]), head(h))[1]
         try:
             res = generate(target, drafter, prompt, 12, verify=verifier)
         finally:
