@@ -107,14 +107,15 @@ def check_roles(target, drafter, sampling) -> None:
                         f"{type(sampling).__name__}; pass sampling={fix}")
 
 
-def make_verifier(verify, sampling: SamplingParams, backend: str = "numpy") -> Verifier:
+def make_verifier(verify, sampling: SamplingParams, backend: str | None = None) -> Verifier:
     """``generate``'s ``verify`` as a :class:`Verifier`: "chain", "tree" or a verifier itself.
 
     The one place a verify-mode string is read: "chain" is
     :class:`~dflash_ref.spec_decode.verifiers.ChainVerifier` when ``sampling`` is greedy, else
-    :class:`~dflash_ref.spec_decode.verifiers.RejectionChainVerifier`, on the ``backend``
-    "numpy" their lazy forms (spec_decode/lazy_verify.py: the target's head only on the rows
-    the accepted prefix reaches; on CuPy every row, as a recorded step computes them); "tree" is
+    :class:`~dflash_ref.spec_decode.verifiers.RejectionChainVerifier`; for a target on the
+    ``backend`` "numpy" (``generate`` names it) their lazy forms (spec_decode/lazy_verify.py:
+    the target's head only on the rows the accepted prefix reaches; on CuPy every row, as a
+    recorded step computes them); "tree" is
     :class:`~dflash_ref.spec_decode.extra_verifiers.TreeVerifier` when greedy, else
     :class:`~dflash_ref.spec_decode.extra_verifiers.SampledTreeVerifier`.
     """

@@ -121,6 +121,7 @@ def test_the_default_chain_rule_is_lazy_on_numpy_and_eager_elsewhere():
     assert type(make_verifier("chain", sampled, "numpy")) is LazyRejectionChainVerifier
     assert type(make_verifier("chain", greedy, "cupy")) is ChainVerifier
     assert type(make_verifier("chain", sampled, "cupy")) is RejectionChainVerifier
+    assert type(make_verifier("chain", greedy)) is ChainVerifier  # no backend named: eager
     with pytest.raises(ValueError, match="head_groups"):
         LazyChainVerifier(head_groups=(1, 0))
 
