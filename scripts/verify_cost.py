@@ -7,7 +7,8 @@ shipped drafter: the draft, the verify's layers, the verify's head rows, the rol
 
 One BLAS thread (set before NumPy loads). Each prompt runs every verify form in turn (``eager``:
 ``ChainVerifier``, every row through the head in the verify forward; ``lazy a,b``:
-``LazyChainVerifier(head_groups=(a, b))``), ``--rounds`` times, so that a load on the machine
+``LazyChainVerifier(head_groups=(a, b))``; ``lazy a,b+layers``: the layers too, group by group,
+``layers_later=True``), ``--rounds`` times, so that a load on the machine
 falls on every form alike. Checked first: every form emits the same tokens with the same
 acceptance lengths (a mismatch prints MISMATCH and no timings).
 
@@ -129,8 +130,12 @@ def run_form(target, drafter, verifier, timed, prompt, args):
     return res, {k: 1e3 * v / steps for k, v in ms.items()}, spec, steps
 
 
-def parse_groups(text: str) -> tuple[int, ...]:
-    return tuple(int(g) for g in text.split(",") if g.strip())
+def lazy_form(text: str) -> LazyChainVerifier:
+    """``"1,1"``: ``LazyChainVerifier(head_groups=(1, 1))``; ``"1,1+layers"``: with
+    ``layers_later=True`` (the layers too group by group)."""
+    groups, _, layers = text.partition("+")
+    return LazyChainVerifier(head_groups=tuple(int(g) for g in groups.split(",") if g.strip()),
+                             layers_later=layers == "layers")
 
 
 def main(argv=None) -> int:
@@ -141,7 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--groups", nargs="*", default=["1", "1,1"],
-                    help='lazy groupings to run besides eager, e.g. 1 "1,1" "" (all rows at once)')
+                    help='lazy groupings to run besides eager, e.g. 1 "1,1" "" (all rows at once) '
+                         '"1,1+layers" (the layers too, group by group)')
     ap.add_argument("--head-costs-only", action="store_true")
     ap.add_argument("--json", help="also write the numbers to this file")
     args = ap.parse_args(argv)
@@ -161,8 +167,7 @@ def main(argv=None) -> int:
     if args.head_costs_only:
         return 0
     forms = {"eager": ChainVerifier()}
-    forms.update({f"lazy {g or '()'}": LazyChainVerifier(head_groups=parse_groups(g))
-                  for g in args.groups})
+    forms.update({f"lazy {g or '()'}": lazy_form(g) for g in args.groups})
     timed = Timed(target, drafter)
     prompts = gemma3_corpus.held_out_prompts(args.prompts)
     per_form = {name: [] for name in forms}

@@ -84,18 +84,48 @@ def missing_runs(done, lo: int, hi: int) -> list[tuple[int, int]]:
     return runs
 
 
-def forward_head_later(target, ids, state, tap=None) -> TargetOutput:
+class RowsOnDemand(HeadRows):
+    """:class:`HeadRows` whose layers run on demand too: asking for row r first runs the
+    tokens ``ids`` [T] up to r through the target's layers over ``state`` (one forward from the
+    last row run, appended to the state, features captured), then the head. Rows never asked
+    for never reach the state."""
+
+    def __init__(self, target, ids, state, tap=None):
+        empty = target.be.xp.zeros((0, target.config.hidden_size), target.be.xp.float32)
+        super().__init__(target.be, target.lm_head, empty, target.config.vocab_size)
+        self.shape = (int(ids.shape[0]), int(target.config.vocab_size))
+        self.target, self.ids, self.state, self.tap = target, ids, state, tap
+
+    def compute(self, lo: int, hi: int) -> None:
+        ran = self.normed.shape[0]
+        if hi > ran:  # rows ran..hi-1 through the layers, in one forward
+            more = run_layers(self.target, self.ids[ran:hi], self.state, self.tap)[0]
+            self.normed = self.be.xp.concatenate([self.normed, more])  # [hi, H]
+        super().compute(lo, hi)
+
+
+def run_layers(target, ids, state, tap=None):
+    """``ids`` [T] through the target's layers over ``state`` (appended, features captured),
+    as ``TargetModel.forward`` runs them: ``(final-normed rows [T, H], features)``."""
+    batch = state.begin_batch(ids, tap=tap)
+    normed, features = state.runner.run(batch, HEAD_LATER,
+                                        lambda: target.hidden_states(batch.arrays.ids, batch))
+    state.end_batch(batch, features)
+    return normed, features
+
+
+def forward_head_later(target, ids, state, tap=None, layers_later: bool = False) -> TargetOutput:
     """``target.forward(ids, state, tap)``, its ``logits`` a :class:`HeadRows` (module
-    docstring). A span longer than a KVFlash chunk runs as ``forward`` does (every row's logits,
-    computed now)."""
+    docstring); with ``layers_later`` a :class:`RowsOnDemand` (nothing runs until a row is
+    asked for; ``features`` None). A span longer than a KVFlash chunk runs as ``forward`` does
+    (every row's logits, computed now)."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)  # [T]
     pager = state.pager
     if pager is not None and ids.size > pager.chunk_tokens:
         out = target.forward(ids, state, tap)
         return TargetOutput(HeadRows.ready(target.be, out.logits), out.features)
-    batch = state.begin_batch(ids, tap=tap)
-    normed, features = state.runner.run(batch, HEAD_LATER,
-                                        lambda: target.hidden_states(batch.arrays.ids, batch))
-    state.end_batch(batch, features)
+    if layers_later:
+        return TargetOutput(RowsOnDemand(target, ids, state, tap), None)
+    normed, features = run_layers(target, ids, state, tap)
     return TargetOutput(HeadRows(target.be, target.lm_head, normed, target.config.vocab_size),
                         features)

@@ -117,22 +117,29 @@ def decide_row(b, p_j, proposal: DraftProposal, j: int, u_accept, u_bonus):
     return j, residual_draw(p_j, q_j, u_bonus)
 
 
+@dataclass(frozen=True, eq=False)
 class LazyChainBlock(ChainBlock):
     """A :class:`ChainBlock` whose forward leaves the head for later: the output's ``logits``
-    is the target's ``HeadRows`` (``TargetModel.forward_head_later``)."""
+    is the target's ``HeadRows`` (``TargetModel.forward_head_later``); with ``layers_later``
+    the layers too run only on the rows asked for, group by group."""
+
+    layers_later: bool = False
 
     def forward(self, target, state, tap=None, logits_rows=None):
         if logits_rows is not None:  # a caller that names its rows gets exactly those
             return super().forward(target, state, tap, logits_rows)
-        return target.forward_head_later(self.tokens, state, tap=tap)
+        return target.forward_head_later(self.tokens, state, tap=tap,
+                                         layers_later=self.layers_later)
 
 
 @dataclass(frozen=True)
 class LazyChainVerifier(ChainVerifier):
     """:class:`ChainVerifier` (greedy), the head run on rows 0..a only, read in ``head_groups``
-    (module docstring); the same tokens, drafts and acceptance."""
+    (module docstring); with ``layers_later`` the target's layers too run group by group, each
+    group a forward of its own (rows past a never run). The same tokens, drafts and acceptance."""
 
     head_groups: tuple[int, ...] = HEAD_GROUPS
+    layers_later: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -141,7 +148,7 @@ class LazyChainVerifier(ChainVerifier):
 
     def draft(self, ctx: DraftingContext) -> LazyChainBlock:
         block = super().draft(ctx)
-        return LazyChainBlock(block.tokens, block.proposal)
+        return LazyChainBlock(block.tokens, block.proposal, self.layers_later)
 
     def verify(self, block, logits, ctx: DraftingContext) -> ChainVerifyResult:
         return verify_greedy_lazy(ctx.be, block.tokens, logits, self.head_groups)

@@ -33,7 +33,7 @@ from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.verifiers import ChainVerifier, RejectionChainVerifier
 from dflash_ref.testing.lossless import Law, assert_lossless, toy_target
 from dflash_ref.tiny import write_tiny_drafter, write_tiny_target
-from tests.spec_decode.drafters import ScriptedDrafter
+from tests.spec_decode.drafters import FAMILIES, ScriptedDrafter, tiny_pairs
 from tests.spec_decode.targets import logits_for
 from tests.testing.policies import ANCHOR, params, toy_context
 
@@ -132,7 +132,7 @@ def test_the_default_chain_rule_is_lazy_on_numpy_and_eager_elsewhere():
 def demo():
     target = TargetModel.from_pretrained(DEMO / "target")
     drafter = DFlashDrafter.from_pretrained(DEMO / "drafter", target)
-    prompts = json.loads((DEMO / "held_out_prompts.json").read_text())["prompts"][:2]
+    prompts = json.loads((DEMO / "held_out_prompts.json").read_text())["prompts"][0:3:2]
     return target, drafter, [np.asarray(p, np.int64) for p in prompts]
 
 
@@ -145,7 +145,9 @@ def gemma(tmp_path_factory):
     return target, DFlashDrafter.from_pretrained(d, target)
 
 
-VERIFIERS = [ChainVerifier()] + [LazyChainVerifier(head_groups=g) for g in GROUPS]
+VERIFIERS = [ChainVerifier()] + [LazyChainVerifier(head_groups=g, layers_later=False)
+                                 for g in GROUPS] + [
+    LazyChainVerifier(head_groups=g, layers_later=True) for g in [(1,), (1, 1), (1,) * 7]]
 
 
 def test_the_demo_pair_emits_plain_greedy_with_lazy_rows_on_and_off(demo):
@@ -154,7 +156,7 @@ def test_the_demo_pair_emits_plain_greedy_with_lazy_rows_on_and_off(demo):
     target, drafter, prompts = demo
     for prompt in prompts:
         plain = generate(target, None, prompt, 24).tokens
-        for v in VERIFIERS[:-1]:
+        for v in VERIFIERS[:4] + VERIFIERS[-2:]:
             res = generate(target, drafter, prompt, 24, verify=v)
             assert res.tokens == plain, v
         assert res.tau > 1.5  # the accept paths were exercised
@@ -183,7 +185,7 @@ def test_only_row_0_goes_through_the_target_head_when_every_first_draft_is_wrong
     prompt = np.array([3, 17, 42, 99, 5])
     plain = generate(target, None, prompt, 12).tokens
     wrong = next(t for t in range(target.config.vocab_size) if t not in plain)
-    for verifier, rows_per_verify in [(LazyChainVerifier(head_groups=(1,)), 1),
+    for verifier, rows_per_verify in [(LazyChainVerifier(head_groups=(1,), layers_later=False), 1),
                                       (ChainVerifier(), 8)]:
         drafter = ScriptedDrafter(target, plain, 8, adversarial_token=wrong)
         seen = []
@@ -197,19 +199,58 @@ def test_only_row_0_goes_through_the_target_head_when_every_first_draft_is_wrong
         assert seen == [1] + [rows_per_verify] * len(res.acceptance_lengths)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_layers_later_keeps_every_family_equal_to_plain(tmp_path_factory, family):
+    # The layers group by group: each group a forward appended to the state, the rollback
+    # within the last one (a Gated DeltaNet state rewinds only there: qwen3_5). Catches a
+    # group forwarded from row 0 again (K/V appended twice) or a row skipped between groups.
+    target, _ = tiny_pairs(tmp_path_factory.mktemp(family), 21, 22, block_size=8)[family]
+    prompt = np.array([11, 250, 64, 9, 1, 30])
+    plain = generate(target, None, prompt, 30).tokens
+    truth = np.concatenate([prompt, generate(target, None, prompt, 50).tokens])
+    for groups in [(1,), (1, 1), (2, 3)]:
+        scripted = ScriptedDrafter(target, truth, 8, error_rate=0.25, seed=6)
+        res = generate(target, scripted, prompt, 30,
+                       verify=LazyChainVerifier(head_groups=groups, layers_later=True))
+        assert res.tokens == plain, groups
+
+
+def test_layers_later_runs_only_row_0_when_every_first_draft_is_wrong(gemma):
+    # With the layers later too, a step whose d_1 is rejected runs one row through the layers
+    # (and the head). Catches the whole block forwarded before the first decision.
+    target, _ = gemma
+    prompt = np.array([3, 17, 42, 99, 5])
+    plain = generate(target, None, prompt, 12).tokens
+    wrong = next(t for t in range(target.config.vocab_size) if t not in plain)
+    drafter = ScriptedDrafter(target, plain, 8, adversarial_token=wrong)
+    seen = []
+    layers = target.hidden_states
+    target.hidden_states = lambda ids, batch: (seen.append(int(ids.shape[0])),
+                                               layers(ids, batch))[1]
+    try:
+        res = generate(target, drafter, prompt, 12,
+                       verify=LazyChainVerifier(head_groups=(1,), layers_later=True))
+    finally:
+        del target.hidden_states
+    assert res.tokens == plain
+    assert seen == [prompt.size] + [1] * len(res.acceptance_lengths)
+
+
 # -- sampled: the same draws, the same law ------------------------------------------------------
 
-@pytest.mark.parametrize("groups", [(1,), (1, 1), ()])
-def test_sampled_lazy_emits_the_eager_rules_tokens_with_the_same_seed(demo, gemma, groups):
+@pytest.mark.parametrize(("groups", "layers_later"), [((1,), False), ((1, 1), True), ((), True)])
+def test_sampled_lazy_emits_the_eager_rules_tokens_with_the_same_seed(demo, gemma, groups,
+                                                                      layers_later):
     # The lazy rule draws n-1 accept uniforms, then the bonus's, as the eager one does. Catches
     # the uniforms drawn per row (another stream: other tokens) or the bonus row after a full
     # accept read from the wrong row.
     law = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7)
     for target, drafter, prompt in [(*demo[:2], demo[2][0]), (*gemma, np.array([3, 17, 42]))]:
-        eager = generate(target, drafter, prompt, 24, sampling=law,
+        eager = generate(target, drafter, prompt, 16, sampling=law,
                          verify=RejectionChainVerifier())
-        lazy = generate(target, drafter, prompt, 24, sampling=law,
-                        verify=LazyRejectionChainVerifier(head_groups=groups))
+        lazy = generate(target, drafter, prompt, 16, sampling=law,
+                        verify=LazyRejectionChainVerifier(head_groups=groups,
+                                                          layers_later=layers_later))
         assert lazy.tokens == eager.tokens
         assert lazy.acceptance_lengths == eager.acceptance_lengths
 
