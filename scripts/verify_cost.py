@@ -203,6 +203,9 @@ def main(argv=None) -> int:
         ms = expected_head_ms(g, costs, a_values)
         print(f"  head_groups={g!s:<24} {ms:6.1f}")
         report.setdefault("expected_head_ms", {})[str(g)] = ms
+    report["load_average_end"] = os.getloadavg()[0]
+    report["command"] = "python scripts/verify_cost.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
