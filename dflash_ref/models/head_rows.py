@@ -20,9 +20,9 @@ import numpy as np
 
 from dflash_ref.models.output import TargetOutput
 
+# The ``rows`` a lazy step hands the state's runner: not None, so a runner that replays
+# recorded steps runs this one eagerly (a recording computes every row's logits).
 HEAD_LATER = "head later"
-"""The ``rows`` a lazy step hands the state's runner: not None, so a graph runner runs the step
-eagerly (its recordings compute every row's logits)."""
 
 
 class HeadRows:
