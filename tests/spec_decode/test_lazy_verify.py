@@ -236,6 +236,28 @@ def test_layers_later_runs_only_row_0_when_every_first_draft_is_wrong(gemma):
     assert seen == [prompt.size] + [1] * len(res.acceptance_lengths)
 
 
+def test_a_full_accept_runs_every_row_once_in_the_groups(gemma):
+    # A drafter that knows the continuation is accepted whole every step: with groups (1, 1)
+    # each verify runs rows 0, 1, then 2..7 through the layers and the head, each row once.
+    # Catches the bonus row (row 7) left out after a full accept, or a group run twice.
+    target, _ = gemma
+    prompt = np.array([3, 17, 42, 99, 5])
+    truth = np.concatenate([prompt, generate(target, None, prompt, 40).tokens])
+    heads, layers = [], []
+    head, run = target.lm_head, target.hidden_states
+    target.lm_head = lambda h: (heads.append(h.shape[0]), head(h))[1]
+    target.hidden_states = lambda ids, batch: (layers.append(int(ids.shape[0])),
+                                               run(ids, batch))[1]
+    try:
+        res = generate(target, ScriptedDrafter(target, truth, 8, error_rate=0.0), prompt, 17,
+                       verify=LazyChainVerifier(head_groups=(1, 1), layers_later=True))
+    finally:
+        del target.lm_head, target.hidden_states
+    assert res.tokens == truth[prompt.size: prompt.size + 17].tolist()
+    assert res.acceptance_lengths == [8, 8]
+    assert heads == [1, 1, 1, 6, 1, 1, 6] and layers == [prompt.size, 1, 1, 6, 1, 1, 6]
+
+
 # -- sampled: the same draws, the same law ------------------------------------------------------
 
 @pytest.mark.parametrize(("groups", "layers_later"), [((1,), False), ((1, 1), True), ((), True)])
