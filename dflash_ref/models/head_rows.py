@@ -10,8 +10,11 @@ output's ``logits``, a :class:`HeadRows` over the final-normed rows::
     out.logits[1:8]                               # one product for rows 1..7 [7, V]
     np.asarray(out.logits)                        # every row not yet computed, in one product
 
-Each row's logits equal ``forward``'s row (``lm_head`` acts row by row); which rows are computed,
-and grouped how, is the caller's (spec_decode/lazy_verify.py).
+With ``layers_later=True`` the layers wait too: a :class:`RowsOnDemand` runs nothing until a row
+is asked for, then one forward from the last row run through that row's group (appended to the
+state like any chain forward), so rows never asked for never reach the state. Each row's logits
+equal ``forward``'s row (the layers and ``lm_head`` act row by row, causally); which rows are
+computed, and grouped how, is the caller's (spec_decode/lazy_verify.py).
 """
 
 from __future__ import annotations
