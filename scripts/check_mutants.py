@@ -454,8 +454,8 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '21c rejection sampling: the bonus after a rejection drawn from p, not the residual',
         'dflash_ref/spec_decode/verify.py',
-        '    residual = np.maximum(p[a] - q_full[a], 0.0)',
-        '    residual = p[a].copy()',
+        '    residual = np.maximum(p_row - q_row, 0.0)',
+        '    residual = p_row.copy()',
         'tests/testing/test_lossless.py',
     ),
     (
@@ -767,6 +767,35 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '                             np.broadcast_to(self.ids, drawn.q.shape))',
         '                             np.broadcast_to(np.arange(self.ids.size), drawn.q.shape))',
         'tests/models/test_draft_head.py',
+    ),
+    # ---- lazy chain verify: the head on rows 0..a only
+    (
+        'V1 lazy verify: the step stops one group early (the bonus row never computed)',
+        'dflash_ref/spec_decode/lazy_verify.py',
+        '        if a < hi:  # row a, the bonus\'s, is read: the rows past it are never needed',
+        '        if a <= hi:  # row a, the bonus\'s, is read: the rows past it are never needed',
+        'tests/spec_decode/test_lazy_verify.py',
+    ),
+    (
+        'V2 lazy verify: the drafts compared one row short',
+        'dflash_ref/spec_decode/lazy_verify.py',
+        '        a = int(accept_length(b[1: 1 + min(hi, n - 1)], posterior))',
+        '        a = int(accept_length(b[1: min(hi, n - 1)], posterior))',
+        'tests/spec_decode/test_lazy_verify.py',
+    ),
+    (
+        'V3 lazy sampled verify: the bonus uniform drawn before the accept uniforms',
+        'dflash_ref/spec_decode/lazy_verify.py',
+        'u_accept, u_bonus = g.random(n - 1), g.random()',
+        'u_bonus, u_accept = g.random(), g.random(n - 1)',
+        'tests/spec_decode/test_lazy_verify.py',
+    ),
+    (
+        'V4 head rows: a later run of rows read from the start of its product',
+        'dflash_ref/models/head_rows.py',
+        '            self.done.setdefault(r, block[r - lo])',
+        '            self.done.setdefault(r, block[r])',
+        'tests/spec_decode/test_lazy_verify.py',
     ),
 ]
 def scratch_copy() -> str:

@@ -30,6 +30,7 @@ from dflash_ref.errors import ConfigError
 from dflash_ref.models.assemble import FUSED_OPS, decoder_layers
 from dflash_ref.models.batch import forward_batch
 from dflash_ref.models.graphs import graph_runner
+from dflash_ref.models.head_rows import forward_head_later
 from dflash_ref.models.layers import RMSNorm, run_stack
 from dflash_ref.models.loading import from_gguf, from_pretrained, target_weights
 from dflash_ref.models.output import TargetOutput
@@ -68,6 +69,7 @@ class TargetModel:
     attention_qk = attention_qk  # the KVFlash scorer's Q/K probe (models/qk_probe.py)
     forward_batch = forward_batch  # several sequences in one forward (models/batch.py)
     forward_tree = forward_tree  # a draft tree verified in one pass (models/tree.py)
+    forward_head_later = forward_head_later  # the head only on rows asked for (head_rows.py)
 
     def set_target_layer_ids(self, target_layer_ids) -> None:
         """Set the capture layers (HF numbering: the output of decoder layer i)."""

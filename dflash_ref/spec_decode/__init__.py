@@ -63,6 +63,7 @@ from dflash_ref.spec_decode.gating import (
     StepObservation,
     p1_from_logits,
 )
+from dflash_ref.spec_decode.lazy_verify import LazyChainVerifier, LazyRejectionChainVerifier
 from dflash_ref.spec_decode.loop import GateOptions, GenerationResult, generate
 from dflash_ref.spec_decode.observe import Clock, Observer, Observers, Progress, Stream
 from dflash_ref.spec_decode.stats import (
@@ -99,6 +100,8 @@ __all__ = [
     "GateOptions",
     "GenerationResult",
     "GreedyDraftChainVerifier",
+    "LazyChainVerifier",
+    "LazyRejectionChainVerifier",
     "Observer",
     "Observers",
     "Progress",

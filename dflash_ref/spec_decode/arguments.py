@@ -10,9 +10,13 @@ import numpy as np
 from dflash_ref.errors import ConfigError, PositionWarning
 from dflash_ref.ops.sampling import SamplingParams
 from dflash_ref.spec_decode.extra_verifiers import SampledTreeVerifier, TreeVerifier
+from dflash_ref.spec_decode.lazy_verify import LazyChainVerifier, LazyRejectionChainVerifier
 from dflash_ref.spec_decode.verifiers import ChainVerifier, RejectionChainVerifier, Verifier
 
 VERIFY_MODES = ("chain", "tree")
+CHAIN_RULES = {  # (greedy, on NumPy) -> "chain": on NumPy the head runs on rows 0..a only
+    (True, True): LazyChainVerifier, (False, True): LazyRejectionChainVerifier,
+    (True, False): ChainVerifier, (False, False): RejectionChainVerifier}
 
 
 def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: SamplingParams,
@@ -70,7 +74,7 @@ def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: 
         if not isinstance(verify, Verifier) and verify not in VERIFY_MODES:
             raise unknown_verify_mode(verify)
         return prompt, 1, None
-    verifier = make_verifier(verify, sampling)
+    verifier = make_verifier(verify, sampling, target.be.name)
     trained_block_size = int(drafter.block_size)
     block_size = trained_block_size if block_size is None else int(block_size)
     verifier.check(sampling, block_size, trained_block_size)
@@ -103,19 +107,22 @@ def check_roles(target, drafter, sampling) -> None:
                         f"{type(sampling).__name__}; pass sampling={fix}")
 
 
-def make_verifier(verify, sampling: SamplingParams) -> Verifier:
+def make_verifier(verify, sampling: SamplingParams, backend: str | None = None) -> Verifier:
     """``generate``'s ``verify`` as a :class:`Verifier`: "chain", "tree" or a verifier itself.
 
     The one place a verify-mode string is read: "chain" is
     :class:`~dflash_ref.spec_decode.verifiers.ChainVerifier` when ``sampling`` is greedy, else
-    :class:`~dflash_ref.spec_decode.verifiers.RejectionChainVerifier`; "tree" is
+    :class:`~dflash_ref.spec_decode.verifiers.RejectionChainVerifier`; for a target on the
+    ``backend`` "numpy" (``generate`` names it) their lazy forms (spec_decode/lazy_verify.py:
+    the target's head only on the rows the accepted prefix reaches; on CuPy every row, as a
+    recorded step computes them); "tree" is
     :class:`~dflash_ref.spec_decode.extra_verifiers.TreeVerifier` when greedy, else
     :class:`~dflash_ref.spec_decode.extra_verifiers.SampledTreeVerifier`.
     """
     if isinstance(verify, Verifier):
         return verify
     if verify == "chain":
-        return ChainVerifier() if sampling.greedy else RejectionChainVerifier()
+        return CHAIN_RULES[sampling.greedy, backend == "numpy"]()
     if verify == "tree":
         return TreeVerifier() if sampling.greedy else SampledTreeVerifier()
     raise unknown_verify_mode(verify)

@@ -148,10 +148,16 @@ def rejection_core(drafts, p, q, candidates, u_accept, u_bonus) -> tuple[int, in
     a = int(np.sum(np.cumprod(accepted)))
     if a == m:
         return a, int(sample_from_probs(p[m], u_bonus))
-    residual = np.maximum(p[a] - q_full[a], 0.0)
+    return a, residual_draw(p[a], q_full[a], u_bonus)
+
+
+def residual_draw(p_row, q_row, u) -> int:
+    """The bonus after a rejection: a token from ``max(0, p - q)`` renormalised (``p`` [V] if
+    that is all zero), drawn with the uniform ``u``."""
+    residual = np.maximum(p_row - q_row, 0.0)
     if not residual.sum() > 0:
-        residual = p[a]
-    return a, int(sample_from_probs(residual, u_bonus))
+        residual = p_row
+    return int(sample_from_probs(residual, u))
 
 
 def verify_chain_sampled(be: Backend | str, block, target_logits, proposal: DraftProposal,

@@ -1,0 +1,215 @@
+"""What one speculative step costs, phase by phase, on the real Gemma 3 270M target with the
+shipped drafter: the draft, the verify's layers, the verify's head rows, the rollback, the rest.
+
+    python scripts/verify_cost.py                          # 3 held-out prompts, 48 tokens
+    python scripts/verify_cost.py --prompts 2 --new 32 --groups "" 1 1,1 1,1,1,1,1,1,1
+    python scripts/verify_cost.py --head-costs-only        # the head's cost per row count
+
+One BLAS thread (set before NumPy loads). Each prompt runs every verify form in turn (``eager``:
+``ChainVerifier``, every row through the head in the verify forward; ``lazy a,b``:
+``LazyChainVerifier(head_groups=(a, b))``; ``lazy a,b+layers``: the layers too, group by group,
+``layers_later=True``), ``--rounds`` times, so that a load on the machine
+falls on every form alike. Checked first: every form emits the same tokens with the same
+acceptance lengths (a mismatch prints MISMATCH and no timings).
+
+Printed: the head's cost for 1..B rows (median of ``--reps``); per form the mean ms per step of
+each phase, tokens/s and tau; then the expected head cost per step of each grouping, from the
+measured row costs and the eager run's acceptance lengths (``expected_head_ms``).
+
+How a phase is timed: the target's ``hidden_states`` (embedding, the layers, the final norm) and
+``lm_head`` are wrapped on the instance (the prefill's first call and the drafter's own use of
+the target's head left out), the state's ``rollback`` likewise; "draft" is generate's own phase;
+"rest" is the step's wall minus these (the verify decision, the commit, the features' copy).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # before NumPy loads its BLAS
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from dflash_ref.spec_decode.lazy_verify import LazyChainVerifier  # noqa: E402
+from dflash_ref.spec_decode.verifiers import ChainVerifier  # noqa: E402
+
+DRAFTER = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
+PHASES = ("draft", "verify layers", "verify head", "rollback", "rest")
+
+
+class Mismatch(Exception):
+    pass
+
+
+class Timed:
+    """Seconds spent in the target's layers and head, and in the state's rollback, per run."""
+
+    def __init__(self, target, drafter):
+        self.sums = dict.fromkeys(("layers", "head", "rollback"), 0.0)
+        self.calls = dict.fromkeys(self.sums, 0)
+        self.in_draft = False
+        target.hidden_states = self.wrap("layers", target.hidden_states)
+        target.lm_head = self.wrap("head", target.lm_head)
+        drafter_logits = drafter.logits
+
+        def draft_logits(z):  # the drafter borrows the target's head: not the verify's
+            self.in_draft = True
+            try:
+                return drafter_logits(z)
+            finally:
+                self.in_draft = False
+        drafter.logits = draft_logits
+
+    def wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            if self.in_draft:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if self.calls[name] or name == "rollback":  # the prefill's call left out
+                self.sums[name] += time.perf_counter() - t0
+            self.calls[name] += 1
+            return out
+        return timed
+
+    def reset(self, state):
+        self.sums = dict.fromkeys(self.sums, 0.0)
+        self.calls = dict.fromkeys(self.calls, 0)
+        state.rollback = self.wrap("rollback", state.rollback)
+
+
+def head_costs(target, block: int, reps: int) -> list[float]:
+    """Median ms of ``lm_head`` on r = 1..block final-normed rows."""
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((block, target.config.hidden_size)).astype(np.float32)
+    out = []
+    for r in range(1, block + 1):
+        walls = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            target.lm_head(h[:r])
+            walls.append(time.perf_counter() - t0)
+        out.append(1e3 * float(np.median(walls)))
+    return out
+
+
+def expected_head_ms(groups, costs, a_values) -> float:
+    """Mean head ms per step of ``groups`` over steps that accepted ``a_values``: a span
+    (lo, hi) is paid when the step reaches row lo (a >= lo)."""
+    from dflash_ref.spec_decode.lazy_verify import row_spans
+    n = len(costs)
+    a = np.asarray(a_values)
+    return float(sum(np.mean(a >= lo) * costs[hi - lo - 1] for lo, hi in row_spans(n, groups)))
+
+
+def run_form(target, drafter, verifier, timed, prompt, args):
+    from dflash_ref.spec_decode.loop import generate
+    state = target.new_state()
+    timed.reset(state)
+    t0 = time.perf_counter()
+    res = generate(target, drafter, prompt, args.new, block_size=args.block, verify=verifier,
+                   state=state)
+    wall = time.perf_counter() - t0
+    steps = len(res.acceptance_lengths)
+    spec = wall - res.timings["prefill"]
+    ms = {"draft": res.timings["draft"], "verify layers": timed.sums["layers"],
+          "verify head": timed.sums["head"], "rollback": timed.sums["rollback"]}
+    ms["rest"] = spec - sum(ms.values())
+    return res, {k: 1e3 * v / steps for k, v in ms.items()}, spec, steps
+
+
+def lazy_form(text: str) -> LazyChainVerifier:
+    """``"1,1"``: ``LazyChainVerifier(head_groups=(1, 1))``; ``"1,1+layers"``: with
+    ``layers_later=True`` (the layers too group by group)."""
+    groups, _, layers = text.partition("+")
+    return LazyChainVerifier(head_groups=tuple(int(g) for g in groups.split(",") if g.strip()),
+                             layers_later=layers == "layers")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--new", type=int, default=48)
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--groups", nargs="*", default=["1", "1,1"],
+                    help='lazy groupings to run besides eager, e.g. 1 "1,1" "" (all rows at once) '
+                         '"1,1+layers" (the layers too, group by group)')
+    ap.add_argument("--head-costs-only", action="store_true")
+    ap.add_argument("--json", help="also write the numbers to this file")
+    args = ap.parse_args(argv)
+
+    import gemma3_corpus
+
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.target import TargetModel
+    t0 = time.perf_counter()
+    target = TargetModel.from_gguf(gemma3_corpus.gguf_path())
+    drafter = DFlashDrafter.from_pretrained(DRAFTER, target)
+    print(f"loaded in {time.perf_counter() - t0:.1f} s; one BLAS thread; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    costs = head_costs(target, args.block, args.reps)
+    print("head ms by rows: " + ", ".join(f"{r}: {c:.1f}" for r, c in enumerate(costs, 1)))
+    report = {"head_ms_by_rows": costs, "load_average_start": os.getloadavg()[0]}
+    if args.head_costs_only:
+        return 0
+    forms = {"eager": ChainVerifier()}
+    forms.update({f"lazy {g or '()'}": lazy_form(g) for g in args.groups})
+    timed = Timed(target, drafter)
+    prompts = gemma3_corpus.held_out_prompts(args.prompts)
+    per_form = {name: [] for name in forms}
+    a_values = []
+    for _ in range(args.rounds):
+        for i, prompt in enumerate(prompts):
+            seen = None
+            for name, verifier in forms.items():
+                res, ms, spec, steps = run_form(target, drafter, verifier, timed, prompt, args)
+                key = (res.tokens, res.acceptance_lengths)
+                if seen is not None and key != seen:
+                    print(f"MISMATCH on prompt {i}: {name} emits other tokens or acceptance "
+                          f"lengths than eager")
+                    return 1
+                seen = key
+                per_form[name].append((ms, spec, steps, len(res.tokens), res.tau))
+                if name == "eager":
+                    a_values += [n - 1 for n in res.acceptance_lengths]
+    print(f"identical tokens and acceptance lengths in every form; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"{'form':<16}" + "".join(f"{p:>14}" for p in PHASES) + f"{'step ms':>10}"
+          f"{'tok/s':>8}{'tau':>6}")
+    for name, runs in per_form.items():
+        steps = sum(r[2] for r in runs)
+        mean = {p: sum(r[0][p] * r[2] for r in runs) / steps for p in PHASES}
+        tok_s = sum(r[3] for r in runs) / sum(r[1] for r in runs)
+        tau = sum(r[3] for r in runs) / steps
+        print(f"{name:<16}" + "".join(f"{mean[p]:>14.1f}" for p in PHASES)
+              + f"{sum(mean.values()):>10.1f}{tok_s:>8.2f}{tau:>6.2f}")
+        report[name] = {"ms_per_step": mean, "tokens_per_s": tok_s, "tau": tau, "steps": steps}
+    print("expected head ms per step (measured row costs, eager's acceptance):")
+    for g in ((), (1,), (1, 1), (1, 1, 1), (1, 2), (2,), (1,) * (args.block - 1)):
+        ms = expected_head_ms(g, costs, a_values)
+        print(f"  head_groups={g!s:<24} {ms:6.1f}")
+        report.setdefault("expected_head_ms", {})[str(g)] = ms
+    report["load_average_end"] = os.getloadavg()[0]
+    report["command"] = "python scripts/verify_cost.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
