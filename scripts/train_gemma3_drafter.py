@@ -180,12 +180,8 @@ def train(k: dict, cache: Path, out: Path) -> None:
         head.copy_(head.to(torch.bfloat16).float())
     out.mkdir(parents=True, exist_ok=True)
     save_drafter(out, drafter, head, vocab)
-    try:
-        diff = check_against_dflash_ref(tm, out, drafter, feats_t[N - 1], torch.from_numpy(
-            ids[N - 1]), emb, head.detach())
-    except Exception as e:  # noqa: BLE001  the check needs a dflash_ref that reads d2t
-        print(f"check in dflash_ref skipped: {type(e).__name__}: {e}", flush=True)
-        diff = None
+    diff = check_against_dflash_ref(tm, out, drafter, feats_t[N - 1], torch.from_numpy(
+        ids[N - 1]), emb, head.detach())
     log = {"knobs": k, "drafter": DRAFTER, "torch": torch.__version__, "windows": int(N),
            "window": int(W), "positions": int(N * W), "validation_windows": int(n_val),
            "steps_run": step, "blocks_seen": int(step * bsz * K),
@@ -197,6 +193,26 @@ def train(k: dict, cache: Path, out: Path) -> None:
     print(f"wrote {out}; training {time.time() - t1:.0f} s", flush=True)
 
 
+def check(k: dict, cache: Path, out: Path) -> float:
+    """The saved directory, read back into the torch drafter, against dflash_ref (the check at
+    the end of ``train``, on its own); the result goes into train_log.json."""
+    from safetensors.torch import load_file
+
+    ids, _, feats, bos, _ = load_data(cache)
+    feats[:, 0] = bos
+    tm = load_target()
+    w = {n: t.float() for n, t in load_file(str(out / "model.safetensors")).items()}
+    drafter = GemmaDrafter(DRAFTER, H, len(DRAFTER["target_layer_ids"]))
+    drafter.load_state_dict({n: t for n, t in w.items() if n not in ("lm_head.weight", "d2t")})
+    emb = torch.from_numpy(np.asarray(tm.embed_tokens, np.float32)) * tm.config.embedding_scale
+    diff = check_against_dflash_ref(tm, out, drafter, torch.from_numpy(feats[-1]),
+                                    torch.from_numpy(ids[-1]), emb, w["lm_head.weight"])
+    log = json.loads((out / "train_log.json").read_text())
+    log["torch_vs_dflash_ref_max_rel_diff"] = diff
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    return diff
+
+
 def save_drafter(out: Path, drafter, head, vocab: np.ndarray) -> None:
     """The z-lab directory with a reduced head: ``lm_head.weight`` [Vd, H] (BF16) and ``d2t``
     [Vd] int64 offsets (target id of draft row i = i + d2t[i]), ``draft_vocab_size`` Vd."""
@@ -206,6 +222,7 @@ def save_drafter(out: Path, drafter, head, vocab: np.ndarray) -> None:
                for n, t in [*drafter.named_parameters(), ("lm_head.weight", head)]}
     tensors["d2t"] = torch.from_numpy((vocab - np.arange(vocab.size)).astype(np.int64))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # safetensors writes 0600: a shipped file is 0644
     (out / "config.json").write_text(json.dumps(drafter_config(int(vocab.size)), indent=2) + "\n")
 
 
@@ -290,7 +307,7 @@ def evaluate(k: dict, out: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("stage", choices=("data", "train", "eval"))
+    ap.add_argument("stage", choices=("data", "train", "check", "eval"))
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="the drafter directory")
     ap.add_argument("--cache", default=str(DEFAULT_CACHE), help="where the windows are kept")
     for name, value in KNOBS.items():
@@ -305,6 +322,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(k["threads"])
     if args.stage == "train":
         train(k, Path(args.cache), Path(args.out))
+    elif args.stage == "check":
+        check(k, Path(args.cache), Path(args.out))
     else:
         evaluate(k, Path(args.out))
     return 0
