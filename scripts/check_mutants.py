@@ -791,6 +791,13 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'tests/spec_decode/test_lazy_verify.py',
     ),
     (
+        'V5 head rows: a state that replays recorded steps verified lazily (never replayed)',
+        'dflash_ref/models/head_rows.py',
+        'if not state.runner.lazy_rows or (pager',
+        'if (pager',
+        'tests/models/test_graphs.py',
+    ),
+    (
         'V4 head rows: a later run of rows read from the start of its product',
         'dflash_ref/models/head_rows.py',
         '            self.done.setdefault(r, block[r - lo])',

@@ -104,6 +104,8 @@ class GraphRunner:
         buffers: the per-step input arrays by shape (``BatchArrays(..., buffers=)``).
     """
 
+    lazy_rows = False  # a recording computes every row: a lazy verify's forward runs whole
+
     def __init__(self, be, capacity: int | None = None):
         self.be, self.capacity = be, capacity
         self.graphs = StepGraphs(be)

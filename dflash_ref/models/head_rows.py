@@ -23,8 +23,7 @@ import numpy as np
 
 from dflash_ref.models.output import TargetOutput
 
-# The ``rows`` a lazy step hands the state's runner: not None, so a runner that replays
-# recorded steps runs this one eagerly (a recording computes every row's logits).
+# The ``rows`` a lazy step hands the state's runner (one whose ``lazy_rows`` is True).
 HEAD_LATER = "head later"
 
 
@@ -120,11 +119,12 @@ def run_layers(target, ids, state, tap=None):
 def forward_head_later(target, ids, state, tap=None, layers_later: bool = False) -> TargetOutput:
     """``target.forward(ids, state, tap)``, its ``logits`` a :class:`HeadRows` (module
     docstring); with ``layers_later`` a :class:`RowsOnDemand` (nothing runs until a row is
-    asked for; ``features`` None). A span longer than a KVFlash chunk runs as ``forward`` does
+    asked for; ``features`` None). A state whose runner replays recorded steps
+    (``runner.lazy_rows`` False) and a span longer than a KVFlash chunk run as ``forward`` does
     (every row's logits, computed now)."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)  # [T]
     pager = state.pager
-    if pager is not None and ids.size > pager.chunk_tokens:
+    if not state.runner.lazy_rows or (pager is not None and ids.size > pager.chunk_tokens):
         out = target.forward(ids, state, tap)
         return TargetOutput(HeadRows.ready(target.be, out.logits), out.features)
     if layers_later:

@@ -44,6 +44,7 @@ class EagerRunner:
     batch's backend arrays are written (None: new arrays per batch)."""
 
     buffers = None
+    lazy_rows = True  # a forward may run its head and later rows when asked (head_rows.py)
 
     def run(self, batch, rows, step: Callable):
         return step()
