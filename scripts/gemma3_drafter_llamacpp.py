@@ -16,9 +16,8 @@
 
 llama.cpp build 11434 cannot run this pair as it ships: its Gemma 3 graph does not expose the
 layer inputs DFlash reads (docs/training.md, "llama.cpp"). ``speculative`` reports that abort
-as ``{"error": ...}`` and the script stops; the measured numbers
-(dflash_ref/data/gemma3_270m_drafter/llamacpp_log.json) came from a build with the one-line
-hook added, as docs/training.md shows.
+as ``{"error": ...}`` and the script stops. A build with the one-line hook added
+(``DFLASH_LLAMACPP_GEMMA3_HOOK=1 scripts/build_llamacpp.sh``, docs/training.md) runs it.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 DRAFTER = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
-BUILD = Path.home() / ".cache" / "dflash-ref" / "llamacpp-11434"
+BUILD = Path.home() / ".cache" / "dflash-ref" / "llamacpp-11434"  # the hooked one: ...-gemma3hook
 HOOK_ABORT = "layer input tensor is null"  # src/llama-graph.cpp, llm_graph_result::set_outputs
 
 

@@ -27,11 +27,11 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DRAFTER = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
-# The first 4 of the 16 held-out prompts of docs/training.md's table, 32 new tokens, block 8, as
-# measured when the drafter was shipped (scripts/train_gemma3_drafter.py eval): tau 1.15, 1.72,
-# 1.19, 1.29 (mean 1.34); with fc zeroed 1.00, 1.07, 1.07, 1.11 (mean 1.06).
-N_PROMPTS, NEW_TOKENS = 4, 32
-MEASURED_TAU, MEASURED_TAU_ZEROED = 1.34, 1.06
+# The first 4 of the 16 held-out prompts of docs/training.md's table (the code ones), 48 new
+# tokens, block 8, as measured when the drafter was shipped (scripts/train_gemma3_drafter.py
+# eval): tau 1.205, 1.567, 1.343, 1.516 (mean 1.41); with fc zeroed 1.0, 1.093, 1.0, 1.0 (1.02).
+N_PROMPTS, NEW_TOKENS = 4, 48
+MEASURED_TAU, MEASURED_TAU_ZEROED = 1.41, 1.02
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +74,16 @@ def test_speculative_equals_plain_and_tau_holds(pair, prompts):
     # greedy and deterministic; the margin covers float32 sums in another order (another BLAS)
     assert np.mean(taus) >= MEASURED_TAU - 0.1, taus
     assert np.mean(taus_zero) <= MEASURED_TAU_ZEROED + 0.1, taus_zero
-    assert np.mean(taus) - np.mean(taus_zero) >= 0.15, (taus, taus_zero)  # measured: 0.28
+    assert np.mean(taus) - np.mean(taus_zero) >= 0.15, (taus, taus_zero)  # measured: 0.39
 
 
 def test_the_drafter_loads_unchanged_in_the_release_and_drafts_as_we_do(pair, prompts):
     """The authors' release (PyPI ``dflash`` 0.1.0, the ``compat`` extra) builds the shipped
     directory as it is with ``DFlashDraftModel.from_pretrained``, and its block logits (its own
     torch layers, fed our target's captured features and the embedding rows scaled by the
-    config's ``input_embedding_scale``, as its ``dflash_generate`` does) are ours within 1e-3 of
-    their spread. Without ``input_embedding_scale`` in config.json the release would scale by
+    config's ``input_embedding_scale``, as its ``dflash_generate`` does, and put through the
+    drafter's own head rows, which the release, having no reduced vocabulary, is handed) are ours
+    within 1e-3 of their spread. Without ``input_embedding_scale`` in config.json the release would scale by
     1.0 (its default) while dflash_ref takes the Gemma target's sqrt(640): the check fails then."""
     torch = pytest.importorskip("torch")
     release = pytest.importorskip("dflash.model")
@@ -102,7 +103,9 @@ def test_the_drafter_loads_unchanged_in_the_release_and_drafts_as_we_do(pair, pr
             return self.embed
 
     scale = float(release._draft_value(rel.config, "input_embedding_scale", 1.0))
-    head = torch.from_numpy(np.asarray(target.lm_head_weight, dtype=np.float32))
+    # the release has no reduced vocabulary: it drafts through whatever head it is handed, so it
+    # is handed the drafter's own rows, and our draft rows are the d2t columns of our logits
+    head = torch.from_numpy(np.asarray(drafter.draft_head.weight, dtype=np.float32))
     prompt = np.asarray(prompts[0])
     n, b = prompt.size, drafter.block_size
     feats = target.forward(prompt, target.new_state()).features
@@ -113,7 +116,8 @@ def test_the_drafter_loads_unchanged_in_the_release_and_drafts_as_we_do(pair, pr
         z = rel(target_hidden=torch.from_numpy(np.asarray(feats, dtype=np.float32))[None],
                 noise_embedding=noise, position_ids=torch.arange(n + b)[None])
         theirs = rel.compute_logits(z, lambda h: h @ head.T)[0].numpy()
-    ours = drafter.forward_block(feats, np.arange(n), anchor, n)
+    ours = np.asarray(drafter.draft_head.gather(drafter.forward_block(feats, np.arange(n),
+                                                                      anchor, n)))
     spread = float(theirs.std())
     np.testing.assert_allclose(ours, theirs, atol=1e-3 * spread, rtol=0)
     assert (ours[1:].argmax(-1) == theirs[1:].argmax(-1)).all()
