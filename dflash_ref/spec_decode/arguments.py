@@ -14,9 +14,12 @@ from dflash_ref.spec_decode.lazy_verify import LazyChainVerifier, LazyRejectionC
 from dflash_ref.spec_decode.verifiers import ChainVerifier, RejectionChainVerifier, Verifier
 
 VERIFY_MODES = ("chain", "tree")
-CHAIN_RULES = {  # (greedy, on NumPy) -> "chain": on NumPy the head runs on rows 0..a only
+CHAIN_RULES = {  # (greedy, lazy) -> "chain": lazy, the head runs on rows 0..a only
     (True, True): LazyChainVerifier, (False, True): LazyRejectionChainVerifier,
     (True, False): ChainVerifier, (False, False): RejectionChainVerifier}
+LAZY_MIN_VOCAB = 32768
+"""The smallest vocabulary for which "chain" is lazy on NumPy: below it a row of the head costs
+little beside the layers, and one forward of the block beats a forward per group."""
 
 
 def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: SamplingParams,
@@ -74,7 +77,7 @@ def check_arguments(target, drafter, prompt_ids, max_new_tokens: int, sampling: 
         if not isinstance(verify, Verifier) and verify not in VERIFY_MODES:
             raise unknown_verify_mode(verify)
         return prompt, 1, None
-    verifier = make_verifier(verify, sampling, target.be.name)
+    verifier = make_verifier(verify, sampling, target.be.name, target.config.vocab_size)
     trained_block_size = int(drafter.block_size)
     block_size = trained_block_size if block_size is None else int(block_size)
     verifier.check(sampling, block_size, trained_block_size)
@@ -107,22 +110,25 @@ def check_roles(target, drafter, sampling) -> None:
                         f"{type(sampling).__name__}; pass sampling={fix}")
 
 
-def make_verifier(verify, sampling: SamplingParams, backend: str | None = None) -> Verifier:
+def make_verifier(verify, sampling: SamplingParams, backend: str | None = None,
+                  vocab_size: int | None = None) -> Verifier:
     """``generate``'s ``verify`` as a :class:`Verifier`: "chain", "tree" or a verifier itself.
 
     The one place a verify-mode string is read: "chain" is
     :class:`~dflash_ref.spec_decode.verifiers.ChainVerifier` when ``sampling`` is greedy, else
     :class:`~dflash_ref.spec_decode.verifiers.RejectionChainVerifier`; for a target on the
-    ``backend`` "numpy" (``generate`` names it) their lazy forms (spec_decode/lazy_verify.py:
-    the target's head only on the rows the accepted prefix reaches; on CuPy every row, as a
-    recorded step computes them); "tree" is
+    ``backend`` "numpy" (``generate`` names it) with a ``vocab_size`` of at least
+    :data:`LAZY_MIN_VOCAB` (or none named) their lazy forms (spec_decode/lazy_verify.py: the
+    target's head only on the rows the accepted prefix reaches; on CuPy every row, as a recorded
+    step computes them); "tree" is
     :class:`~dflash_ref.spec_decode.extra_verifiers.TreeVerifier` when greedy, else
     :class:`~dflash_ref.spec_decode.extra_verifiers.SampledTreeVerifier`.
     """
     if isinstance(verify, Verifier):
         return verify
     if verify == "chain":
-        return CHAIN_RULES[sampling.greedy, backend == "numpy"]()
+        lazy = backend == "numpy" and (vocab_size is None or vocab_size >= LAZY_MIN_VOCAB)
+        return CHAIN_RULES[sampling.greedy, lazy]()
     if verify == "tree":
         return TreeVerifier() if sampling.greedy else SampledTreeVerifier()
     raise unknown_verify_mode(verify)

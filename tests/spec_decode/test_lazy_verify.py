@@ -122,6 +122,20 @@ def test_the_default_chain_rule_is_lazy_on_numpy_and_eager_elsewhere():
     assert type(make_verifier("chain", greedy, "cupy")) is ChainVerifier
     assert type(make_verifier("chain", sampled, "cupy")) is RejectionChainVerifier
     assert type(make_verifier("chain", greedy)) is ChainVerifier  # no backend named: eager
+
+
+def test_the_default_chain_rule_is_lazy_only_for_a_large_head():
+    # Catches: the vocabulary threshold inverted or off by one (the demo pair's 259-id head would
+    # run a forward per group for nothing, Gemma 3's 262 144-id head would pay for every row).
+    from dflash_ref.spec_decode.arguments import LAZY_MIN_VOCAB
+
+    greedy = SamplingParams()
+    assert LAZY_MIN_VOCAB == 32768
+    assert type(make_verifier("chain", greedy, "numpy", 259)) is ChainVerifier
+    assert type(make_verifier("chain", greedy, "numpy", 32767)) is ChainVerifier
+    assert type(make_verifier("chain", greedy, "numpy", 32768)) is LazyChainVerifier
+    assert type(make_verifier("chain", greedy, "numpy", 262144)) is LazyChainVerifier
+    assert type(make_verifier("chain", greedy, "cupy", 262144)) is ChainVerifier
     with pytest.raises(ValueError, match="head_groups"):
         LazyChainVerifier(head_groups=(1, 0))
 
