@@ -178,6 +178,8 @@ def _rebound(drafter, target):
     """``drafter`` (a shallow copy) reading ``target``'s embedding, head and features."""
     d = copy.copy(drafter)
     d.target = target
+    d.draft_head = copy.copy(drafter.draft_head)  # a head borrowed from the target follows it
+    d.draft_head.target = target
     return d
 
 
