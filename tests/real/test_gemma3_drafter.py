@@ -83,8 +83,9 @@ def test_the_drafter_loads_unchanged_in_the_release_and_drafts_as_we_do(pair, pr
     torch layers, fed our target's captured features and the embedding rows scaled by the
     config's ``input_embedding_scale``, as its ``dflash_generate`` does, and put through the
     drafter's own head rows, which the release, having no reduced vocabulary, is handed) are ours
-    within 1e-3 of their spread. Without ``input_embedding_scale`` in config.json the release would scale by
-    1.0 (its default) while dflash_ref takes the Gemma target's sqrt(640): the check fails then."""
+    within 1e-3 of their spread. Without ``input_embedding_scale`` in config.json the release
+    would scale by 1.0 (its default) while dflash_ref takes the Gemma target's sqrt(640): the
+    check fails then."""
     torch = pytest.importorskip("torch")
     release = pytest.importorskip("dflash.model")
     target, drafter = pair
