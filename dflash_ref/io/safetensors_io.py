@@ -238,9 +238,11 @@ def open_checkpoint(path: str | Path) -> SafetensorsCheckpoint:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a checkpoint as float32 (reads everything: for small models and tests)."""
+    """Every tensor of a checkpoint, the float ones as float32 and the integer ones (a reduced
+    drafter's ``d2t``) as stored (reads everything: for small models and tests)."""
     ckpt = open_checkpoint(path)
-    return {name: ckpt.load(name) for name in ckpt}
+    return {name: ckpt.load(name) if ckpt.info(name).dtype in FLOAT_DTYPES
+            else ckpt.load_native(name) for name in ckpt}
 
 
 # ---------------------------------------------------------------- file helpers
