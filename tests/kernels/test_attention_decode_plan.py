@@ -42,6 +42,7 @@ from kernels_cupy.attention_decode import (
     decode_shared_bytes,
     plan_decode,
 )
+from tests.kernels.ptxas import ptxas_entries
 
 SM80 = {"shared_limit": 163 * 1024, "shared_per_sm": 164 * 1024}  # A100
 SM86 = {"shared_limit": 99 * 1024, "shared_per_sm": 100 * 1024}  # RTX 30xx / A10
@@ -406,16 +407,7 @@ def test_float32_emulation_within_the_stated_tolerance(rng, Tq, nh, nkv, d, Tk, 
 def test_kernels_fit_two_blocks_per_sm_without_spilling():
     # __launch_bounds__(256, 2) caps the registers at 128 (two blocks of 256 threads per SM, as
     # the plan's shared memory assumes); ptxas must not meet the cap by spilling to local memory.
-    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
-    prog = nvrtc.createProgram(_build.source("attention_decode"), "attention_decode.cu", [], [])
-    try:
-        nvrtc.compileProgram(prog, [*_build.COMPILE_OPTIONS, "--gpu-architecture=sm_90",
-                                    "--ptxas-options=-v"])
-        log = nvrtc.getProgramLog(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    entries = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?"
-                         r"Used (\d+) registers", log, re.S)
+    entries, log = ptxas_entries("attention_decode")
     assert {name for name, _, _ in entries} >= set(KERNELS.values()), log
     for name, spills, regs in entries:
         assert int(spills) == 0 and int(regs) <= 128, (name, spills, regs)

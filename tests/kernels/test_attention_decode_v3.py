@@ -29,6 +29,7 @@ from dflash_ref.ops.masks import MaskSpec, visible
 from dflash_ref.testing import assert_close
 from kernels_cupy import _build
 from kernels_cupy import attention_decode_v3 as d3
+from tests.kernels.ptxas import ptxas_entries
 from tests.kernels.test_attention_decode_plan import MASKS, make_mask
 
 LANES = np.arange(32)
@@ -177,17 +178,7 @@ def test_constants_match_the_cuda_source():
 
 
 def test_kernel_compiles_without_spilling():
-    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
-    prog = nvrtc.createProgram(_build.source("attention_decode_v3"), "attention_decode_v3.cu",
-                               [], [])
-    try:
-        nvrtc.compileProgram(prog, [*_build.COMPILE_OPTIONS, "--gpu-architecture=sm_90",
-                                    "--ptxas-options=-v"])
-        log = nvrtc.getProgramLog(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    entries = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?"
-                         r"Used (\d+) registers", log, re.S)
+    entries, log = ptxas_entries("attention_decode_v3")
     assert [name for name, _, _ in entries] == [d3.KERNEL], log
     assert all(int(spills) == 0 and int(regs) <= 255 for _, spills, regs in entries), entries
 
