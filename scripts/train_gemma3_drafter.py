@@ -320,12 +320,14 @@ def main(argv=None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     k = {n: getattr(args, n) for n in KNOBS}
     torch.set_num_threads(k["threads"])
+    t0 = time.time()
     if args.stage == "train":
         train(k, Path(args.cache), Path(args.out))
     elif args.stage == "check":
         check(k, Path(args.cache), Path(args.out))
     else:
         evaluate(k, Path(args.out))
+    print(f"{args.stage}: {time.time() - t0:.0f} s wall", flush=True)
     return 0
 
 
