@@ -795,7 +795,7 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         'dflash_ref/models/head_rows.py',
         'if not state.runner.lazy_rows or (pager',
         'if (pager',
-        'tests/models/test_graphs.py',
+        'tests/models/test_graphs.py::test_a_graphed_state_runs_the_lazy_verify_whole',
     ),
     (
         'V4 head rows: a later run of rows read from the start of its product',

@@ -288,3 +288,17 @@ def test_generate_with_a_graphed_state_emits_the_eager_tokens(tmp_path):
     plain = generate(target, None, prompt, 30,
                      state=target.new_state(kv_capacity=CAPACITY, graphs=True))
     assert plain.tokens == generate(target, None, prompt, 30).tokens
+
+
+def test_a_graphed_state_runs_the_lazy_verify_whole(tmp_path):
+    # Catches: a state that replays recorded steps handed a lazy verify's groups (then nothing is
+    # recorded or replayed). The tiny target's vocabulary is below LAZY_MIN_VOCAB, so the lazy
+    # rule is named here as a large-vocabulary target gets it by default.
+    from dflash_ref.spec_decode.lazy_verify import LazyChainVerifier
+
+    target, drafter = tiny_pair(tmp_path)
+    prompt = np.arange(3, 20)
+    state = target.new_state(kv_capacity=CAPACITY, graphs=True)
+    spec = generate(target, drafter, prompt, 40, state=state, verify=LazyChainVerifier())
+    assert spec.tokens == generate(target, drafter, prompt, 40).tokens
+    assert state.runner.captured == [drafter.block_size]  # the whole block, recorded once
