@@ -17,8 +17,9 @@
 # DFLASH_LLAMACPP_GEMMA3_HOOK=1 builds, into a folder of its own (default ...-gemma3hook), the
 # same pin with one line added to src/models/gemma3.cpp, `res->t_layer_inp[il] = inpL;` at the
 # top of its layer loop (as src/models/qwen3.cpp has it): without it a DFlash drafter cannot run
-# on a Gemma 3 target (docs/training.md, "llama.cpp"). Only llama-speculative-simple and
-# llama-batched are built there (the Gemma 3 drafter's comparison); the pinned cache is untouched.
+# on a Gemma 3 target (docs/training.md, "llama.cpp"). The llamacpp tests' three tools and
+# llama-batched are built there (DFLASH_LLAMACPP_DIR=that folder runs the tests on it, and
+# scripts/gemma3_drafter_llamacpp.py --bin its bin/); the pinned cache is untouched.
 #
 # A cold build took about 60 minutes on a 2-core machine shared with other jobs (the time of the
 # run that made the cache is written into STAMP); a warm run returns at once.
@@ -46,7 +47,7 @@ SUFFIX=""
 if [[ "$HOOK" == 1 ]]; then
   SUFFIX="-gemma3hook"
   DEST="${DFLASH_LLAMACPP_DIR:-$HOME/.cache/dflash-ref/llamacpp-${PIN%%.*}${SUFFIX}}"
-  TARGETS=(llama-speculative-simple llama-batched)
+  TARGETS=(llama-speculative-simple llama-eval-callback llama-simple llama-batched)
 fi
 CMAKE_OPTS=(
   -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF

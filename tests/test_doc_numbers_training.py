@@ -32,7 +32,7 @@ def _section(path: Path, start: str, end: str | None) -> str:
 TRAINING = _section(ROOT / "docs" / "training.md", "# A drafter for Gemma 3 270M", None)
 README = _section(ROOT / "README.md", "A DFlash drafter for this model ships", "From Python")
 INTEROP = _section(ROOT / "docs" / "interop.md", "## What agrees", "### DFlash on the shipped pair")
-EVAL, TRAIN = _log("eval_log.json"), _log("train_log.json")
+EVAL, TRAIN, LLAMA = _log("eval_log.json"), _log("train_log.json"), _log("llamacpp_log.json")
 
 
 def f2(x: float) -> str:
@@ -128,6 +128,26 @@ def claims() -> list[tuple[str, str, str]]:
         ("readme_data", "r", f"It saw {TRAIN['positions']:,} positions in "
                              f"{TRAIN['blocks_seen'] // 1000} k training blocks"),
         ("readme_reaches", "r", f"it reaches {f2(ind['tau'])}"),
+    ]
+    ll, lp = LLAMA, LLAMA["per_prompt"]
+    taus = [r["tau"] for r in lp]
+    out += [
+        ("llamacpp_plain", "t", f"| llama.cpp plain | {ll['plain_tokens']} | "
+                                f"{ll['plain_s']:.1f} s | {ll['plain_tok_s']:.1f} |"),
+        ("llamacpp_dflash", "t", f"| llama.cpp DFlash | {ll['spec_tokens']} | "
+                                 f"{ll['spec_s']:.1f} s | {ll['spec_tok_s']:.1f} | "
+                                 f"{f2(ll['tau'])} ({f2(min(taus))}-{f2(max(taus))}) | "
+                                 f"{100 * ll['acceptance']:.1f}% |"),
+        ("llamacpp_speedup", "t", f"| speedup | | | **{f2(ll['speedup'])}x** |"),
+        ("llamacpp_same_text", "t", f"agree on {sum(r['same_text'] for r in lp)} of the "
+                                    f"{ll['prompts']} prompts"),
+        ("llamacpp_vs_ours", "t", f"{f2(ll['speedup'])}x against {f2(ind['speedup'])}x): its "
+                                  f"plain decoding runs at {ll['plain_tok_s']:.1f} tokens/s"),
+        ("interop_llamacpp", "i", f"it runs, tau {f2(ll['tau'])}"),
+        ("readme_llamacpp", "r", f"tau {f2(ll['tau'])}, {ll['spec_tok_s']:.1f} tokens/s "
+                                 f"against {ll['plain_tok_s']:.1f} for llama.cpp's plain "
+                                 f"decoding, {f2(ll['speedup'])}x, on {ll['prompts']} held-out "
+                                 f"prompts"),
     ]
     return out
 
