@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -91,10 +90,12 @@ def prefill(tm, ids: np.ndarray):
 
 
 def write_whole(path: Path, **arrays) -> None:
-    """``np.savez`` to a temporary name in the same folder, then renamed onto ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    """``np.savez`` of ``arrays`` published whole at ``path`` (the project's write rule,
+    dflash_ref/io/writing.py: a temporary file beside it, then moved into place)."""
+    from dflash_ref.io.writing import new_file
+
+    with new_file(path, "--cache") as tmp:  # tmp ends in .npz: savez adds no suffix
+        np.savez(tmp, **arrays)
 
 
 def make_data(k: dict, cache: Path) -> dict:
@@ -115,7 +116,10 @@ def make_data(k: dict, cache: Path) -> dict:
     deadline, t1 = time.time() + 60 * k["minutes"], time.time()
     with threadpool_limits(k["threads"]):
         if not (cache / "bos_features.npy").exists():  # position 0 is the same in every window
-            np.save(cache / "bos_features.npy", prefill(tm, np.array([BOS]))[1][0])
+            from dflash_ref.io.writing import new_file
+
+            with new_file(cache / "bos_features.npy", "--cache") as tmp:
+                np.save(tmp, prefill(tm, np.array([BOS]))[1][0])
         while chunk < n_chunks and time.time() < deadline:
             part = wins[chunk * k["chunk"]: (chunk + 1) * k["chunk"]]
             ids = np.stack([w for _, w in part])
