@@ -93,7 +93,7 @@ def _decoded(err: str) -> tuple[int, float]:
 def speculative(bin_dir: Path, target: Path, drafter: Path, text: str, n_new: int) -> dict:
     p = _run([str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(drafter),
               "--spec-type", "draft-dflash", "--spec-draft-n-max", "7", "-n", str(n_new),
-              "--temp", "0", "-t", "1", "-p", text], until="n_accept")
+              "--temp", "0", "-t", "1", "-v", "-p", text], until="n_accept")
     if p.returncode != 0:
         line = next((x for x in p.err.splitlines() if "GGML_ASSERT" in x), p.err[-300:])
         return {"error": line.strip(), "returncode": p.returncode}
@@ -101,8 +101,39 @@ def speculative(bin_dir: Path, target: Path, drafter: Path, text: str, n_new: in
     get = {k: int(re.search(rf"{k}\s*=\s*(\d+)", p.err).group(1))
            for k in ("n_predict", "n_drafted", "n_accept")}
     steps = get["n_predict"] - get["n_accept"]  # each verify step commits accepted + 1
+    per_step = [(int(a), int(d)) for a, d in
+                re.findall(r"accepted (\d+)/(\d+) draft tokens", p.err)]  # -v lines
     return {"tokens": n, "s": s, **get, "tau": round(get["n_predict"] / max(steps, 1), 3),
-            "text": p.out.split(text, 1)[-1]}
+            "text": p.out.split(text, 1)[-1], "steps": per_step}
+
+
+def full_steps(steps: list[tuple[int, int]], n_draft: int = 7) -> list[int]:
+    """Accepted drafts of llama.cpp's steps before its first shorter draft (near the end it
+    drafts at most ``n_predict - n_done - 1`` tokens, and the step positions shift)."""
+    out = []
+    for a, d in steps:
+        if d != n_draft:
+            break
+        out.append(a)
+    return out
+
+
+def same_way(tm, dm, tok, ids, spec: dict, n_new: int) -> dict:
+    """dflash-ref on the same prompt: its plain greedy tokens against llama.cpp's speculative
+    text, the target's smallest top-2 gap along that path (a near tie is where the two stacks'
+    float results may part), and the accepted drafts per step of dflash-ref driven in llama.cpp's
+    order (``llamacpp_loop``) against llama.cpp's own, over llama.cpp's full-block steps."""
+    from dflash_ref.oracle.llamacpp_loop import greedy_gaps, llamacpp_loop
+    from dflash_ref.spec_decode.loop import generate
+
+    plain = generate(tm, None, ids, n_new).tokens
+    gaps = greedy_gaps(tm, ids, plain)
+    theirs = full_steps(spec["steps"])
+    _, ours = llamacpp_loop(tm, dm, ids, n_new + 8)
+    return {"min_gap": round(float(gaps.min()), 4),
+            "same_tokens": spec["text"].startswith(tok.decode(plain)),
+            "same_accepted": bool(theirs) and ours[:len(theirs)] == theirs,
+            "accepted_llamacpp": theirs, "accepted_dflash_ref": ours[:len(theirs)]}
 
 
 def plain(bin_dir: Path, target: Path, text: str, n_prompt: int, n_new: int) -> dict:
@@ -121,6 +152,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--log", type=Path, default=None, help="write the results here (JSON)")
+    ap.add_argument("--same-way", action="store_true",
+                    help="also run dflash-ref on each prompt: tokens and accepted drafts per "
+                         "step against llama.cpp's")
     args = ap.parse_args(argv)
     import gemma3_corpus
 
@@ -128,7 +162,13 @@ def main(argv=None) -> int:
     tok = gemma3_corpus.dflash_tokenizer()
     work = Path(tempfile.mkdtemp(prefix="gemma3_llamacpp_"))
     drafter = drafter_gguf(work / "drafter.gguf", target)
-    rows = []
+    rows, models = [], None
+    if args.same_way:
+        from dflash_ref.models.drafter import DFlashDrafter
+        from dflash_ref.models.target import TargetModel
+
+        tm = TargetModel.from_gguf(target)
+        models = (tm, DFlashDrafter.from_pretrained(DRAFTER, tm))
     for i, ids in enumerate(gemma3_corpus.held_out_prompts(args.prompts)):
         text = tok.decode(ids[1:])
         same_ids = tok.encode(text) == ids  # llama.cpp adds <bos> as dflash-ref's encode does
@@ -143,6 +183,8 @@ def main(argv=None) -> int:
                "plain_s": base["s"], "spec_tokens": spec["tokens"], "spec_s": spec["s"],
                "tau": spec["tau"], "n_drafted": spec["n_drafted"], "n_accept": spec["n_accept"],
                "same_text": spec["text"][:40] == base["text"][:40]}
+        if models:
+            row.update(same_way(*models, tok, ids, spec, args.new_tokens))
         rows.append(row)
         print(json.dumps(row), flush=True)
     tot = {k: round(sum(r[k] for r in rows), 3)
@@ -156,6 +198,14 @@ def main(argv=None) -> int:
                "acceptance": round(sum(r["n_accept"] for r in rows)
                                    / max(sum(r["n_drafted"] for r in rows), 1), 3),
                "date": time.strftime("%Y-%m-%d"), "per_prompt": rows}
+    if models:  # the prompts without a near tie on the target's path (gap >= 0.1)
+        clear = [r for r in rows if r["min_gap"] >= 0.1]
+        summary["same_way"] = {
+            "prompts_gap_ge_0.1": len(clear),
+            "same_tokens": sum(r["same_tokens"] for r in clear),
+            "same_accepted": sum(r["same_accepted"] for r in clear),
+            "same_tokens_all_prompts": sum(r["same_tokens"] for r in rows),
+            "same_accepted_all_prompts": sum(r["same_accepted"] for r in rows)}
     print(json.dumps({k: v for k, v in summary.items() if k != "per_prompt"}))
     if args.log:
         args.log.write_text(json.dumps(summary, indent=1) + "\n")

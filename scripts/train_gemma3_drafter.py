@@ -46,7 +46,7 @@ DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
                intermediate_size=2048, rope_theta=1000000.0, rms_norm_eps=1e-6, block_size=8,
                target_layer_ids=[1, 8, 15])
 KNOBS = dict(seed=31, threads=2, steps=4000, train_minutes=40.0, batch=8, anchors=16,
-             lr=1.5e-3, gamma=4.0, draft_vocab=2816, eval_prompts=16, eval_ood=8,
+             lr=1.5e-3, gamma=4.0, draft_vocab=2816, init="", bf16=1, eval_prompts=16, eval_ood=8,
              eval_new_tokens=48)
 
 # ---------------------------------------------------------------------------------- 2. train
@@ -114,7 +114,8 @@ def train(k: dict, cache: Path, out: Path) -> None:
     N, W = ids.shape
     B = DRAFTER["block_size"]
     n_val = max(16, N // 20)  # the last windows are held back for a validation tau
-    vocab = draft_vocabulary(preds[: N - n_val, :], k["draft_vocab"])
+    start = warm_start(Path(k["init"])) if k["init"] else None
+    vocab = start["vocab"] if start else draft_vocabulary(preds[: N - n_val, :], k["draft_vocab"])
     remap = np.full(VOCAB, -1, np.int64)
     remap[vocab] = np.arange(vocab.size)
     local = remap[preds]  # the labels as draft rows, -1 outside the draft vocabulary
@@ -123,11 +124,15 @@ def train(k: dict, cache: Path, out: Path) -> None:
     embed = torch.from_numpy(np.asarray(tm.embed_tokens, np.float32))
     emb = embed * tm.config.embedding_scale  # the block's inputs: any target id
     head = torch.nn.Parameter(embed[torch.from_numpy(vocab)].clone())  # the draft head, trained
+    if start:
+        head.data.copy_(start["head"])
     feats_t = torch.from_numpy(feats)
     print(f"{N} windows x {W} ids ({N * W} positions); draft vocabulary {vocab.size} ids "
           f"covering {covered:.1%} of the target's predictions; loaded in "
           f"{time.time() - t0:.0f} s", flush=True)
     drafter = GemmaDrafter(DRAFTER, H, len(DRAFTER["target_layer_ids"]))
+    if start:
+        drafter.load_state_dict(start["drafter"])
     opt = torch.optim.AdamW([*drafter.parameters(), head], lr=k["lr"], betas=(0.9, 0.95),
                             weight_decay=0.01)
     bsz, K, steps, budget = k["batch"], k["anchors"], k["steps"], 60 * k["train_minutes"]
@@ -162,8 +167,11 @@ def train(k: dict, cache: Path, out: Path) -> None:
         for g in opt.param_groups:
             g["lr"] = cosine_lr(round(progress * 10_000), 10_000, k["lr"], warmup=100 * 10_000
                                 // steps)
-        logits = drafter(f, block, s_t, emb, head)[:, :, 1:]
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+        # bf16=1: the matmuls in bfloat16 (autocast; about 3x on a CPU with AVX512-BF16), the
+        # weights and their updates in float32
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(k["bf16"])):
+            logits = drafter(f, block, s_t, emb, head)[:, :, 1:]
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                              reduction="none").view(labels.shape)
         loss = (ce * weights).sum() / weights.sum()
         opt.zero_grad(set_to_none=True)
@@ -189,8 +197,25 @@ def train(k: dict, cache: Path, out: Path) -> None:
            "curve": curve, "train_s": round(time.time() - t1, 1),
            "torch_vs_dflash_ref_max_rel_diff": diff,
            "data": [json.loads(f.read_text()) for f in sorted(cache.glob("data_log*.json"))]}
+    if start:  # the run it continued, so that the blocks it saw add up
+        log["warm_start"] = start["log"]
+        log["blocks_seen_in_all"] = log["blocks_seen"] + start["log"].get(
+            "blocks_seen_in_all", start["log"]["blocks_seen"])
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wrote {out}; training {time.time() - t1:.0f} s", flush=True)
+
+
+def warm_start(src: Path) -> dict:
+    """A saved drafter directory to continue from: its weights, its head rows and their target
+    ids (``d2t``), and its train_log.json (without the data logs, which the new log repeats)."""
+    from safetensors.torch import load_file
+
+    w = {n: t.float() for n, t in load_file(str(src / "model.safetensors")).items()}
+    d2t = w.pop("d2t").long().numpy()
+    log = json.loads((src / "train_log.json").read_text())
+    log.pop("data", None)
+    return {"vocab": np.arange(d2t.size) + d2t, "head": w.pop("lm_head.weight"), "drafter": w,
+            "log": log}
 
 
 def check(k: dict, cache: Path, out: Path) -> float:

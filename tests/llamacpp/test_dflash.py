@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dflash_ref.demo_text import decode_bytes, demo_held_out_prompts
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
+from dflash_ref.oracle.llamacpp_loop import llamacpp_loop
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.observe import Observer
 from tests.llamacpp.harness import spec_counts, spec_steps
@@ -49,29 +49,6 @@ def run_llamacpp_dflash(llamacpp, ids, n_new=N_NEW, n_draft=N_DRAFT, spec_type="
     assert text.startswith(bytes(ids)), text[:80]
     return list(text[len(ids):].rstrip(b"\n")), spec_steps(p.stderr_text), spec_counts(
         p.stderr_text)
-
-
-def llamacpp_loop(target, drafter, ids, n_new=N_NEW, n_draft=N_DRAFT):
-    """dflash-ref's target and drafter driven the way llama-speculative-simple drives its
-    models, recomputed from scratch every step: it prefills the prompt *without* its last token
-    and drafts the first block from that token (dflash-ref's ``generate`` prefills the whole
-    prompt and drafts from the first generated token, so its steps are one token later).
-    Returns (generated tokens, accepted drafts per step)."""
-    seq, steps = [int(t) for t in ids], []
-    while len(seq) - len(ids) < n_new:
-        n = len(seq) - 1  # the anchor seq[-1] sits at position n
-        feats = np.asarray(target.forward(np.asarray(seq[:-1]), target.new_state()).features)
-        logits, hidden = drafter.forward_block(feats, np.arange(n), seq[-1], n,
-                                               n_rows=n_draft + 1, with_hidden=True)
-        draft = [int(t) for t in drafter.propose(hidden, logits, seq[-1]).tokens[:n_draft]]
-        out = target.forward(np.asarray(seq + draft), target.new_state())
-        preds = np.argmax(np.asarray(out.logits)[n:n + n_draft + 1], axis=1)
-        a = 0
-        while a < len(draft) and draft[a] == int(preds[a]):
-            a += 1
-        steps.append(a)
-        seq += draft[:a] + [int(preds[a])]
-    return seq[len(ids):], steps
 
 
 def _before_first_short(steps):

@@ -1,0 +1,30 @@
+"""``greedy_gaps``: the top-1 minus top-2 logit of each row that chose a continuation token
+(dflash_ref/oracle/llamacpp_loop.py). ``llamacpp_loop`` itself is checked against llama.cpp's
+own per-step counts (tests/llamacpp/test_dflash.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from dflash_ref.oracle.llamacpp_loop import greedy_gaps
+
+
+class _Rows:
+    """A stand-in target whose logits row i is a fixed vector: [5, 3, 0] shifted by i, and a
+    tie at row 2."""
+
+    def new_state(self):
+        return None
+
+    def forward(self, seq, state):
+        rows = np.array([[5.0, 3.0, 0.0], [0.0, 1.0, 4.5], [2.0, 2.0, -1.0], [0.0, 0.0, 9.0]])
+        return SimpleNamespace(logits=rows[: len(seq)].astype(np.float32))
+
+
+def test_gaps_are_read_from_the_rows_that_chose_the_tokens():
+    # prompt of 2 ids, 2 generated: rows 1 and 2 chose them (gaps 3.5 and 0, the tie); an
+    # off-by-one that read rows 2 and 3 would give 0 and 9, the top-1 alone 4.5 and 2
+    gaps = greedy_gaps(_Rows(), [7, 8], [2, 0])
+    np.testing.assert_array_equal(gaps, [3.5, 0.0])
