@@ -131,7 +131,9 @@ def same_way(tm, dm, tok, ids, spec: dict, n_new: int) -> dict:
     theirs = full_steps(spec["steps"])
     _, ours = llamacpp_loop(tm, dm, ids, n_new + 8)
     return {"min_gap": round(float(gaps.min()), 4),
-            "same_tokens": spec["text"].startswith(tok.decode(plain)),
+            # decoded after the prompt: a continuation decoded alone loses its leading space
+            "same_tokens": spec["text"].startswith(
+                tok.decode([*ids[1:], *plain])[len(tok.decode(ids[1:])):]),
             "same_accepted": bool(theirs) and ours[:len(theirs)] == theirs,
             "accepted_llamacpp": theirs, "accepted_dflash_ref": ours[:len(theirs)]}
 

@@ -45,8 +45,8 @@ H, N_TARGET_LAYERS, VOCAB = 640, 18, 262144
 DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                intermediate_size=2048, rope_theta=1000000.0, rms_norm_eps=1e-6, block_size=8,
                target_layer_ids=[1, 8, 15])
-KNOBS = dict(seed=31, threads=2, steps=4000, train_minutes=40.0, batch=8, anchors=16,
-             lr=1.5e-3, gamma=4.0, draft_vocab=2816, init="", bf16=1, eval_prompts=16, eval_ood=8,
+KNOBS = dict(seed=31, threads=2, steps=100_000, train_minutes=75.0, batch=4, anchors=64,
+             lr=1e-3, gamma=4.0, draft_vocab=2816, init="", bf16=1, eval_prompts=16, eval_ood=8,
              eval_new_tokens=48)
 
 # ---------------------------------------------------------------------------------- 2. train
