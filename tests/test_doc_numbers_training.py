@@ -195,3 +195,21 @@ def test_the_real_test_pins_the_logged_tau():
     p = EVAL["in_domain"]["per_prompt"]
     assert tau == round(sum(p["tau"][:n]) / n, 2)
     assert zeroed == round(sum(p["tau_features_zeroed"][:n]) / n, 2)
+
+
+def test_the_verify_cost_numbers_are_the_logs():
+    """The verify_cost run docs/training.md quotes (docs/data/verify_cost_gemma3_tau153.json)."""
+    log = json.loads((ROOT / "docs" / "data" / "verify_cost_gemma3_tau153.json").read_text())
+
+    def step(form):
+        return sum(log[form]["ms_per_step"].values())
+
+    text = (f"load average {log['load_average_start']:.1f}; tau {f2(log['eager']['tau'])}; "
+            f"`docs/data/verify_cost_gemma3_tau153.json`): the default lazy grouping "
+            f"(`1,1+layers`) {step('lazy 1,1+layers'):.1f} ms a step, the eager verify "
+            f"{step('eager'):.1f} ms; the target's layers "
+            f"{log['eager']['ms_per_step']['verify layers']:.1f} ms a step on the block's 8 rows "
+            f"at once, {log['lazy 1,1+layers']['ms_per_step']['verify layers']:.1f} ms group by "
+            f"group; its head {log['head_ms_by_rows'][0]:.1f} ms for one row, "
+            f"{log['head_ms_by_rows'][7]:.1f} ms for 8.")
+    assert text in TRAINING, text
