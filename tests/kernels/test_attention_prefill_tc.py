@@ -50,12 +50,12 @@ def _src() -> str:
     return (_build.CUDA_DIR / "attention_prefill_tc.cu").read_text()
 
 
-def tc_split(x):
+def tc_split(x, guard=True):
     """tf32_mma.cuh's tc_split: (hi, lo, hc) as float32 arrays (lo = hc = 0 where hi is not
-    finite)."""
+    finite; ``guard=False``: the plain split, lo = tf32(x - hi), hc = hi, a test's bug)."""
     x = np.asarray(x, f32)
     hi = round_tf32(x)
-    fin = np.abs(hi) < np.inf
+    fin = np.abs(hi) < np.inf if guard else np.ones(x.shape, bool)
     with np.errstate(invalid="ignore"):
         lo = np.where(fin, round_tf32(np.where(fin, x - hi, f32(0))), f32(0)).astype(f32)
     return hi, lo, np.where(fin, hi, f32(0)).astype(f32)
@@ -75,9 +75,9 @@ def mma3(hi, lo, a, b, order, rng, mmas=ALL_MMAS):
     return hi, lo
 
 
-def _split_regs(regs, rc, shape):
+def _split_regs(regs, rc, shape, guard=True):
     """Registers [..., 32, r] -> (hi, lo, hc) matrices [..., *shape] (the ISA's table rc)."""
-    return tuple(_gather(x, rc, shape) for x in tc_split(regs))
+    return tuple(_gather(x, rc, shape) for x in tc_split(regs, guard))
 
 
 def _fmaf(a, b, c):
@@ -85,11 +85,13 @@ def _fmaf(a, b, c):
 
 
 def emulate_prefill_tc(q, k, v, spec, scale, softcap, plan, order="sequential", seed=0,
-                       mmas=ALL_MMAS):
+                       mmas=ALL_MMAS, guard=True, check_v=True):
     """attention_prefill_tc_f32 in NumPy, block by block, the warps and lanes vectorised.
 
-    Returns (out [Tq, nh, d] float32, NaN where never written; stats: computed steps, warp
-    steps on the CUDA-core fallback)."""
+    ``mmas``, ``guard`` (tc_split's non-finite guard) and ``check_v`` (the masked keys' V
+    check before the MMA) exist so that tests can show what each part prevents. Returns
+    (out [Tq, nh, d] float32, NaN where never written; stats: computed steps, warp steps on the
+    CUDA-core fallback)."""
     rng = np.random.default_rng(seed)
     q, k, v = (np.asarray(a, f32) for a in (q, k, v))
     Tq, nh, d = q.shape
@@ -163,8 +165,8 @@ def emulate_prefill_tc(q, k, v, spec, scale, softcap, plan, order="sequential", 
                                        sQ[r0 + 8, c + 4]], -1)  # [W, 32, 4]
                     kr = 8 * np.arange(4)[:, None] + G[None]  # [4 nt, 32]: key 8 nt + g
                     b_regs = np.stack([Ks[kr, c], Ks[kr, c + 4]], -1)  # [4, 32, 2]
-                    A = _split_regs(a_regs, A_RC, (16, 8))  # [W, 16, 8] each
-                    B = _split_regs(b_regs, B_RC, (8, 8))  # [4, 8, 8]
+                    A = _split_regs(a_regs, A_RC, (16, 8), guard)  # [W, 16, 8] each
+                    B = _split_regs(b_regs, B_RC, (8, 8), guard)  # [4, 8, 8]
                     sh, sl = mma3(sh, sl, tuple(x[:, None] for x in A), B, order, rng, mmas)
                 S = sh + sl  # [W, 4 nt, 16, 8]
                 regs = np.moveaxis(S[..., C_RC[0], C_RC[1]], 1, 2)  # [W, 32, 4 nt, 4 i]
@@ -217,7 +219,7 @@ def emulate_prefill_tc(q, k, v, spec, scale, softcap, plan, order="sequential", 
                                 if bits & (0x11111111 << tt):
                                     kmask |= 1 << (8 * nt + 2 * tt + cc)
                     keys = [j for j in range(BK) if kmask >> j & 1]
-                    bad[w] = bool(keys) and not np.isfinite(Vs[keys, :d]).all()
+                    bad[w] = check_v and bool(keys) and not np.isfinite(Vs[keys, :d]).all()
                 stats["fallback"] += int(bad.sum())
                 # 4. T = P V (A from the p tile, B = V by the kernel's loads), O update
                 T = np.zeros((W, 32, dt, 4), f32)
@@ -226,14 +228,14 @@ def emulate_prefill_tc(q, k, v, spec, scale, softcap, plan, order="sequential", 
                     col = 8 * ks + TG
                     regs_p = np.stack([sP[:, G, col], sP[:, G + 8, col], sP[:, G, col + 4],
                                        sP[:, G + 8, col + 4]], -1)  # [W, 32, 4]
-                    pa.append(_split_regs(regs_p, A_RC, (16, 8)))
+                    pa.append(_split_regs(regs_p, A_RC, (16, 8), guard))
                 for nt in range(dt):
                     th = np.zeros((W, 16, 8), f32)
                     tl = np.zeros((W, 16, 8), f32)
                     for ks in range(4):
                         vr = (8 * ks + TG, 8 * nt + G)  # [32] each: V[key][column]
                         b_regs = np.stack([Vs[vr[0], vr[1]], Vs[vr[0] + 4, vr[1]]], -1)
-                        th, tl = mma3(th, tl, pa[ks], _split_regs(b_regs, B_RC, (8, 8)),
+                        th, tl = mma3(th, tl, pa[ks], _split_regs(b_regs, B_RC, (8, 8), guard),
                                       order, rng, mmas)
                     with np.errstate(invalid="ignore", over="ignore"):
                         T[:, :, nt] = (th + tl)[:, C_RC[0], C_RC[1]]
