@@ -31,7 +31,8 @@ FAMILY_HEADERS: dict[str, tuple[str, ...]] = {"gdn": ("gdn_step.cuh",),
                                               "attention_decode_v3": ("attention_mask.cuh",),
                                               "attention_prefill": ("attention_mask.cuh",),
                                               "attention_prefill_tc": ("attention_mask.cuh",
-                                                                       "tf32_mma.cuh")}
+                                                                       "tf32_mma.cuh"),
+                                              "gdn_chunk_tc": ("tf32_mma.cuh",)}
 
 # Deliberately no --use_fast_math: the twins must track the float32 reference to a few ulp
 # (precise expf/logf/sincosf/division). -ftz=true flushes subnormals, as CuPy kernels usually
