@@ -22,13 +22,17 @@ from pathlib import Path
 CUDA_DIR = Path(__file__).parent / "cuda"
 COMMON_HEADER = CUDA_DIR / "common.cuh"
 # Headers shared by some families only: the GDN token step of the chain and tree recurrences;
-# the MaskSpec predicate of the attention kernels that evaluate masks inline.
+# the MaskSpec predicate of the attention kernels that evaluate masks inline; the 3xTF32 split
+# and MMA of the tensor-core kernels that keep the non-finite rule.
 FAMILY_HEADERS: dict[str, tuple[str, ...]] = {"gdn": ("gdn_step.cuh",),
                                               "gdn_tree": ("gdn_step.cuh",),
                                               "attention": ("attention_mask.cuh",),
                                               "attention_decode": ("attention_mask.cuh",),
                                               "attention_decode_v3": ("attention_mask.cuh",),
-                                              "attention_prefill": ("attention_mask.cuh",)}
+                                              "attention_prefill": ("attention_mask.cuh",),
+                                              "attention_prefill_tc": ("attention_mask.cuh",
+                                                                       "tf32_mma.cuh"),
+                                              "gdn_chunk_tc": ("tf32_mma.cuh",)}
 
 # Deliberately no --use_fast_math: the twins must track the float32 reference to a few ulp
 # (precise expf/logf/sincosf/division). -ftz=true flushes subnormals, as CuPy kernels usually

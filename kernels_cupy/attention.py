@@ -30,12 +30,14 @@ import cupy as cp
 
 from dflash_ref.ops.attention import check_attention_args
 from dflash_ref.ops.masks import WINDOW_MODES, MaskSpec
-from kernels_cupy import attention_prefill
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32
 from kernels_cupy.attention_decode import COMBINE_THREADS, DEC_WARPS, plan_decode
 from kernels_cupy.attention_decode_v3 import plan_decode_v3
 from kernels_cupy.attention_prefill import PF_WARPS, choose_kernel, plan_prefill, plan_prefill_v2
+from kernels_cupy.attention_prefill_tc import FAMILY as TC_FAMILY
+from kernels_cupy.attention_prefill_tc import plan_prefill_tc, prefill_kernel
+from kernels_cupy.linear import has_tensor_cores
 
 # Must match attention.cu.
 WARPS = 4  # ATT_WARPS: threads per block = 128
@@ -54,7 +56,8 @@ COMBINE_BLOCK = 128
 BLOCKS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 128
-KERNEL_CHOICES = ("auto", "decode", "decode_v2", "decode_v3", "prefill", "prefill_v2")
+KERNEL_CHOICES = ("auto", "decode", "decode_v2", "decode_v3", "prefill", "prefill_v2",
+                  "prefill_tc")
 
 
 def plan_launch(Tq: int, nh: int, nkv: int, d: int, Tk: int, sm_count: int,
@@ -182,12 +185,15 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
     "decode_v3" (``attention_decode_v3_f32``; a ValueError for the shapes it does not take:
     more than 4 rows per kv head, d % 4, d > 128, misaligned views),
     "decode_v2" (``attention_decode_*``; a ValueError where its plan does not fit the device),
-    "decode" (v1, ``attention_fwd_*``), "prefill" (``attention_prefill_*``) or "prefill_v2"
+    "decode" (v1, ``attention_fwd_*``), "prefill" (``attention_prefill_*``), "prefill_v2"
     (``attention_prefill_v2_f32``; a ValueError where it does not fit: d % 4, d > 128,
-    misaligned views); the others take any shape. "auto" runs v3 for the decode shapes it takes,
-    v2 for the other decode shapes, v1 only where v2's plan does not fit, and prefill v2 for
-    the prefill shapes where it fits (unless ``attention_prefill.PREFILL_V2`` is off). Same
-    result either way, to float32 rounding; tests run the kernels on the same inputs."""
+    misaligned views) or "prefill_tc" (``attention_prefill_tc_f32``, 3xTF32 tensor cores,
+    sm_80+; the same ValueError); the others take any shape. "auto" runs v3 for the decode
+    shapes it takes, v2 for the other decode shapes, v1 only where v2's plan does not fit, and
+    for the prefill shapes the kernel ``attention_prefill_tc.prefill_kernel`` names (tensor
+    cores on sm_80+, else prefill v2, else v1; its flags ``PREFILL_TC``, ``PREFILL_V2``). Same
+    result either way, to float32 rounding (the tensor-core kernel: within its derived bound);
+    tests run the kernels on the same inputs."""
     if kernel not in KERNEL_CHOICES:
         raise ValueError(f"attention_using: kernel must be one of {KERNEL_CHOICES}, got "
                          f"{kernel!r}")
@@ -206,12 +212,20 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
     if kernel == "auto":
         kernel = choose_kernel(Tq, nh, nkv, d, Tk, _sm_count(dev), _shared_limit(dev), vec4)
         kernel = "decode_auto" if kernel == "decode" else kernel  # v2, v1 as its fallback
-        if (kernel == "prefill" and attention_prefill.PREFILL_V2
-                and attention_prefill.v2_fits(d, vec4)):
-            kernel = "prefill_v2"
+        if kernel == "prefill":  # tensor cores on sm_80+, else v2, else v1
+            kernel = prefill_kernel(d, vec4, has_tensor_cores(dev))
     out = cp.empty((Tq, nh, d), cp.float32)
     margs = _mask_args(mask, Tq, Tk)
     softcap = fp32(0.0 if softcap is None else softcap)
+    if kernel == "prefill_tc":
+        plan = plan_prefill_tc(Tq, nh, nkv, d, _optin(dev), _shared_per_sm(dev), vec4)
+        _kernel(plan["kernel"], plan["shared_mem"], dev, TC_FAMILY)(
+            plan["grid"], plan["block"],
+            (q, k, v, *margs[:3], out, i32(Tq), i32(Tk), i32(nh), i32(nkv), i32(d), fp32(scale),
+             softcap, *margs[3:], i32(plan["stages"]), i32(plan["ldk"]), i32(plan["ldv"])),
+            shared_mem=plan["shared_mem"],
+        )
+        return out
     if kernel == "prefill_v2":
         plan = plan_prefill_v2(Tq, nh, nkv, d, _optin(dev), _shared_per_sm(dev), vec4)
         _kernel(plan["kernel"], plan["shared_mem"], dev, "attention_prefill")(

@@ -8,8 +8,10 @@
   masked scores, (I + A)^-1 by a blocked inverse, W, U and the state pass's operands, from the
   raw inputs: :func:`plan_chunk_prep`), the sequential inter-chunk state pass (one block per
   (value head, 16 value columns), the state in registers, the next chunk's operands loaded by
-  cp.async while the current one computes: :func:`plan_state_pass`), and the output, written
-  into ``o`` in place.
+  cp.async while the current one computes: on sm_80+ its two products on tensor cores in
+  3xTF32 (cuda/gdn_chunk_tc.cu, :mod:`kernels_cupy.gdn_state_tc`), else on float32 CUDA cores
+  (:func:`plan_state_pass`); :func:`plan_state` chooses), and the output, written into ``o``
+  in place.
 - :func:`causal_conv1d`: two grid-stride kernels (outputs, rolled state).
 """
 
@@ -24,6 +26,8 @@ from dflash_ref.ops.gdn import (
 )
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32, launch_elementwise
+from kernels_cupy.gdn_state_tc import plan_state_tc
+from kernels_cupy.linear import has_tensor_cores
 
 REC_COLS, REC_WARPS = 32, 8  # GDN_REC_COLS, GDN_REC_WARPS: block of gdn_recurrent_f32
 MAX_K_RECURRENT = 256  # GDN_REC_WARPS x GDN_REC_MAX_ROWS (gdn.cu)
@@ -130,6 +134,23 @@ def plan_state_pass(HV: int, K: int, V: int, C: int, shared_limit: int) -> dict:
             "nbuf": nbuf, "shared_mem": shared}
 
 
+def plan_state(HV: int, K: int, V: int, C: int, shared_limit: int,
+               tensor_cores: bool = False) -> dict:
+    """The state pass's launch, family and kernel named: on sm_80+ (``tensor_cores``, while
+    ``gdn_state_tc.STATE_TC`` is on, read at call time) the tensor-core kernel's plan
+    (:func:`kernels_cupy.gdn_state_tc.plan_state_tc`) where it fits ``shared_limit``, else the
+    float32 twin's (:func:`plan_state_pass`). Pure: tested on CPU."""
+    from kernels_cupy import gdn_state_tc
+
+    if tensor_cores and gdn_state_tc.STATE_TC:
+        try:
+            return plan_state_tc(HV, K, V, C, shared_limit)
+        except ValueError:  # its tiles do not fit this device (K = 256, C = 64 on an sm_80)
+            pass
+    return {"family": "gdn_chunk", "kernel": "gdn_chunk_state_f32",
+            **plan_state_pass(HV, K, V, C, shared_limit)}
+
+
 def _shared_limit() -> int:
     """The device's opt-in maximum of dynamic shared memory per block (bytes)."""
     return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
@@ -210,7 +231,8 @@ def _chunked_block(q, k, v, g, beta, state, o, scale: float, C: int, kda: bool):
     """:func:`gdn_chunked` on one block of tokens from ``state``: writes ``o`` [T, HV, V] in
     place (a contiguous row range of the caller's output) and returns the state after it.
 
-    Three launches (cuda/gdn_chunk.cu): prep -> state pass -> output. The temporaries are
+    Three launches (cuda/gdn_chunk.cu; the state pass from cuda/gdn_chunk_tc.cu on sm_80+):
+    prep -> state pass -> output. The temporaries are
     [HV, N, ...] with N chunks, the last zero-padded by the kernels' index maps.
     """
     T, H, K = q.shape
@@ -219,7 +241,7 @@ def _chunked_block(q, k, v, g, beta, state, o, scale: float, C: int, kda: bool):
     gk = K if kda else 1
     limit = _shared_limit()
     prep = plan_chunk_prep(C, K, kda, limit)
-    plan = plan_state_pass(HV, K, V, C, limit)
+    plan = plan_state(HV, K, V, C, limit, has_tensor_cores(cp.cuda.Device().id))
     Kp, Cp = plan["Kp"], plan["Cp"]
 
     W = cp.empty((HV, N, C, Kp), cp.float32)  # zero past K
@@ -239,7 +261,7 @@ def _chunked_block(q, k, v, g, beta, state, o, scale: float, C: int, kda: bool):
     S0s = cp.empty((HV, N, K, V), cp.float32)
     Delta = cp.empty((HV, N, C, V), cp.float32)
     out_state = cp.empty((HV, K, V), cp.float32)
-    kernel = get_kernel("gdn_chunk", "gdn_chunk_state_f32")
+    kernel = get_kernel(plan["family"], plan["kernel"])  # 3xTF32 on sm_80+, else float32
     _opt_in(kernel, plan["shared_mem"])
     kernel(plan["grid"], plan["block"],
            (W, KdT, U, fold, dC, state, out_state, S0s, Delta, i32(N), i32(C), i32(K), i32(V),

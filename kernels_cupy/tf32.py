@@ -115,12 +115,14 @@ def mma_m16n8k8(A: np.ndarray, B: np.ndarray, C: np.ndarray, order: str = "seque
     """D = A B + C as one TF32 MMA: A [..., 16, 8], B [..., 8, 8] TF32 values, C [..., 16, 8]
     float32 (leading axes broadcast: many tiles at once).
 
-    The products A_rk B_kc are exact in float32 (checked); D_rc adds the nine numbers C_rc,
+    The products A_rk B_kc are exact in float32 (checked; inf and NaN operands give IEEE
+    products, 0 * inf = NaN); D_rc adds the nine numbers C_rc,
     A_r0 B_0c, ..., A_r7 B_7c in ``order`` ("sequential": C first, then k = 0..7; "reversed";
     "pairwise"; "random": a permutation drawn from ``rng``), each addition rounded to float32.
     """
     A, B, C = (np.asarray(m, np.float32) for m in (A, B, C))
-    if not (np.array_equal(round_tf32(A), A) and np.array_equal(round_tf32(B), B)):
+    if not (np.array_equal(round_tf32(A), A, equal_nan=True)
+            and np.array_equal(round_tf32(B), B, equal_nan=True)):
         raise ValueError("mma_m16n8k8: A and B must hold TF32 values (round_tf32 first)")
     prods = np.moveaxis(A[..., :, :, None] * B[..., None, :, :], -2, 0)  # [8, ..., 16, 8]: exact
     terms = np.concatenate([np.broadcast_to(C, prods.shape[1:])[None], prods])  # [9, ..., 16, 8]

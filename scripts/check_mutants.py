@@ -310,6 +310,48 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '    lo_mmas = 1',
         'tests/kernels/test_linear_mma.py::test_grid_and_depths_by_hand',
     ),
+    (
+        'TC4 tensor-core prefill bound: the score\'s lo accumulator counted with one MMA a step',
+        'kernels_cupy/attention_prefill_tc.py',
+        '    return 8 * ks + 1, 16 * ks + 1',
+        '    return 8 * ks + 1, 8 * ks + 1',
+        'tests/kernels/test_attention_prefill_tc.py::test_the_bound_by_hand_at_d128_and_4096_keys',
+    ),
+    (
+        'TC5 tensor-core prefill chosen on a device older than sm_80',
+        'kernels_cupy/attention_prefill_tc.py',
+        '    if tensor_cores and PREFILL_TC and tc_fits(d, vec4):',
+        '    if PREFILL_TC and tc_fits(d, vec4):',
+        'tests/kernels/test_attention_prefill_tc.py',
+    ),
+    (
+        'TC6 tensor-core prefill: the warps\' p tiles left out of the shared memory',
+        'kernels_cupy/attention_prefill_tc.py',
+        '    return 4 * (BQ * ldk + stages * BK * (ldk + ldv) + WARPS * 16 * LDP)',
+        '    return 4 * (BQ * ldk + stages * BK * (ldk + ldv))',
+        'tests/kernels/test_attention_prefill_tc.py',
+    ),
+    (
+        'TC7 tensor-core GDN state pass chosen on a device older than sm_80',
+        'kernels_cupy/gdn.py',
+        '    if tensor_cores and gdn_state_tc.STATE_TC:',
+        '    if gdn_state_tc.STATE_TC:',
+        'tests/kernels/test_gdn_state_tc.py',
+    ),
+    (
+        'TC8 tensor-core GDN state bound: the fold left out of the next state\'s products',
+        'kernels_cupy/gdn_state_tc.py',
+        'FD = (np.asarray(fold, np.float32)[:, None] * Delta.astype(np.float32))',
+        'FD = (np.ones_like(fold, np.float32)[:, None] * Delta.astype(np.float32))',
+        'tests/kernels/test_gdn_state_tc.py',
+    ),
+    (
+        'TC9 tensor-core GDN state pass: W rows without their bank padding',
+        'kernels_cupy/gdn_state_tc.py',
+        '    ldw, ldk = _round(Kp8, 32) + 4, _round(C8, 32) + 4',
+        '    ldw, ldk = _round(Kp8, 32), _round(C8, 32) + 4',
+        'tests/kernels/test_gdn_state_tc.py',
+    ),
     # ---- issue 26: the oracle's blind spots (each killed without torch)
     (
         '12 SPM: equal scores merge the rightmost pair, not the leftmost',

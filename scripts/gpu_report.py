@@ -833,13 +833,13 @@ def _attention_threshold(ph: Phase, Tq: int, ctx: int, nh: int, nkv: int,
     pick = choose_kernel(Tq, nh, nkv, d, Tk, int(attrs["MultiProcessorCount"]),
                          min(katt.SHARED_LIMIT, int(attrs["MaxSharedMemoryPerBlockOptin"])))
     times, text = {}, f"Tk={Tk}:"
-    if pick == "prefill" and katt.attention_prefill.PREFILL_V2 and katt.attention_prefill.v2_fits(
-            d, katt.can_use_vec4(d, q.data.ptr, k.data.ptr, v.data.ptr)):
-        pick = "prefill_v2"  # as attention_using("auto") refines it
-    for name in ("decode_v2", "decode", "prefill", "prefill_v2"):
+    if pick == "prefill":  # as attention_using("auto") refines it
+        pick = katt.prefill_kernel(d, katt.can_use_vec4(d, q.data.ptr, k.data.ptr, v.data.ptr),
+                                   katt.has_tensor_cores(xp.cuda.Device().id))
+    for name in ("decode_v2", "decode", "prefill", "prefill_v2", "prefill_tc"):
         try:
             out = katt.attention_using(name, q, k, v, spec)
-        except ValueError as exc:  # decode_v2's or prefill_v2's plan may not fit this device
+        except ValueError as exc:  # decode_v2's or a prefill kernel's plan may not fit here
             text += f"  {name} n/a ({exc});"
             continue
         _check_rel(f"attention_using({name!r}) Tq={Tq}", _rel(dev, out, ref), gpu_anchors.ATT_TOL)

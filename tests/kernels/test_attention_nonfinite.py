@@ -7,13 +7,16 @@ transcriptions that the other tests in this folder check against the reference: 
 (attention_decode_*, with and without a key split, then its combine), decode v3
 (attention_decode_v3_f32, two query rows at a time: it takes at most 4 rows per kv head), v1
 (attention_fwd_*, the fallback decode and the tree / masked kernel, with its combine), prefill
-v1 (attention_prefill_*) and prefill v2 (attention_prefill_v2_f32, each ring depth). Each models
+v1 (attention_prefill_*), prefill v2 (attention_prefill_v2_f32, each ring depth) and the
+tensor-core prefill (attention_prefill_tc_f32: 3xTF32 MMAs, each ring depth). Each models
 fmaxf (NaN dropped from a max), the online softmax's shift (att_softmax_shift) and which V rows
 a row multiplies.
 Plausible bugs each case catches: a row's "seen" taken from an fmaxf max (case 1, prefill v2), V
 multiplied for a key the row does not see (case 2, prefill v2 and the reference), e^(-inf + inf)
 = NaN for a row of -inf scores (case 3, every kernel), a NaN split dropped by an "l > 0" combine
-(case 1 with splits), 0 written where the rule says NaN (case 4).
+(case 1 with splits), 0 written where the rule says NaN (case 4); on tensor cores, an MMA that
+multiplies a masked key's non-finite V (case 2 and the garbage slots, without the V check) and a
+3xTF32 split whose lo part of an inf is tf32(inf - inf) = NaN (case 3).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import pytest
 
 from dflash_ref.ops.masks import MaskSpec
 from kernels_cupy import attention_prefill as kpf
+from kernels_cupy import attention_prefill_tc as ktc
 from kernels_cupy.attention import plan_launch
 from tests.kernels.test_attention_decode_plan import emulate_decode
 from tests.kernels.test_attention_decode_v3 import emulate_decode_v3
 from tests.kernels.test_attention_plan import _emulate_forward
 from tests.kernels.test_attention_prefill import _emulate_prefill
+from tests.kernels.test_attention_prefill_tc import emulate_prefill_tc
 from tests.kernels.test_attention_prefill_v2 import emulate_prefill_v2
 from tests.ops.attention_rule import SCALE, cases, check_rule
 
@@ -106,9 +111,38 @@ def test_prefill_v2_emulated(name, stages):
                what=f"prefill v2 stages={stages}")
 
 
+def _tc_plan(q, k, stages):
+    plan = ktc.plan_prefill_tc(*q.shape[:2], k.shape[1], q.shape[2], 10**6, 10**7)
+    return {**plan, "stages": stages, "shared_mem": ktc.shared_bytes(q.shape[2], stages)}
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_prefill_tc_emulated(name, stages):
+    case = _case(name)
+    _, q, k, v, spec = case
+    out, stats = emulate_prefill_tc(q, k, v, spec, SCALE, None, _tc_plan(q, k, stages))
+    check_rule(out, case, what=f"prefill tc stages={stages}")
+    if name == "nonfinite_v_partly_visible":  # a masked key's NaN / inf V: CUDA cores
+        assert stats["fallback"] > 0
+
+
+@pytest.mark.parametrize(("name", "part"), [("nonfinite_v_partly_visible", "check_v"),
+                                            ("neg_inf_scores", "guard")])
+def test_prefill_tc_needs_its_v_check_and_its_split_guard(name, part):
+    # Without the masked keys' V check, -0 x NaN from a slot the row does not see reaches it
+    # (rule 1); without the split's guard, an inf operand's lo is NaN and a -inf score turns
+    # NaN (rule 3).
+    case = _case(name)
+    _, q, k, v, spec = case
+    out, _ = emulate_prefill_tc(q, k, v, spec, SCALE, None, _tc_plan(q, k, 2), **{part: False})
+    with pytest.raises(AssertionError):
+        check_rule(out, case, what=f"prefill tc without {part}")
+
+
 # ---------------------------------------------------------------- on a GPU
 
-KERNELS = ["decode", "decode_v2", "prefill", "prefill_v2"]
+KERNELS = ["decode", "decode_v2", "prefill", "prefill_v2", "prefill_tc"]
 
 
 @pytest.mark.gpu
@@ -135,10 +169,13 @@ def test_every_kernel_follows_the_rule_on_a_gpu(name, kernel, Tk):
     import cupy as cp
 
     from kernels_cupy.attention import attention_using
+    from kernels_cupy.linear import has_tensor_cores
 
     case = _case(name, Tk)
     _, q, k, v, spec = case
     dev = [cp.asarray(x.astype(np.float32)) for x in (q, k, v)]
+    if kernel == "prefill_tc" and not has_tensor_cores(cp.cuda.Device().id):
+        pytest.skip("the tensor-core prefill kernel needs sm_80+")
     got = cp.asnumpy(attention_using(kernel, *dev, spec, scale=SCALE))
     check_rule(got, case, what=kernel)
 

@@ -420,10 +420,13 @@ def test_attention_selects_the_prefill_kernel_for_a_prefill(monkeypatch, rng):
     assert katt.choose_kernel(16, 32, 8, 128, 2048, katt._sm_count(dev),
                               katt._shared_limit(dev)) == "decode"
     used = []
-    for name in ("plan_prefill", "plan_prefill_v2"):  # v1's plan, or v2's where v2 runs
+    for name in ("plan_prefill", "plan_prefill_v2", "plan_prefill_tc"):  # the plan that runs
         real = getattr(katt, name)
         monkeypatch.setattr(katt, name, lambda *a, real=real, name=name, **kw:
                             used.append(name) or real(*a, **kw))
     q, k, v, mask = _inputs(rng, 2048, 32, 8, 128, 2048, "causal")
     katt.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), mask)
-    assert used == ["plan_prefill_v2"]  # d = 128 with 16-byte rows: v2 (PREFILL_V2 is on)
+    # d = 128 with 16-byte rows: the tensor-core kernel on sm_80+ (PREFILL_TC), else v2
+    # (PREFILL_V2 is on)
+    tc = katt.has_tensor_cores(dev)
+    assert used == ["plan_prefill_tc" if tc else "plan_prefill_v2"]

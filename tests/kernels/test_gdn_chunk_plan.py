@@ -268,8 +268,12 @@ def test_one_block_is_three_launches():
     import inspect
 
     body = inspect.getsource(kgdn._chunked_block)
-    assert re.findall(r'get_kernel\("gdn_chunk", "(\w+)"\)', body) == [
-        "gdn_chunk_prep_f32", "gdn_chunk_state_f32", "gdn_chunk_output_f32"]
+    assert re.findall(r'get_kernel\(([^)]*)\)', body) == [
+        '"gdn_chunk", "gdn_chunk_prep_f32"', 'plan["family"], plan["kernel"]',
+        '"gdn_chunk", "gdn_chunk_output_f32"']
+    # the state pass: the float32 kernel, or its tensor-core twin on sm_80+ (plan_state)
+    assert {kgdn.plan_state(4, 16, 16, 16, 10**6, tc)["kernel"] for tc in (False, True)} == {
+        "gdn_chunk_state_f32", "gdn_chunk_state_tc_f32"}
     calls = set(re.findall(r"\bcp\.(\w+)\(", body))
     assert calls == {"empty"}, calls  # allocation only: no cp.zeros, matmul, exp, copy
     assert "launch_elementwise" not in body and "[...," not in body and "] =" not in body
