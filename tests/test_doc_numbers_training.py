@@ -143,6 +143,7 @@ def claims() -> list[tuple[str, str, str]]:
     ]
     ll, lp = LLAMA, LLAMA["per_prompt"]
     taus = [r["tau"] for r in lp]
+    sw = ll["same_way"]
     out += [
         ("llamacpp_plain", "t", f"| llama.cpp plain | {ll['plain_tokens']} | "
                                 f"{ll['plain_s']:.1f} s | {ll['plain_tok_s']:.1f} |"),
@@ -155,6 +156,13 @@ def claims() -> list[tuple[str, str, str]]:
                                     f"{ll['prompts']} prompts"),
         ("llamacpp_vs_ours", "t", f"{f2(ll['speedup'])}x against {f2(ind['speedup'])}x): its "
                                   f"plain decoding runs at {ll['plain_tok_s']:.1f} tokens/s"),
+        ("llamacpp_same_way", "t", f"tokens identical on {sw['same_tokens_all_prompts']} of "
+                                   f"{ll['prompts']} prompts, accepted drafts per step identical "
+                                   f"on {sw['same_accepted_all_prompts']}"),
+        ("llamacpp_gaps", "t", f"under 0.1 on {ll['prompts'] - sw['prompts_gap_ge_0.1']} of the "
+                               f"{ll['prompts']} prompts"),
+        ("readme_llamacpp_same", "r", f"its tokens equal dflash-ref's on "
+                                      f"{sw['same_tokens_all_prompts']} of them"),
         ("interop_llamacpp", "i", f"it runs, tau {f2(ll['tau'])}"),
         ("readme_llamacpp", "r", f"tau {f2(ll['tau'])}, {ll['spec_tok_s']:.1f} tokens/s "
                                  f"against {ll['plain_tok_s']:.1f} for llama.cpp's plain "
