@@ -172,8 +172,9 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
 
     Rows with no visible key are zeros, as in the reference. d must be <= 256. The kernel is
     chosen by shape (:func:`kernels_cupy.attention_prefill.choose_kernel`): the prefill kernel
-    for Tq >= 64 with a grid of at least one block per SM, the v2 decode kernel otherwise
-    (v1 where v2's plan does not fit the device's shared memory).
+    for Tq >= 64 with a grid of at least one block per SM, the v3 decode kernel for the decode and
+    verify shapes it takes, the v2 decode kernel otherwise (v1 where v2's plan does not fit the
+    device's shared memory).
     """
     return attention_using("auto", q, k, v, mask, scale, softcap)
 
