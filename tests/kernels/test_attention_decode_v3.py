@@ -26,6 +26,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dflash_ref.ops.attention import attention
 from dflash_ref.ops.masks import MaskSpec, visible
@@ -305,6 +307,25 @@ def test_float32_emulation_within_the_stated_tolerance(rng, shape, kind):
     assert out32.dtype == np.float32
     assert_close(out32, attention(q, k, v, spec), "float32_attention", op="attention",
                  case=f"emulated v3 float32 {shape} {kind}")
+
+
+@given(st.data())
+def test_emulation_over_shapes(data):
+    # keys at whole 64-key strides x splits and one off either side (a split with one key, a
+    # stride one short), 1 and 16 query rows, d = 64 / 128 / 256, GQA 1 / 4, both split
+    # regimes: a bound off by one, a stride or slot index wrong for one layout, fails here
+    S = data.draw(st.integers(1, 8), "splits")
+    Tk = max(1, 64 * S + data.draw(st.sampled_from([-1, 0, 1]), "keys - 64 splits"))
+    Tq = data.draw(st.sampled_from([1, 16]), "Tq")
+    d = data.draw(st.sampled_from([64, 128, 256]), "d")
+    nkv, g = data.draw(st.sampled_from([1, 2]), "nkv"), data.draw(st.sampled_from([1, 4]), "g")
+    kind = data.draw(st.sampled_from(MASKS + ["empty"]), "mask")
+    sm_count = data.draw(st.sampled_from([1, 132]), "sm_count")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
+    q, k, v = _inputs(rng, Tq, g * nkv, nkv, d, Tk)
+    spec = make_mask(kind, Tq, Tk, rng)
+    out = emulate_decode_v3(q, k, v, spec, 0.1, sm_count=sm_count)
+    np.testing.assert_allclose(out, attention(q, k, v, spec, scale=0.1), rtol=1e-10, atol=1e-12)
 
 
 # ---------------------------------------------------------------- on a GPU
