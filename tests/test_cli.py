@@ -103,6 +103,9 @@ def test_weights_bf16_gives_the_loaders_a_bf16_backend_only_on_cupy(monkeypatch)
     assert cli_args.model_backend("auto", "float32") == "auto"
     with pytest.raises(cli_args.UsageError, match="--weights bf16"):
         cli_args.model_backend("numpy", "bf16")
+    monkeypatch.setattr(backend, "cupy_unavailable_reason", lambda: "no GPU")
+    with pytest.raises(cli_args.UsageError, match="found no usable GPU"):
+        cli_args.model_backend("auto", "bf16")  # auto resolves to NumPy here
     made = []
     monkeypatch.setattr(backend, "cupy_unavailable_reason", lambda: None)  # a GPU "here"
     monkeypatch.setattr(backend, "get_backend", lambda name, weights: made.append(
