@@ -89,6 +89,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("error: give both --target and --drafter, or neither (shipped demo)",
               file=sys.stderr)
         return 2
+    backend = cli_args.model_backend(args.backend, args.weights)
     target_dir, drafter_dir = ((cli_args.existing_path(args.target, "--target"),
                                 cli_args.existing_path(args.drafter, "--drafter"))
                                if args.target else demo_dirs())
@@ -102,14 +103,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with Status() as status:  # cleared before anything else is printed, an error included
         status.say(f"loading {target_dir}")
         check_pair(args, target_dir, drafter_dir, prompt)  # from config.json and headers
-        target = TargetModel.from_pretrained(target_dir, backend=args.backend)
+        target = TargetModel.from_pretrained(target_dir, backend=backend)
         drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     print(f"target  {target_dir}  ({target.config.family}, {target.config.num_hidden_layers} "
           f"layers, hidden {target.config.hidden_size}, vocab {target.config.vocab_size})")
     print(f"drafter {drafter_dir}  (block {drafter.block_size}, captures "
           f"{list(drafter.config.target_layer_ids)})")
-    print(f"backend {target.be.name}; {len(prompt)} prompt tokens; {args.max_new_tokens} new "
-          f"tokens; verify {args.verify}" + ("; CUDA graphs" if args.graphs else ""))
+    weights = "" if target.be.weights == "float32" else f" ({target.be.weights} weights)"
+    print(f"backend {target.be.name}{weights}; {len(prompt)} prompt tokens; "
+          f"{args.max_new_tokens} new tokens; verify {args.verify}"
+          + ("; CUDA graphs" if args.graphs else ""))
     block = args.block_size or drafter.block_size
     # --graphs: one state for every run, its steps captured while warming up: fixed K/V rows
     # for the prompt, the new tokens, the warm-up's and a block's overrun (models/graphs.py)
@@ -326,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--drafter", help="drafter directory (z-lab layout)")
     p_demo.add_argument("--backend", default="numpy", type=cli_args.backend,
                         help="numpy, cupy or auto")
+    cli_args.add_weights_option(p_demo)
     p_demo.add_argument("--max-new-tokens", type=cli_args.positive_int, default=64)
     p_demo.add_argument("--block-size", type=cli_args.positive_int, default=None)
     p_demo.add_argument("--verify", default="chain", choices=["chain", "tree"])

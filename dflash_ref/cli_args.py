@@ -118,6 +118,29 @@ def backend(text: str) -> str:
     return text
 
 
+def add_weights_option(parser) -> None:
+    """``--weights float32|bf16``: how a CuPy backend stores the projections' weights."""
+    parser.add_argument("--weights", default="float32", choices=["float32", "bf16"],
+                        help="projection weight storage: float32 (default) or bf16 (cupy "
+                        "only: half the bytes a decode reads; docs/performance.md)")
+
+
+def model_backend(name: str, weights: str = "float32"):
+    """The backend the loaders get for ``--backend name --weights weights``; ``--weights bf16``
+    where the backend is (or "auto" resolves to) NumPy is a UsageError, raised before anything
+    loads."""
+    from dflash_ref.backend import cupy_unavailable_reason, get_backend
+
+    if weights == "float32":
+        return name  # the loaders resolve the name themselves, as before
+    if name == "numpy" or (name == "auto" and cupy_unavailable_reason() is not None):
+        why = "" if name == "numpy" else " (--backend auto found no usable GPU here)"
+        raise UsageError(f"--weights {weights} is an option of the cupy backend{why}; the NumPy "
+                         f"reference keeps float32 weights: drop --weights or use "
+                         f"--backend cupy on a GPU")
+    return get_backend("cupy", weights=weights)
+
+
 def existing_path(text: str | Path, option: str) -> Path:
     """A path that exists, else a ConfigError naming ``option``."""
     path = Path(text)

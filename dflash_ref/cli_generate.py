@@ -3,7 +3,8 @@
     dflash-ref generate --target PATH [--drafter PATH] --prompt TEXT [--chat
                         [--chat-template FILE|NAME]]
                         [--max-new-tokens N] [--temperature T --seed S]
-                        [--backend auto|numpy|cupy] [--block-size B] [--verify chain|tree]
+                        [--backend auto|numpy|cupy] [--weights float32|bf16]
+                        [--block-size B] [--verify chain|tree]
 
 The prompt is tokenized with the target's own tokenizer (``load_tokenizer``: ``tokenizer.json``
 in a directory, or the GGUF's ``tokenizer.ggml.*`` metadata); ``--chat`` wraps it as one user
@@ -48,11 +49,17 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=cli_args.seed, default=None,
                    help="required when --temperature > 0")
     p.add_argument("--backend", default="auto", type=cli_args.backend, help="auto, numpy or cupy")
+    cli_args.add_weights_option(p)
     p.add_argument("--block-size", type=cli_args.positive_int, default=None,
                    help="with --drafter: the verify block (default: the drafter's trained one)")
     p.add_argument("--verify", default=None, choices=["chain", "tree"],
                    help="with --drafter: chain (default) or tree (DDTree)")
     p.set_defaults(func=cmd_generate)
+
+
+def _weights(be) -> str:
+    """The weight storage for the statistics line ("" for the default float32)."""
+    return "" if be.weights == "float32" else f", {be.weights} weights"
 
 
 TEMPLATE_DIR = Path(__file__).parent / "data" / "chat_templates"
@@ -170,6 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target_path = cli_args.existing_path(args.target, "--target")
     d = cli_args.existing_path(args.drafter, "--drafter") if args.drafter else None
     check_options(args)
+    backend = cli_args.model_backend(args.backend, args.weights)
     template = read_chat_template(args.chat_template) if args.chat_template else None
     t0 = time.perf_counter()
     with Status() as status:  # cleared before anything else is printed, an error included
@@ -178,7 +186,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = _prompt_ids(args, tok, template)
         check_pair(args, source, d, ids)  # metadata only: no weight read yet
         status.say(f"loading {target_path.name}: weights")
-        target = cli_args.load_target(source, args.backend)
+        target = cli_args.load_target(source, backend)
         drafter = None
         if d is not None:
             status.say(f"loading {d.name}")
@@ -196,7 +204,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print()
     print(f"[{len(res.tokens)} tokens, tau {res.tau:.2f}, acceptance {res.acceptance_rate:.1%}, "
           f"{res.target_forward_passes} target forwards, {rate.describe()}; "
-          f"load {load_s:.1f} s; backend {target.be.name}]")
+          f"load {load_s:.1f} s; backend {target.be.name}{_weights(target.be)}]")
     return 0
 
 

@@ -8,9 +8,10 @@ tile; :func:`plan_launch`).
 Long contexts are split over the key axis (flash-decoding style) when the (query, head) grid
 alone would leave the GPU mostly idle; a second kernel combines the splits.
 
-A decode step (at most 4 (query, head) rows per kv head, d % 4 == 0, d <= 128, aligned arrays)
-runs v3 (:mod:`kernels_cupy.attention_decode_v3`: every warp on keys, at most 8 key splits,
-the split combine inside the kernel). Other decode and verify shapes (few query rows) run the v2
+A decode step or a verify block (at most 16 query rows, d % 4 == 0, d <= 256, aligned arrays)
+runs v3 (:mod:`kernels_cupy.attention_decode_v3`: every warp busy, on keys or on its own rows,
+at most 8 key splits, the split combine inside the kernel: one launch). Other decode shapes
+(d % 4 != 0, misaligned views, 17..63 query rows) run the v2
 kernels (:mod:`kernels_cupy.attention_decode`: one block per GQA group, a cp.async ring of K/V
 tiles, key splits filling the GPU, a log-sum-exp combine); ``attention_fwd_*`` above (v1) stays
 as their fallback where v2's plan does not fit the device's shared memory (d = 256 on an sm_86 /
@@ -33,7 +34,7 @@ from dflash_ref.ops.masks import WINDOW_MODES, MaskSpec
 from kernels_cupy._build import get_kernel
 from kernels_cupy._launch import f32, fp32, i32
 from kernels_cupy.attention_decode import COMBINE_THREADS, DEC_WARPS, plan_decode
-from kernels_cupy.attention_decode_v3 import plan_decode_v3
+from kernels_cupy.attention_decode_v3 import MAX_COUNTERS, plan_decode_v3
 from kernels_cupy.attention_prefill import PF_WARPS, choose_kernel, plan_prefill, plan_prefill_v2
 from kernels_cupy.attention_prefill_tc import FAMILY as TC_FAMILY
 from kernels_cupy.attention_prefill_tc import plan_prefill_tc, prefill_kernel
@@ -174,16 +175,17 @@ def attention(q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
 
     Rows with no visible key are zeros, as in the reference. d must be <= 256. The kernel is
     chosen by shape (:func:`kernels_cupy.attention_prefill.choose_kernel`): the prefill kernel
-    for Tq >= 64 with a grid of at least one block per SM, the v2 decode kernel otherwise
-    (v1 where v2's plan does not fit the device's shared memory).
+    for Tq >= 64 with a grid of at least one block per SM, the v3 decode kernel for the decode and
+    verify shapes it takes, the v2 decode kernel otherwise (v1 where v2's plan does not fit the
+    device's shared memory).
     """
     return attention_using("auto", q, k, v, mask, scale, softcap)
 
 
 def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -> cp.ndarray:
     """:func:`attention` with the kernel named: "auto" (by shape, as :func:`attention`),
-    "decode_v3" (``attention_decode_v3_f32``; a ValueError for the shapes it does not take:
-    more than 4 rows per kv head, d % 4, d > 128, misaligned views),
+    "decode_v3" (``attention_decode_v3_*``; a ValueError for the shapes it does not take:
+    more than 16 query rows, d % 4, d > 256, misaligned views),
     "decode_v2" (``attention_decode_*``; a ValueError where its plan does not fit the device),
     "decode" (v1, ``attention_fwd_*``), "prefill" (``attention_prefill_*``), "prefill_v2"
     (``attention_prefill_v2_f32``; a ValueError where it does not fit: d % 4, d > 128,
@@ -293,23 +295,21 @@ def attention_using(kernel: str, q, k, v, mask=None, scale=None, softcap=None) -
 
 @functools.cache
 def _ticket_counters(device_id: int) -> cp.ndarray:
-    """The split tickets of ``attention_decode_v3_f32``, one uint32 per kv head (up to 1024),
-    zeroed once per device: the last block of each kv head sets its counter back to 0, so no
+    """The split tickets of ``attention_decode_v3_*``, one uint32 per (kv head, row block)
+    (``MAX_COUNTERS``, checked by the plan), zeroed once per device: the last block of each
+    (kv head, row block) sets its counter back to 0, so no
     call needs a memset and a captured graph replays with the same buffer. One launch at a time
     (the package runs one stream). Allocated from CuPy's default pool even when the first call
     is a graph capture's warm-up under its private pool, which may be released later."""
     with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
-        return cp.zeros(1024, cp.uint32)
+        return cp.zeros(MAX_COUNTERS, cp.uint32)
 
 
 def _decode_v3(plan: dict, q, k, v, margs: tuple, out, scale: float, softcap, dev: int) -> None:
-    """Launch ``attention_decode_v3_f32`` into ``out`` (its split combine is in the kernel)."""
+    """Launch ``attention_decode_v3_*`` into ``out`` (its split combine is in the kernel)."""
     Tq, nh, d = q.shape
     nkv = k.shape[1]
     n_splits = plan["n_splits"]
-    if nkv > _ticket_counters(dev).size:
-        raise ValueError(f"attention (decode v3): {nkv} kv heads, more than "
-                         f"{_ticket_counters(dev).size} ticket counters")
     if n_splits == 1:
         part_o, part_ml = out, out  # never written
     else:
@@ -319,7 +319,8 @@ def _decode_v3(plan: dict, q, k, v, margs: tuple, out, scale: float, softcap, de
         plan["grid"], plan["block"],
         (q, k, v, *margs[:3], out, part_o, part_ml, _ticket_counters(dev), i32(Tq),
          i32(k.shape[0]), i32(nh), i32(nkv), i32(d), fp32(scale), softcap, *margs[3:],
-         i32(plan["keys_per_split"]), i32(n_splits)),
+         i32(plan["keys_per_split"]), i32(n_splits), i32(plan["rows_per_block"]),
+         i32(plan["key_warps"])),
         shared_mem=plan["shared_mem"],
     )
 

@@ -846,6 +846,27 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '            self.done.setdefault(r, block[r])',
         'tests/spec_decode/test_lazy_verify.py',
     ),
+    (
+        'v3a launch books: a v3 attention counted with a combine launch',
+        'tests/device_counter.py',
+        '        return 2\n    return 1',
+        '        return 2\n    return 2',
+        'tests/models/test_launch_counts.py',
+    ),
+    (
+        'v3b --weights bf16: "auto" without a GPU let through to the NumPy reference',
+        'dflash_ref/cli_args.py',
+        'if name == "numpy" or (name == "auto" and cupy_unavailable_reason() is not None):',
+        'if name == "numpy":',
+        'tests/test_cli.py',
+    ),
+    (
+        'v3c decode v3 plan: a block row group one warp short (key warps halved too late)',
+        'kernels_cupy/attention_decode_v3.py',
+        '    while key_warps > 1 and (WARPS // key_warps) < groups:',
+        '    while key_warps > 1 and (WARPS // key_warps) < groups - 1:',
+        'tests/kernels/test_attention_decode_v3.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""

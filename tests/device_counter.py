@@ -48,6 +48,7 @@ import numpy as np
 
 from dflash_ref.backend import Backend, get_backend
 from dflash_ref.ops.masks import MaskSpec
+from kernels_cupy.attention_decode_v3 import plan_decode_v3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,11 +132,25 @@ def _signature(obj):
 LEDGER = Ledger()  # module-global: a DeviceArray's methods have no other way to reach it
 
 # Kernels the CuPy twin of each op starts for one call in a decode / verify / draft step (read from
-# kernels_cupy/<family>.py; an op absent here starts one). Attention: the key-split kernel and its
-# combine (a decode step's grid splits the keys to fill the GPU); write_kv: K and V in one kernel
-# (listed, though one is the default, because it replaced two). The chunked GDN is a prefill op
-# (three kernels per block of chunks, kernels_cupy/gdn.py) and is not on a step's path.
-TWIN_LAUNCHES = {"attention": 2, "causal_conv1d": 2, "causal_conv1d_tree": 2, "write_kv": 1}
+# kernels_cupy/<family>.py; an op absent here starts one; a function of the call's arguments where
+# it depends on the shape). Attention: decode v3 (its split combine inside the kernel) where its
+# plan takes the shape (<= 16 query rows, d % 4 == 0, d <= 256; the twin also needs 16-byte
+# aligned views, which a step's fresh products and cache halves are), else v2's key-split kernel
+# and its combine; write_kv: K and V in one kernel (listed, though one is the default, because it
+# replaced two). The chunked GDN is a prefill op (three kernels per block of chunks,
+# kernels_cupy/gdn.py) and is not on a step's path.
+
+
+def _attention_launches(q, k, *args, **kwargs) -> int:
+    try:
+        plan_decode_v3(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[0], 132)
+    except ValueError:
+        return 2
+    return 1
+
+
+TWIN_LAUNCHES = {"attention": _attention_launches, "causal_conv1d": 2, "causal_conv1d_tree": 2,
+                 "write_kv": 1}
 # Ops whose twins read an array of these many axes in place when its last axis is contiguous
 # (rows, and heads, may be strided: ``kernels_cupy._launch.f32_strided``); any other
 # non-contiguous argument costs a copy.
@@ -341,7 +356,8 @@ def _device_op(name: str, fn):
             if (isinstance(a, DeviceArray) and a.ndim and not a.flags.c_contiguous
                     and not _read_in_place(name, a)):
                 LEDGER.add("launches", f"a contiguous copy for op {name}")
-        for _ in range(TWIN_LAUNCHES.get(name, 1)):
+        launches = TWIN_LAUNCHES.get(name, 1)
+        for _ in range(launches if isinstance(launches, int) else launches(*args, **kwargs)):
             LEDGER.add("launches", f"op {name}")
         LEDGER.record(f"op {name}", args, kwargs)
         return _wrap(fn(*_strip(args), **_strip(kwargs)))

@@ -97,6 +97,11 @@ CASES = [
     ("gen_seed_negative", [*GEN, "--seed", "-1"], 2, ["--seed", ">= 0"], True),
     ("gen_seed_text", [*GEN, "--seed", "abc"], 2, ["--seed", "not an integer"], True),
     ("gen_backend_unknown", [*GEN, "--backend", "torch"], 2, ["--backend", "numpy"], True),
+    ("gen_weights_bf16_numpy", [*GEN, "--backend", "numpy", "--weights", "bf16"], 2,
+     ["--weights bf16", "cupy backend", "drop --weights"], True),
+    ("gen_weights_unknown", [*GEN, "--weights", "fp8"], 2, ["--weights", "invalid choice"], True),
+    ("demo_weights_bf16_numpy", [*DEMO, "--weights", "bf16"], 2,  # demo's default: numpy
+     ["--weights bf16", "cupy backend"], True),
     ("gen_missing_target", ["generate", "--target", "{root}/no/such", "--prompt", "w1"], 1,
      ["--target", "no such file"], True),
     ("gen_missing_drafter", [*GEN, "--drafter", "no/such/dir"], 1,
@@ -238,6 +243,8 @@ else:
          ["cupy is unavailable"], True),
         ("export_backend_cupy_without_gpu", [*EXPORT_IDS, "--backend", "cupy"], 2,
          ["cupy is unavailable"], True),
+        ("gen_weights_bf16_auto_without_gpu", [*GEN, "--weights", "bf16"], 2,
+         ["--weights bf16", "found no usable GPU"], True),
     ]
 
 

@@ -5,7 +5,8 @@ The expected values are tests/ops/attention_rule.py's row-by-row float64 evaluat
 (independent of the kernels and of dflash_ref/ops/attention.py). The emulations are the kernels'
 transcriptions that the other tests in this folder check against the reference: decode v2
 (attention_decode_*, with and without a key split, then its combine), decode v3
-(attention_decode_v3_f32, two query rows at a time: it takes at most 4 rows per kv head), v1
+(attention_decode_v3_*: the case's 8 rows per kv head, at d = 8, and zero-padded to d = 64 and
+d = 256, its two-slot kernel), v1
 (attention_fwd_*, the fallback decode and the tree / masked kernel, with its combine), prefill
 v1 (attention_prefill_*), prefill v2 (attention_prefill_v2_f32, each ring depth) and the
 tensor-core prefill (attention_prefill_tc_f32: 3xTF32 MMAs, each ring depth). Each models
@@ -43,12 +44,21 @@ def _case(name, Tk=90):
     return next(c for c in cases(np.random.default_rng(1), Tk) if c[0] == name)
 
 
-def _two_rows(case, i):
-    """Query rows i, i + 1 of a case: decode v3 takes at most 4 rows per kv head (2 x GQA 2)."""
+def _padded(case, d):
+    """The case with head dim ``d``: q / k / v padded with zero columns (a zero column adds 0 to
+    every score and is 0 in every finite row): decode v3's d = 64 and d = 256 kernels."""
     name, q, k, v, spec = case
-    rows = MaskSpec(np.asarray(spec.q_pos)[i:i + 2], spec.k_pos, causal=spec.causal,
+    pad = [(0, 0), (0, 0), (0, d - q.shape[2])]
+    return (name, *(np.pad(x, pad) for x in (q, k, v)), spec)
+
+
+def _verify_block(case):
+    """A 16-query-row verify block from a case: its 4 rows 4 times over, on one kv head (GQA 4:
+    64 rows per kv head, decode v3's 8-row warps at d <= 128, two row blocks at d = 256)."""
+    name, q, k, v, spec = case
+    rows = MaskSpec(np.tile(np.asarray(spec.q_pos), 4), spec.k_pos, causal=spec.causal,
                     window=spec.window, window_mode=spec.window_mode, base_pos=spec.base_pos)
-    return name, q[i:i + 2], k, v, rows
+    return name, np.tile(q, (4, 1, 1)), k[:, :1], v[:, :1], rows
 
 
 @pytest.fixture(autouse=True)
@@ -70,14 +80,25 @@ def test_decode_v2_emulated(name, sm_count):
 
 @pytest.mark.parametrize("name", CASE_NAMES)
 @pytest.mark.parametrize("sm_count", [1, 132])  # one split; splits of 64 keys
-def test_decode_v3_emulated(name, sm_count):
-    for i in (0, 2):
-        case = _two_rows(_case(name, 300), i)
-        _, q, k, v, spec = case
-        for dt in (np.float64, np.float32):
-            out = emulate_decode_v3(*(x.astype(dt) for x in (q, k, v)), spec, SCALE,
-                                    sm_count=sm_count)
-            check_rule(out, case, what=f"decode v3 rows {i}, {i + 1} {dt} sm_count={sm_count}")
+@pytest.mark.parametrize("d", [8, 64, 256])  # 8 rows: 2 row groups x 4 key warps; NV = 2
+def test_decode_v3_emulated(name, sm_count, d):
+    case = _padded(_case(name, 300), d)
+    _, q, k, v, spec = case
+    for dt in (np.float64, np.float32):
+        out = emulate_decode_v3(*(x.astype(dt) for x in (q, k, v)), spec, SCALE,
+                                sm_count=sm_count)
+        check_rule(out, case, what=f"decode v3 d={d} {dt.__name__} sm_count={sm_count}")
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("d", [8, 256])
+def test_decode_v3_verify_block_emulated(name, d):
+    case = _padded(_verify_block(_case(name, 300)), d)
+    _, q, k, v, spec = case
+    for sm_count in (1, 132):
+        out = emulate_decode_v3(q.astype(np.float32), k.astype(np.float32),
+                                v.astype(np.float32), spec, SCALE, sm_count=sm_count)
+        check_rule(out, case, what=f"decode v3 verify block d={d} sm_count={sm_count}")
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
@@ -148,17 +169,17 @@ KERNELS = ["decode", "decode_v2", "prefill", "prefill_v2", "prefill_tc"]
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", CASE_NAMES)
 @pytest.mark.parametrize("Tk", [90, 4100])  # 4100: 8 key splits
-def test_decode_v3_follows_the_rule_on_a_gpu(name, Tk):
+@pytest.mark.parametrize("d", [8, 64, 256])
+def test_decode_v3_follows_the_rule_on_a_gpu(name, Tk, d):
     import cupy as cp
 
     from kernels_cupy.attention import attention_using
 
-    for i in (0, 2):
-        case = _two_rows(_case(name, Tk), i)
-        _, q, k, v, spec = case
-        dev = [cp.asarray(x.astype(np.float32)) for x in (q, k, v)]
-        check_rule(cp.asnumpy(attention_using("decode_v3", *dev, spec, scale=SCALE)), case,
-                   what=f"decode_v3 rows {i}, {i + 1}")
+    case = _padded(_case(name, Tk), d)
+    _, q, k, v, spec = case
+    dev = [cp.asarray(x.astype(np.float32)) for x in (q, k, v)]
+    check_rule(cp.asnumpy(attention_using("decode_v3", *dev, spec, scale=SCALE)), case,
+               what=f"decode_v3 d={d}")
 
 
 @pytest.mark.gpu

@@ -10,25 +10,27 @@ and assignment that would start one. The per-layer count is the difference betwe
 The ceilings are the counts of this tree, worked out by hand from the layer's code: a Qwen3 decode
 layer is the stacked q/k/v product, the q/k norms and both RoPEs as one ``qk_norm_rope``
 (models/fused.py ``FusedNormRope``), the K/V write as one ``write_kv`` (K and V in one storage
-``[2, C, Hkv, D]``, models/cache.py), the attention and its combine, o_proj, two add+norms, the
-stacked gate/up product, SwiGLU and down_proj: 11 (12 before the one K/V write, 15 before the
-fused q/k op, 18 before the stacking); a captured decode step over the fixed-capacity stores
-(``FixedKV``: ``write_kv`` at the device positions, where a stack and a scatter were two) the
-same 11. The twins of ``qk_norm_rope``, ``swiglu``, ``geglu`` and ``write_kv`` read the stacked
-products' column slices in place (``READS_STRIDED_ROWS``), so a verify of 16 rows adds only what
-the KV cache's growth launches here (``KVCache.append``: one zero-filled allocation and one copy
-of the K and V rows when the rows outgrow the capacity, which doubles; the fixed-capacity stores
-of issue 27 item 5 remove them): 13. Gemma 3 runs the same count: its sandwich norms join the
-fused adds (``norm_add_rms_norm``: post norm, add, next norm) and its GeGLU is one ``geglu``
-launch where the NumPy expression was nine (26 before). A drafter layer: the input norm, the
-stacked q/k/v product, ``qk_norm_rope``, the cache's growth (2) and the block's K/V write into
-its spare rows (1), the attention (2), o_proj, the fused add + post-attention norm, gate/up,
-SwiGLU, down_proj and the residual add: 14. A Qwen3.5 GDN layer's gates are one ``gdn_gates``
-launch (eleven array operations before) and its full-attention layers' output gate one
-``sigmoid_gate`` (five), its q and k heads one ``l2_norm``: 12.75 per layer over the 3:1 hybrid
-(23.25 before). Issue 27's goal is about 10 for a Qwen3 decode; what remains is the attention's
-split combine. A count that grows fails here: a new per-layer launch must be a decision, not an
-accident.
+``[2, C, Hkv, D]``, models/cache.py), the attention (one launch: decode attention v3 merges its
+key splits inside the kernel; 2 with v2's combine before), o_proj, two add+norms, the stacked
+gate/up product, SwiGLU and down_proj: 10 (11 with v2's combine, 12 before the one K/V write, 15
+before the fused q/k op, 18 before the stacking); a captured decode step over the fixed-capacity
+stores (``FixedKV``: ``write_kv`` at the device positions, where a stack and a scatter were two)
+the same 10. The twins of ``qk_norm_rope``, ``swiglu``, ``geglu`` and ``write_kv`` read the
+stacked products' column slices in place (``READS_STRIDED_ROWS``), so a verify of 16 rows adds
+only what the KV cache's growth launches here (``KVCache.append``: one zero-filled allocation and
+one copy of the K and V rows when the rows outgrow the capacity, which doubles; the
+fixed-capacity stores of issue 27 item 5 remove them): 12. Gemma 3 runs the same count: its
+sandwich norms join the fused adds (``norm_add_rms_norm``: post norm, add, next norm) and its
+GeGLU is one ``geglu`` launch where the NumPy expression was nine (26 before). A drafter layer:
+the input norm, the stacked q/k/v product, ``qk_norm_rope``, the cache's growth (2) and the
+block's K/V write into its spare rows (1), the attention (1), o_proj, the fused add +
+post-attention norm, gate/up, SwiGLU, down_proj and the residual add: 13. A Qwen3.5 GDN layer's
+gates are one ``gdn_gates`` launch (eleven array operations before) and its full-attention
+layers' output gate one ``sigmoid_gate`` (five), its q and k heads one ``l2_norm``: 12.5 per
+layer over the 3:1 hybrid (23.25 before). The attention's launches follow the twin's routing by
+shape (tests/device_counter.py ``TWIN_LAUNCHES``: v2 and its combine, 2, where v3's plan refuses
+the shape, as for d = 512). A count that grows fails here: a new per-layer launch must be a
+decision, not an accident.
 """
 
 from __future__ import annotations
@@ -47,10 +49,10 @@ from tests.models.test_batch_arrays import tiny_model
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
 # family -> (decode, 16-row verify) kernels per layer (the hybrid: per 4 layers / 4)
-CEILINGS = {"qwen3": (11, 13), "gemma3": (11, 13), "qwen3_5": (12.75, 17)}
-DRAFT_PER_LAYER = 14  # a drafter layer's kernels for one block (context K/V written by extend)
-FIXTURE_DECODE = {"gemma4_dense": 137, "gemma4_ple_kvshare": 215, "qwen35_moe": 236}
-GRAPHED_DECODE = 11  # a Qwen3 decode layer in a captured step (fixed-capacity stores)
+CEILINGS = {"qwen3": (10, 12), "gemma3": (10, 12), "qwen3_5": (12.5, 16.75)}
+DRAFT_PER_LAYER = 13  # a drafter layer's kernels for one block (context K/V written by extend)
+FIXTURE_DECODE = {"gemma4_dense": 131, "gemma4_ple_kvshare": 209, "qwen35_moe": 235}
+GRAPHED_DECODE = 10  # a Qwen3 decode layer in a captured step (fixed-capacity stores)
 
 
 def per_layer(family: str, rows: int) -> float:
