@@ -78,10 +78,10 @@ def test_the_miss_words_match_its_classes():
 
 
 # each number the doc's prose quotes, as it appears in the output (or GNU time's figures)
-QUOTES = ["tau 1.45", "29 of 91 drafts judged accepted", "8 of 93", "tau 1.09", "35 (56%)",
-          "3 prompts x 32 tokens", "12 s", "tokenizer 3 s", "baseline 4 s",
-          "features zeroed 3 s", "User time (seconds): 17.41", "System time (seconds): 1.95",
-          "Percent of CPU this job got: 155%"]
+QUOTES = ["tau 1.79", "41 of 91 drafts judged accepted", "7 of 93", "tau 1.08", "9 (18%)",
+          "16 (32%)", "25 (50%)", "3 prompts x 32 tokens", "12 s", "tokenizer 3 s",
+          "baseline 4 s", "features zeroed 3 s", "User time (seconds): 17.53",
+          "System time (seconds): 1.68", "Percent of CPU this job got: 155%"]
 
 
 @pytest.mark.parametrize("quote", QUOTES)
