@@ -132,8 +132,9 @@ def make_data(k: dict, cache: Path) -> dict:
             rate = (chunk - first) * k["chunk"] * k["window"] / (time.time() - t1)
             print(f"chunk {chunk}/{n_chunks}: {rate:.0f} positions/s, "
                   f"{time.time() - t0:.0f} s in all", flush=True)
+    n_windows = len(wins[: chunk * k["chunk"]])  # the last chunk may be short
     log = {"knobs": k, "windows_total": len(wins), "chunks": chunk,
-           "this_run_chunks": chunk - first, "positions": chunk * k["chunk"] * k["window"],
+           "this_run_chunks": chunk - first, "positions": n_windows * k["window"],
            "data_s": round(time.time() - t0, 1), "prefill_s": round(time.time() - t1, 1)}
     (cache / f"data_log{first:05d}.json").write_text(json.dumps(log, indent=1) + "\n")
     return log
