@@ -107,28 +107,17 @@ def speculative(bin_dir: Path, target: Path, drafter: Path, text: str, n_new: in
             "text": p.out.split(text, 1)[-1], "steps": per_step}
 
 
-def full_steps(steps: list[tuple[int, int]], n_draft: int = 7) -> list[int]:
-    """Accepted drafts of llama.cpp's steps before its first shorter draft (near the end it
-    drafts at most ``n_predict - n_done - 1`` tokens, and the step positions shift)."""
-    out = []
-    for a, d in steps:
-        if d != n_draft:
-            break
-        out.append(a)
-    return out
-
-
 def same_way(tm, dm, tok, ids, spec: dict, n_new: int) -> dict:
     """dflash-ref on the same prompt: its plain greedy tokens against llama.cpp's speculative
     text, the target's smallest top-2 gap along that path (a near tie is where the two stacks'
     float results may part), and the accepted drafts per step of dflash-ref driven in llama.cpp's
     order (``llamacpp_loop``) against llama.cpp's own, over llama.cpp's full-block steps."""
-    from dflash_ref.oracle.llamacpp_loop import greedy_gaps, llamacpp_loop
+    from dflash_ref.oracle.llamacpp_loop import full_block_steps, greedy_gaps, llamacpp_loop
     from dflash_ref.spec_decode.loop import generate
 
     plain = generate(tm, None, ids, n_new).tokens
     gaps = greedy_gaps(tm, ids, plain)
-    theirs = full_steps(spec["steps"])
+    theirs = full_block_steps(spec["steps"])
     _, ours = llamacpp_loop(tm, dm, ids, n_new + 8)
     return {"min_gap": round(float(gaps.min()), 4),
             # decoded after the prompt: a continuation decoded alone loses its leading space

@@ -46,3 +46,15 @@ def greedy_gaps(target, ids, tokens) -> np.ndarray:
     rows = logits[len(ids) - 1:]  # [len(tokens), V]: row i chose tokens[i]
     top2 = np.sort(np.partition(rows, -2, axis=1)[:, -2:], axis=1)
     return top2[:, 1] - top2[:, 0]
+
+
+def full_block_steps(steps, n_draft: int = 7) -> list[int]:
+    """Accepted drafts of llama.cpp's steps ``[(accepted, drafted)]`` before its first shorter
+    draft: near the end it drafts at most ``n_predict - n_done - 1`` tokens, and the positions of
+    the steps after that shift."""
+    out = []
+    for a, d in steps:
+        if d != n_draft:
+            break
+        out.append(a)
+    return out

@@ -21,7 +21,7 @@ import pytest
 from dflash_ref.demo_text import decode_bytes, demo_held_out_prompts
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
-from dflash_ref.oracle.llamacpp_loop import llamacpp_loop
+from dflash_ref.oracle.llamacpp_loop import full_block_steps, llamacpp_loop
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.observe import Observer
 from tests.llamacpp.harness import spec_counts, spec_steps
@@ -52,14 +52,8 @@ def run_llamacpp_dflash(llamacpp, ids, n_new=N_NEW, n_draft=N_DRAFT, spec_type="
 
 
 def _before_first_short(steps):
-    """Accepted drafts of the steps before the first one that drafted fewer than N_DRAFT (near
-    the end llama.cpp shortens its drafts; the positions of the steps after it shift)."""
-    out = []
-    for a, d in steps:
-        if d != N_DRAFT:
-            break
-        out.append(a)
-    return out
+    """Accepted drafts of the steps before the first one that drafted fewer than N_DRAFT."""
+    return full_block_steps(steps, N_DRAFT)
 
 
 @pytest.fixture(scope="module")

@@ -28,3 +28,12 @@ def test_gaps_are_read_from_the_rows_that_chose_the_tokens():
     # off-by-one that read rows 2 and 3 would give 0 and 9, the top-1 alone 4.5 and 2
     gaps = greedy_gaps(_Rows(), [7, 8], [2, 0])
     np.testing.assert_array_equal(gaps, [3.5, 0.0])
+
+
+def test_full_block_steps_stop_at_the_first_shorter_draft():
+    # a hand case: the 3rd step drafts 5 of 7, so it and everything after are left out; a
+    # check of `a != n_draft` instead of `d != n_draft` would stop at the 2nd step
+    from dflash_ref.oracle.llamacpp_loop import full_block_steps
+
+    assert full_block_steps([(0, 7), (7, 7), (2, 5), (1, 7)]) == [0, 7]
+    assert full_block_steps([(3, 4)], n_draft=4) == [3]
