@@ -68,6 +68,11 @@ class FullHead:
         """One draw per row of ``logits`` [R, V] with its law q [R, V]."""
         return sample_rows(self.be, logits, law, rng)
 
+    def probs_of(self, logits, tokens, top_k: int) -> np.ndarray:
+        """:func:`draft_probs` of rows ``logits`` [R, V] at target ids ``tokens`` [R] over
+        each row's ``top_k`` best: host float64 [R] (syncs)."""
+        return draft_probs(self.be, logits, np.asarray(tokens, np.int64), top_k)
+
 
 class ReducedHead(FullHead):
     """The drafter's own head rows ``weight`` [Vd, H] and the map ``ids`` = d2t [Vd] (absolute
@@ -81,6 +86,8 @@ class ReducedHead(FullHead):
         self.weight = xp.asarray(weight, dtype=xp.float32)  # [Vd, H]
         self.ids = np.asarray(ids, dtype=np.int64)  # [Vd] host: drafts -> target ids
         self.ids_dev = xp.asarray(self.ids)  # [Vd] the same on the backend: scatter, gather
+        self.sorted_order = np.argsort(self.ids)  # [Vd] target id -> draft row, by search
+        self.sorted_ids = self.ids[self.sorted_order]
         self.vocab_size = V
 
     def draft_rows(self, z):
@@ -116,6 +123,34 @@ class ReducedHead(FullHead):
         drawn = super().sample(self.gather(logits), law, rng)
         return DraftProposal(self.to_target(drawn.tokens), drawn.q,
                              np.broadcast_to(self.ids, drawn.q.shape))
+
+    def probs_of(self, logits, tokens, top_k: int) -> np.ndarray:
+        """:meth:`FullHead.probs_of` over the Vd draft rows (the scattered FILL columns hold
+        exactly 0 of the mass): a target id outside d2t has probability 0."""
+        t = np.asarray(tokens, np.int64)  # [R] target ids
+        col = np.searchsorted(self.sorted_ids, t).clip(0, self.ids.size - 1)  # [R]
+        inside = self.sorted_ids[col] == t
+        p = draft_probs(self.be, self.gather(logits), self.sorted_order[col], top_k)  # [R]
+        return np.where(inside, p, 0.0)
+
+
+def draft_probs(be, rows, cols: np.ndarray, top_k: int) -> np.ndarray:
+    """The probability of column ``cols_r`` in row r of ``rows`` [R, C] renormalised over the
+    row's ``top_k`` largest entries (llama.cpp's draft sampler keeps the 10 best; top_k >= C:
+    the whole softmax), a column outside them 0: host float64 [R] (one copy to the host)::
+
+        p_r = exp(l_c - logsumexp(top_k(l)))    if l_c is among them
+    """
+    xp = be.xp
+    x = xp.asarray(rows, dtype=xp.float32)  # [R, C]
+    R, C = x.shape
+    best = x if top_k >= C else xp.partition(x, C - top_k, axis=-1)[:, C - top_k:]  # [R, k]
+    picked = x[xp.arange(R), xp.asarray(cols)]  # [R]
+    host = be.to_numpy(xp.concatenate([best.reshape(-1), picked])).astype(np.float64)
+    best, picked = host[:-R].reshape(R, -1), host[-R:]  # [R, k], [R]
+    m = best.max(axis=1)  # [R]
+    p = np.exp(picked - m) / np.exp(best - m[:, None]).sum(axis=1)
+    return np.where(picked >= best.min(axis=1), p, 0.0)
 
 
 def draft_head(config, weights: dict, target) -> FullHead:

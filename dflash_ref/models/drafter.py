@@ -242,6 +242,12 @@ class DFlashDrafter:
             return DraftProposal(self.draft_tokens(logits))
         return self.draft_head.sample(logits[1:], law, rng)
 
+    def draft_probs(self, logits, drafts, top_k: int) -> np.ndarray:
+        """The drafter's probability of each draft ``drafts`` [n-1] in rows 1..n-1 of
+        ``logits`` [n, V], renormalised over each row's ``top_k`` best (host float64 [n-1];
+        syncs; models/draft_head.py, ``draft_probs``)."""
+        return self.draft_head.probs_of(logits[1:], drafts, top_k)
+
     # ------------------------------------------------------------------ stateless entry point
 
     def forward_block(self, context_features, context_positions, anchor_token: int,

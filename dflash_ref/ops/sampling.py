@@ -104,11 +104,15 @@ class DraftProposal:
             [n-1, V], or [n-1, k] on ``candidates`` (DFlash 2: ``softmax(score / T)`` over a
             row's candidates).
         candidates: None, or [n-1, k] int64 the token ids ``q`` is defined on (DFlash 2).
+        p_draft: None, or [n-1] float64 host: the drafter's own probability of each draft,
+            renormalised over the row's ``top_k`` best (asked for with ``scored=top_k``, by a
+            verifier that sizes its block by them).
     """
 
     tokens: np.ndarray
     q: np.ndarray | None = None
     candidates: np.ndarray | None = None
+    p_draft: np.ndarray | None = None
 
 
 def as_generator(rng) -> np.random.Generator:

@@ -7,7 +7,7 @@ proposer, scorer and sampler exchange data objects the same way).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,14 +31,18 @@ class Proposer:
                               "target_layer_ids)")
 
     def propose(self, anchor: int, position: int, block_size: int, law: SamplingParams | None,
-                rng) -> DraftProposal:
+                rng, scored: int | None = None) -> DraftProposal:
         """The drafter's proposal d_1 .. d_{n-1} (n = ``block_size``): greedy for ``law=None``,
-        else sampled from ``law`` with ``rng``."""
+        else sampled from ``law`` with ``rng``; ``scored=top_k``: with ``p_draft``, the
+        drafter's probability of each draft over its row's ``top_k`` best."""
         with self.clock.phase("draft"):
             self.extend(position)
             logits, hidden = self.cache.forward_block(anchor, position, block_size,
                                                       with_hidden=True)  # [n, V], [n, H]
             proposal = self.drafter.propose(hidden, logits, anchor, law, rng)
+            if scored is not None:
+                proposal = replace(proposal, p_draft=self.drafter.draft_probs(
+                    logits, proposal.tokens, scored))
         self.observer.on_draft(anchor, position + np.arange(block_size), logits, proposal)
         return proposal
 
@@ -77,9 +81,12 @@ class DraftingContext:
     be: object
     proposer: Proposer
 
-    def propose(self, block_size: int, law: SamplingParams | None) -> DraftProposal:
-        """The drafter's ``DraftProposal`` for a ``block_size`` block at the anchor."""
-        return self.proposer.propose(self.anchor, self.position, block_size, law, self.rng)
+    def propose(self, block_size: int, law: SamplingParams | None,
+                scored: int | None = None) -> DraftProposal:
+        """The drafter's ``DraftProposal`` for a ``block_size`` block at the anchor
+        (``scored=top_k``: with ``p_draft``)."""
+        return self.proposer.propose(self.anchor, self.position, block_size, law, self.rng,
+                                     scored)
 
     def draft_logits(self):
         """The drafter's logits [Bd, V] over its trained block at the anchor."""

@@ -113,7 +113,7 @@ class ReducedProposer:
         rows = np.concatenate([np.zeros((1, SUBSET.size)), draft_logits[:, SUBSET]])  # [B, Vd]
         self.head, self.block = head, head.scatter(rows.astype(np.float32))  # [B, V]
 
-    def propose(self, anchor, position, block_size, law, rng):
+    def propose(self, anchor, position, block_size, law, rng, scored=None):
         return self.head.sample(self.block[1:block_size], law, rng)
 
     def draft_logits(self, anchor, position):

@@ -33,6 +33,11 @@ class ScriptedDrafter:
     def draft_tokens(self, logits):
         return np.argmax(self.target.be.to_numpy(logits)[1:], axis=-1).astype(np.int64)
 
+    def draft_probs(self, logits, drafts, top_k):
+        """As ``DFlashDrafter.draft_probs``: each draft's probability over its row's top_k."""
+        from dflash_ref.models.draft_head import draft_probs
+        return draft_probs(self.target.be, logits[1:], np.asarray(drafts), top_k)
+
     def propose(self, hidden, logits, anchor_token, law=None, rng=None) -> DraftProposal:
         """As ``DFlashDrafter.propose``: argmax rows, or one draw per row from ``law``."""
         if law is None or law.greedy:

@@ -49,7 +49,8 @@ class ToyProposer:
     def draft_logits(self, anchor: int, position: int):
         return self.block_logits
 
-    def propose(self, anchor: int, position: int, block_size: int, law, rng) -> DraftProposal:
+    def propose(self, anchor: int, position: int, block_size: int, law, rng,
+                scored=None) -> DraftProposal:
         rows = self.block_logits[1:block_size]  # [n-1, V]
         if law is None or law.greedy:
             return DraftProposal(np.argmax(rows, axis=-1).astype(np.int64))
