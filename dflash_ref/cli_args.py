@@ -65,6 +65,15 @@ def temperature(text: str) -> float:
     return value
 
 
+def probability_floor(text: str) -> float:
+    """``--draft-p-min``: a finite number >= 0 (0 keeps every draft; above 1 none)."""
+    value = _float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a finite number >= 0 "
+                                         f"(a probability, e.g. 0.5)")
+    return value
+
+
 def positive_float(text: str) -> float:
     """``--tolerance-scale`` / ``--threshold-factor``: a finite number > 0."""
     value = _float(text)

@@ -4,7 +4,7 @@
                         [--chat-template FILE|NAME]]
                         [--max-new-tokens N] [--temperature T --seed S]
                         [--backend auto|numpy|cupy] [--weights float32|bf16]
-                        [--block-size B] [--verify chain|tree]
+                        [--block-size B] [--verify chain|tree] [--draft-p-min P]
 
 The prompt is tokenized with the target's own tokenizer (``load_tokenizer``: ``tokenizer.json``
 in a directory, or the GGUF's ``tokenizer.ggml.*`` metadata); ``--chat`` wraps it as one user
@@ -14,7 +14,9 @@ a name shipped in ``dflash_ref/data/chat_templates``, e.g. ``gemma3`` for the Ge
 models).
 
 Every check runs before a weight is read: the options from the command line alone
-(:func:`check_options`; ``--verify`` and ``--block-size`` need ``--drafter``), then the pair
+(:func:`check_options`; ``--verify``, ``--block-size`` and ``--draft-p-min`` need ``--drafter``;
+``--draft-p-min``, llama.cpp's ``--spec-draft-p-min``, verifies only the drafts up to the first
+the drafter doubts: spec_decode/confident_verify.py, greedy chain only), then the pair
 from its metadata (:mod:`dflash_ref.io.pair_configs`: the drafter against the target, the
 prompt's ids in the vocabulary, prompt + ``--max-new-tokens`` within the target's positions,
 :func:`check_run`). On a terminal one status line on stderr says what is loading, with the
@@ -54,6 +56,10 @@ def add_parser(sub) -> None:
                    help="with --drafter: the verify block (default: the drafter's trained one)")
     p.add_argument("--verify", default=None, choices=["chain", "tree"],
                    help="with --drafter: chain (default) or tree (DDTree)")
+    p.add_argument("--draft-p-min", type=cli_args.probability_floor, default=None, metavar="P",
+                   help="with --drafter, greedy chain: verify the drafts only up to the first "
+                        "whose probability (over the drafter's 10 best) is below P, as "
+                        "llama.cpp's --spec-draft-p-min")
     p.set_defaults(func=cmd_generate)
 
 
@@ -134,13 +140,26 @@ def check_options(args: argparse.Namespace) -> None:
                                   "reproducible); add e.g. --seed 0")
     if args.chat_template is not None and not args.chat:
         raise cli_args.UsageError("--chat-template is used only with --chat; add --chat")
-    given = [o for o, v in (("--verify", args.verify), ("--block-size", args.block_size))
-             if v is not None]
+    given = [o for o, v in (("--verify", args.verify), ("--block-size", args.block_size),
+                            ("--draft-p-min", args.draft_p_min)) if v is not None]
     if args.drafter is None and given:
         named = " and ".join(given)
         raise cli_args.UsageError(f"{named} {'apply' if len(given) > 1 else 'applies'} to "
                                   f"speculative decoding, and without --drafter generate "
                                   f"decodes plainly; add --drafter PATH or leave {named} out")
+    if args.draft_p_min is not None and (args.temperature > 0 or args.verify == "tree"):
+        raise cli_args.UsageError("--draft-p-min cuts a greedy chain's drafts; use it with "
+                                  "--temperature 0 and --verify chain, or leave it out")
+
+
+def verify_rule(args: argparse.Namespace):
+    """``generate``'s verify argument: the mode named, or with ``--draft-p-min`` the greedy
+    chain cut at the first doubted draft."""
+    if args.draft_p_min is None:
+        return args.verify or "chain"
+    from dflash_ref.spec_decode.confident_verify import ConfidentChainVerifier
+
+    return ConfidentChainVerifier(p_min=args.draft_p_min)
 
 
 def check_pair(args: argparse.Namespace, source, drafter_path: Path | None, ids) -> None:
@@ -198,7 +217,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(stream.shown, end="", flush=True)
     res = generate(target, drafter, ids, args.max_new_tokens,
                    sampling=SamplingParams(args.temperature, seed=args.seed),
-                   block_size=args.block_size, verify=args.verify or "chain",
+                   block_size=args.block_size, verify=verify_rule(args),
                    stop_token_ids=[t for t in (tok.eos_token_id,) if t is not None],
                    observer=Observers(Stream(stream.add), rate))
     print()

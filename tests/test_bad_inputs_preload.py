@@ -157,6 +157,12 @@ REFUSED = [
     ("verify_tree_without_drafter", [*GEN, "--verify", "tree"], ["--verify", "--drafter"]),
     ("verify_chain_without_drafter", [*GEN, "--verify", "chain"], ["--verify", "--drafter"]),
     ("block_size_without_drafter", [*GEN, "--block-size", "4"], ["--block-size", "--drafter"]),
+    ("draft_p_min_without_drafter", [*GEN, "--draft-p-min", "0.5"],
+     ["--draft-p-min", "--drafter"]),
+    ("draft_p_min_with_a_tree", [*_with("shipped"), "--verify", "tree", "--draft-p-min", "0.5"],
+     ["--draft-p-min", "--verify chain"]),
+    ("draft_p_min_sampled", [*_with("shipped"), "--temperature", "0.7", "--seed", "0",
+                             "--draft-p-min", "0.5"], ["--draft-p-min", "--temperature 0"]),
     ("block_size_past_the_trained_block", [*_with("shipped"), "--block-size", "9"],
      ["--block-size 9", "trained block size 8"]),
     ("chat_without_a_template", [*GEN, "--chat"], ["no chat template", "--chat-template"]),
@@ -166,6 +172,7 @@ ALLOWED = [
     ("positions_exactly_the_context", [*GEN, "--max-new-tokens", str(CONTEXT - N_PROMPT)]),
     ("block_size_the_trained_block", [*_with("shipped"), "--block-size", "8"]),
     ("verify_tree_with_drafter", [*_with("shipped"), "--verify", "tree"]),
+    ("draft_p_min_0_greedy_chain", [*_with("shipped"), "--draft-p-min", "0"]),
     ("chat_with_the_shipped_template", [*GEN, "--chat", "--chat-template", "gemma3"]),
 ]
 

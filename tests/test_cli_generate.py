@@ -51,6 +51,26 @@ def test_generate_prints_the_continuation_text_then_stats(pair, capsys, with_dra
     assert out[1].startswith("[6 tokens, tau ")
 
 
+def test_draft_p_min_reaches_the_loop_as_the_cut_chain_and_keeps_the_text(pair, capsys,
+                                                                          monkeypatch):
+    # Catches the option parsed but never handed to generate (the plain chain verifies), or
+    # handed with another p_min.
+    import dflash_ref.spec_decode.loop as loop
+    from dflash_ref.spec_decode.confident_verify import ConfidentChainVerifier
+
+    t, d = pair
+    seen = []
+    monkeypatch.setattr(loop, "generate", lambda *a, **kw: (
+        seen.append(kw["verify"]), generate(*a, **kw))[1])
+    base = ["generate", "--target", str(t), "--prompt", "w3 w17 w42", "--max-new-tokens", "6",
+            "--backend", "numpy", "--drafter", str(d)]
+    assert main(base) == 0
+    plain_chain = capsys.readouterr().out.splitlines()[0]
+    assert main(base + ["--draft-p-min", "0.25"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == plain_chain
+    assert seen[0] == "chain" and seen[1] == ConfidentChainVerifier(p_min=0.25)
+
+
 def test_generate_refuses_sampling_without_a_seed(pair, capsys):
     t, _ = pair
     assert main(["generate", "--target", str(t), "--prompt", "w1", "--temperature", "1"]) == 2

@@ -10,6 +10,8 @@
   chain rules (greedy, and sampled with rejection sampling);
   :mod:`~dflash_ref.spec_decode.extra_verifiers`: DDTree, the sampled tree, the chain with
   greedy drafts and sampled rows;
+  :mod:`~dflash_ref.spec_decode.confident_verify`: the greedy chain cut at the first draft the
+  drafter doubts (llama.cpp's ``--spec-draft-p-min``);
   :mod:`~dflash_ref.spec_decode.verify`: chain verify, greedy and sampled (docs/spec_decode.md);
   :mod:`~dflash_ref.spec_decode.ddtree`: DDTree build, ancestor visibility, tree verify
   (liranringel/ddtree ``ddtree.py``, with the lucebox port's choices as options).
@@ -35,6 +37,7 @@ from dflash_ref.ops.sampling import (
     target_probs,
 )
 from dflash_ref.spec_decode.arguments import make_verifier
+from dflash_ref.spec_decode.confident_verify import ConfidentChainVerifier
 from dflash_ref.spec_decode.cost import CostModel, simulate_gated_decode
 from dflash_ref.spec_decode.ddtree import (
     DDTree,
@@ -89,6 +92,7 @@ __all__ = [
     "ChainVerifyResult",
     "Clock",
     "CommitEmaGate",
+    "ConfidentChainVerifier",
     "CostModel",
     "DDTree",
     "DDTreeOptions",
