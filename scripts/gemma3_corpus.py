@@ -5,7 +5,9 @@ it. Code: scripts/corpus/cpython_3_11_lib.py.txt, read with its space indents (G
 has tokens for runs of spaces), the held-out modules being scripts/demo_corpus.py's
 ``HELD_OUT_FILES``. Prose: scripts/corpus/cpython_3_11_pydoc_topics.txt, the 79 topics of
 CPython 3.11.7's Lib/pydoc_data/topics.py (the language reference's English text), one
-``# ==== topic <name> ====`` line before each, ``HELD_OUT_TOPICS`` held out. Both are PSF-licensed
+``# ==== topic <name> ====`` line before each, ``HELD_OUT_TOPICS`` held out. More code:
+scripts/corpus/cpython_3_11_lib_more.py.txt, the other top-level modules of CPython 3.11.7's Lib
+(scripts/corpus/build_more.py), all for training. All are PSF-licensed
 (scripts/corpus/LICENSE-PSF.txt; docs/training.md).
 """
 
@@ -22,6 +24,7 @@ import demo_corpus  # noqa: E402
 
 BOS, MASK = 2, 4  # Gemma 3: <bos>, <mask>
 PROSE = Path(__file__).resolve().parent / "corpus" / "cpython_3_11_pydoc_topics.txt"
+MORE_CODE = Path(__file__).resolve().parent / "corpus" / "cpython_3_11_lib_more.py.txt"
 # held out: topics none of whose lines appear in another topic (pydoc's topics repeat each other)
 HELD_OUT_TOPICS = ("binary", "calls", "dict", "import", "objects", "strings", "subscriptions",
                    "typesmapping")
@@ -40,9 +43,9 @@ OOD_PROMPTS = (  # outside the corpus domain: plain English and other languages'
 
 # ---------------------------------------------------------------------------------- corpus
 
-def corpus_files() -> dict[str, str]:
-    """{module: text} of the pinned corpus, spaces kept (Gemma's tokenizer has whitespace runs)."""
-    data = demo_corpus.CORPUS.read_text()
+def corpus_files(path: Path = demo_corpus.CORPUS) -> dict[str, str]:
+    """{module: text} of a pinned code file, spaces kept (Gemma's tokenizer has whitespace runs)."""
+    data = path.read_text()
     heads = list(re.finditer(r"^# ==== (Lib/\S+) ====\n", data, re.MULTILINE))
     return {m.group(1): data[m.end(): heads[i + 1].start() if i + 1 < len(heads) else None]
             for i, m in enumerate(heads)}
@@ -57,10 +60,17 @@ def prose_files() -> dict[str, str]:
 
 
 def training_texts() -> dict[str, str]:
-    """Every text the drafter may train on: the code modules and prose topics not held out."""
+    """The first part of the training texts: the code modules and prose topics not held out."""
     code = {n: t for n, t in corpus_files().items() if n not in demo_corpus.HELD_OUT_FILES}
     prose = {"topic " + n: t for n, t in prose_files().items() if n not in HELD_OUT_TOPICS}
     return {**code, **prose}
+
+
+def training_parts() -> list[dict[str, str]]:
+    """Every text the drafter may train on, in parts whose windows are made one part after the
+    other (so adding a part leaves the earlier parts' windows where they were): the first part,
+    then the other top-level modules (none held out)."""
+    return [training_texts(), corpus_files(MORE_CODE)]
 
 
 def line_starts(text: str) -> list[int]:

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gemma3_corpus import BOS, dflash_tokenizer, gguf_path, training_texts  # noqa: E402
+from gemma3_corpus import BOS, dflash_tokenizer, gguf_path, training_parts  # noqa: E402
 
 DEFAULT_CACHE = Path.home() / ".cache" / "dflash_ref" / "gemma3_drafter_windows"
 TARGET_LAYER_IDS = [1, 8, 15]
@@ -54,6 +54,17 @@ def windows(texts: dict[str, str], tok, window: int, seed: int) -> list[tuple[st
         out += [(name, np.concatenate([[BOS], ids[s: s + n]]).astype(np.int32)) for s in starts]
     order = np.random.default_rng(seed).permutation(len(out))
     return [out[i] for i in order]
+
+
+def chunks(parts: list[dict[str, str]], tok, window: int, chunk: int, seed: int):
+    """The cache's chunks: :func:`windows` of each part in turn (part i seeded ``seed + i``), cut
+    into chunks of ``chunk`` windows, a part's last chunk possibly short. A part added later
+    appends its chunks and leaves every earlier one as it was."""
+    out = []
+    for i, texts in enumerate(parts):
+        wins = windows(texts, tok, window, seed + i)
+        out += [wins[j: j + chunk] for j in range(0, len(wins), chunk)]
+    return out
 
 
 def exact_rows(ids: np.ndarray, pred: np.ndarray, anchors: np.ndarray, rows: int) -> np.ndarray:
@@ -107,9 +118,9 @@ def make_data(k: dict, cache: Path) -> dict:
     t0 = time.time()
     tm = TargetModel.from_gguf(gguf_path())
     tm.set_target_layer_ids(TARGET_LAYER_IDS)
-    wins = windows(training_texts(), dflash_tokenizer(), k["window"], k["seed"])
-    n_chunks = min(k["max_chunks"], (len(wins) + k["chunk"] - 1) // k["chunk"])
-    print(f"{len(wins)} windows of {k['window']} ids ({n_chunks} chunks); target loaded in "
+    parts = chunks(training_parts(), dflash_tokenizer(), k["window"], k["chunk"], k["seed"])
+    n_chunks, n_wins = min(k["max_chunks"], len(parts)), sum(map(len, parts))
+    print(f"{n_wins} windows of {k['window']} ids ({n_chunks} chunks); target loaded in "
           f"{time.time() - t0:.0f} s", flush=True)
     done = sorted(cache.glob("chunk*.npz"))
     first = chunk = len(done)
@@ -121,7 +132,7 @@ def make_data(k: dict, cache: Path) -> dict:
             with new_file(cache / "bos_features.npy", "--cache") as tmp:
                 np.save(tmp, prefill(tm, np.array([BOS]))[1][0])
         while chunk < n_chunks and time.time() < deadline:
-            part = wins[chunk * k["chunk"]: (chunk + 1) * k["chunk"]]
+            part = parts[chunk]
             ids = np.stack([w for _, w in part])
             preds, feats = zip(*(prefill(tm, w) for w in ids))
             # float32: Gemma's activations reach beyond float16's range (65504) in layers 8
@@ -129,11 +140,11 @@ def make_data(k: dict, cache: Path) -> dict:
             write_whole(cache / f"chunk{chunk:05d}.npz", ids=ids, preds=np.stack(preds),
                         feats=np.stack(feats)[:, 1:], names=np.array([n for n, _ in part]))
             chunk += 1
-            rate = (chunk - first) * k["chunk"] * k["window"] / (time.time() - t1)
+            rate = sum(map(len, parts[first:chunk])) * k["window"] / (time.time() - t1)
             print(f"chunk {chunk}/{n_chunks}: {rate:.0f} positions/s, "
                   f"{time.time() - t0:.0f} s in all", flush=True)
-    n_windows = len(wins[: chunk * k["chunk"]])  # the last chunk may be short
-    log = {"knobs": k, "windows_total": len(wins), "chunks": chunk,
+    n_windows = sum(map(len, parts[:chunk]))  # a part's last chunk may be short
+    log = {"knobs": k, "windows_total": n_wins, "chunks": chunk,
            "this_run_chunks": chunk - first, "positions": n_windows * k["window"],
            "data_s": round(time.time() - t0, 1), "prefill_s": round(time.time() - t1, 1)}
     (cache / f"data_log{first:05d}.json").write_text(json.dumps(log, indent=1) + "\n")
@@ -149,9 +160,14 @@ def load_data(cache: Path):
     parts = [np.load(f) for f in files]
     ids = np.concatenate([p["ids"] for p in parts]).astype(np.int64)
     preds = np.concatenate([p["preds"] for p in parts]).astype(np.int64)
-    rest = np.concatenate([p["feats"] for p in parts])  # positions 1..W-1
-    feats = np.concatenate([np.zeros_like(rest[:, :1]), rest], axis=1)
     names = np.concatenate([p["names"] for p in parts])
+    first = parts[0]["feats"]  # [n, W-1, C*H]: positions 1..W-1
+    feats = np.zeros((ids.shape[0], first.shape[1] + 1, first.shape[2]), np.float32)
+    row = 0
+    for p in parts:  # filled chunk by chunk: the features are most of the memory
+        f = p["feats"]
+        feats[row: row + f.shape[0], 1:] = f
+        row += f.shape[0]
     return ids, preds, feats, np.load(cache / "bos_features.npy"), names
 
 

@@ -107,3 +107,37 @@ def test_the_held_out_prose_never_appears_in_training():
             if len(line) > 40]
     assert held and not [line for line in held if line in training]
     assert not set(gemma3_corpus.training_texts()) & {"Lib/csv.py", "topic dict"}
+
+
+def test_a_part_added_later_leaves_every_earlier_chunk_where_it_was():
+    # The cache's chunk i must hold the same windows before and after a part is added, and the
+    # new part's chunks start at a chunk boundary (the first part's last chunk stays short).
+    # Catches: the parts' windows shuffled together, one chunking over all parts (the first
+    # part's short last chunk then filled with the second part's windows).
+    first = {"a": "a" * 23, "b": "b" * 13}
+    second = {"c": "c" * 21}
+    before = gemma3_data.chunks([first], _Tok(), window=6, chunk=3, seed=5)
+    after = gemma3_data.chunks([first, second], _Tok(), window=6, chunk=3, seed=5)
+    assert [len(c) for c in before] == [3, 3, 2]  # 5 + 3 windows of 5 ids, in chunks of 3
+    assert len(after) == len(before) + 2
+    for old, new in zip(before, after):
+        assert [n for n, _ in old] == [n for n, _ in new]
+        assert all((x == y).all() for (_, x), (_, y) in zip(old, new))
+    assert {n for c in after[len(before):] for n, _ in c} == {"c"}
+
+
+def test_the_added_code_holds_no_held_out_or_first_part_module():
+    # scripts/corpus/cpython_3_11_lib_more.py.txt (scripts/corpus/build_more.py): the other
+    # top-level modules only. Catches a held-out module (csv, queue, shlex, textwrap) copied in,
+    # a module trained twice, a held-out module's code leaking in under another name.
+    more = gemma3_corpus.corpus_files(gemma3_corpus.MORE_CODE)
+    first = gemma3_corpus.corpus_files()
+    assert len(more) == 131 and not set(more) & set(first)
+    assert all(n.startswith("Lib/") and "/" not in n[4:] for n in more)
+    text = "".join(more.values())
+    pairs = []  # two consecutive held-out lines: a few single lines are common idioms
+    for n in gemma3_corpus.demo_corpus.HELD_OUT_FILES:
+        lines = [ln for ln in first[n].splitlines() if len(ln.strip()) > 20]
+        pairs += [a + "\n" + b for a, b in zip(lines, lines[1:])]
+    assert len(pairs) > 400 and not [p for p in pairs if p in text]
+    assert gemma3_corpus.training_parts()[1] == more
