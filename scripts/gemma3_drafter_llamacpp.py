@@ -91,6 +91,8 @@ def _decoded(err: str) -> tuple[int, float]:
 
 
 def speculative(bin_dir: Path, target: Path, drafter: Path, text: str, n_new: int) -> dict:
+    from dflash_ref.oracle.llamacpp_loop import spec_steps
+
     p = _run([str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(drafter),
               "--spec-type", "draft-dflash", "--spec-draft-n-max", "7", "-n", str(n_new),
               "--temp", "0", "-t", "1", "-v", "-p", text], until="n_accept")
@@ -101,8 +103,7 @@ def speculative(bin_dir: Path, target: Path, drafter: Path, text: str, n_new: in
     get = {k: int(re.search(rf"{k}\s*=\s*(\d+)", p.err).group(1))
            for k in ("n_predict", "n_drafted", "n_accept")}
     steps = get["n_predict"] - get["n_accept"]  # each verify step commits accepted + 1
-    per_step = [(int(a), int(d)) for a, d in
-                re.findall(r"accepted (\d+)/(\d+) draft tokens", p.err)]  # -v lines
+    per_step = spec_steps(p.err)  # the -v lines
     return {"tokens": n, "s": s, **get, "tau": round(get["n_predict"] / max(steps, 1), 3),
             "text": p.out.split(text, 1)[-1], "steps": per_step}
 

@@ -12,6 +12,8 @@ over the sequence plus the drafts), so that llama.cpp's per-step ``accepted A/D 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
@@ -46,6 +48,13 @@ def greedy_gaps(target, ids, tokens) -> np.ndarray:
     rows = logits[len(ids) - 1:]  # [len(tokens), V]: row i chose tokens[i]
     top2 = np.sort(np.partition(rows, -2, axis=1)[:, -2:], axis=1)
     return top2[:, 1] - top2[:, 0]
+
+
+def spec_steps(stderr: str) -> list[tuple[int, int]]:
+    """[(accepted, drafted)] per verify step from llama.cpp's ``-v`` lines ``accepted A/D draft
+    tokens`` (examples/speculative-simple)."""
+    return [(int(a), int(d)) for a, d in
+            re.findall(r"accepted (\d+)/(\d+) draft tokens", stderr)]
 
 
 def full_block_steps(steps, n_draft: int = 7) -> list[int]:

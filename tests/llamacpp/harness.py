@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_ref.oracle.llamacpp_loop import spec_steps  # noqa: F401  (the tests import it here)
+
 PIN = "11434.0.0"
 TOOLS = ("llama-speculative-simple", "llama-eval-callback", "llama-simple")
 TIMEOUT_S = 600
@@ -99,12 +101,6 @@ def spec_counts(stderr: str) -> tuple[int, int]:
     if not (drafted and accepted):
         raise AssertionError(f"no n_drafted / n_accept in the output:\n{stderr[-2000:]}")
     return int(drafted.group(1)), int(accepted.group(1))
-
-
-def spec_steps(stderr: str) -> list[tuple[int, int]]:
-    """[(accepted, drafted)] per verify step from the -v debug lines."""
-    return [(int(a), int(b)) for a, b in
-            re.findall(r"accepted (\d+)/(\d+) draft tokens", stderr)]
 
 
 def draft_candidates(stderr: str) -> list[list[int]]:

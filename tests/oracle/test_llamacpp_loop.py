@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from dflash_ref.oracle.llamacpp_loop import greedy_gaps
+from dflash_ref.oracle.llamacpp_loop import greedy_gaps, spec_steps
 
 
 class _Rows:
@@ -37,3 +37,15 @@ def test_full_block_steps_stop_at_the_first_shorter_draft():
 
     assert full_block_steps([(0, 7), (7, 7), (2, 5), (1, 7)]) == [0, 7]
     assert full_block_steps([(3, 4)], n_draft=4) == [3]
+
+
+def test_spec_steps_reads_each_accepted_line_of_llama_cpps_verbose_log():
+    # Lines as examples/speculative-simple prints them with -v (build 11434), among others that
+    # look alike. Catches accepted and drafted swapped, a line with other words counted.
+    err = ("main: accepted 3/7 draft tokens, the rest generated\n"
+           "draft candidate   0, pos   0:   1234 ( 0.9) 'x'\n"
+           "main: accepted 0/7 draft tokens, the rest generated\n"
+           "n_accept  = 3\n"
+           "main: accepted 12/15 draft tokens, the rest generated\n")
+    assert spec_steps(err) == [(3, 7), (0, 7), (12, 15)]
+    assert spec_steps("n_drafted = 14\nn_accept  = 3\n") == []
