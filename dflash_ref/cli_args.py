@@ -213,6 +213,15 @@ def load_target(source, backend: str = "numpy"):
     return TargetModel.from_gguf(source, backend=backend)
 
 
+def load_drafter(path: Path, target):
+    """The drafter at ``path`` bound to ``target``: a z-lab directory or a llama.cpp GGUF."""
+    from dflash_ref.models.drafter import DFlashDrafter
+
+    if gguf_file_or_directory(Path(path)):
+        return DFlashDrafter.from_gguf(path, target)
+    return DFlashDrafter.from_pretrained(path, target)
+
+
 def check_ids_in_vocabulary(ids, vocab_size: int, option: str) -> None:
     """Token ids the loaded target can embed: each below its vocabulary size."""
     bad = [i for i in ids if i >= vocab_size]

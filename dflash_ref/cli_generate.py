@@ -188,7 +188,6 @@ def check_run(args: argparse.Namespace, target, drafter, n_prompt: int) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.ops.sampling import SamplingParams
     from dflash_ref.spec_decode.loop import generate
     from dflash_ref.spec_decode.observe import Observers, Stream
@@ -209,8 +208,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         drafter = None
         if d is not None:
             status.say(f"loading {d.name}")
-            drafter = (DFlashDrafter.from_pretrained(d, target) if d.is_dir()
-                       else DFlashDrafter.from_gguf(d, target))
+            drafter = cli_args.load_drafter(d, target)
     load_s = time.perf_counter() - t0
     stream, rate = _Stream(tok, ids), StepRate()
     if not args.chat:  # the prompt as the tokenizer reads it back, then the continuation

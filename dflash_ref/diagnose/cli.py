@@ -99,14 +99,6 @@ def add_explain_parser(sub) -> None:
     p.set_defaults(func=cmd_explain)
 
 
-def _load_drafter(path: Path, target):
-    from dflash_ref.models.drafter import DFlashDrafter
-
-    if cli_args.gguf_file_or_directory(path):
-        return DFlashDrafter.from_gguf(path, target)
-    return DFlashDrafter.from_pretrained(path, target)
-
-
 def _prompts(args, tokenizer):
     if args.ids:
         return args.ids, None
@@ -165,7 +157,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for p in prompts:
         cli_args.check_ids_in_vocabulary(p, target.config.vocab_size, "--ids")
     with phases.phase(f"loading the drafter {drafter_path.name}"):
-        drafter = _load_drafter(drafter_path, target)
+        drafter = cli_args.load_drafter(drafter_path, target)
     ablations = auto_ablations(target.config) if args.ablations is None else args.ablations
     new = auto_new_tokens(target.config) if args.max_new_tokens is None else args.max_new_tokens
     served = "chat, thinking" if args.thinking else "chat" if args.chat else "raw"

@@ -133,14 +133,12 @@ def cmd_conform(args: argparse.Namespace) -> int:
 
 def _load(source, drafter_path, backend: str):
     from dflash_ref.backend import limit_blas_threads
-    from dflash_ref.models.drafter import DFlashDrafter
 
     target = cli_args.load_target(source, backend)
     limit_blas_threads(target.config.hidden_size)  # small models: one BLAS thread, for good
     drafter = None
     if drafter_path is not None:
-        drafter = (DFlashDrafter.from_pretrained(drafter_path, target) if drafter_path.is_dir()
-                   else DFlashDrafter.from_gguf(drafter_path, target))
+        drafter = cli_args.load_drafter(drafter_path, target)
     return target, drafter
 
 
