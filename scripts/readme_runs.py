@@ -28,6 +28,8 @@ RUNS = [  # the arguments after --target GGUF, in the README's order
     ["--chat", "--chat-template", "gemma3", "--prompt", "Write a haiku about the sea.",
      "--max-new-tokens", "24"],
     ["--drafter", DRAFTER, "--prompt", "def read_rows(path):", "--max-new-tokens", "32"],
+    ["--drafter", DRAFTER, "--draft-p-min", "0.9", "--prompt", "def read_rows(path):",
+     "--max-new-tokens", "32"],
     ["--prompt", "def read_rows(path):", "--max-new-tokens", "32"],
 ]
 

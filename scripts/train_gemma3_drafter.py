@@ -17,8 +17,9 @@ Needs the ``train`` and ``real`` extras (PyTorch for ``train``; gemma3_270m_q4_k
    own head: ``draft_vocab`` target ids (those the target predicts most often), initialised from
    the target's tied rows and trained, saved with the ``d2t`` map (docs/drafters.md).
 3. eval: on held-out prompts (code and prose) and out-of-domain ones, speculative == plain
-   greedy, tau with features as captured and with ``fc`` zeroed, and the wall clock of plain and
-   speculative decoding alternating prompt by prompt in one process.
+   greedy, tau with features as captured and with ``fc`` zeroed, and the wall clock of plain
+   decoding, speculative decoding (generate's default chain) and speculative decoding with the
+   drafts cut at ``eval_p_min`` (``--draft-p-min``), alternating prompt by prompt in one process.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
                target_layer_ids=[1, 8, 15])
 KNOBS = dict(seed=31, threads=2, steps=100_000, train_minutes=75.0, batch=4, anchors=64,
              lr=1e-3, gamma=4.0, draft_vocab=2816, init="", bf16=1, eval_prompts=16, eval_ood=8,
-             eval_new_tokens=48)
+             eval_new_tokens=48, eval_p_min=0.5)
 
 # ---------------------------------------------------------------------------------- 2. train
 
@@ -276,22 +277,24 @@ def drafter_config(draft_vocab: int) -> dict:
 
 # ---------------------------------------------------------------------------------- 3. eval
 
-def plain_and_speculative(tm, dm, prompt, n: int):
-    """Greedy ``generate`` of ``n`` tokens, plain then with drafter ``dm``: (plain, speculative,
-    plain seconds, speculative seconds)."""
+def timed_runs(tm, dm, prompt, n: int, forms):
+    """Greedy ``generate`` of ``n`` tokens plainly, then with drafter ``dm`` under each verify
+    rule of ``forms``, one after the other: [(result, seconds)], plain first."""
     from dflash_ref.spec_decode.loop import generate
 
-    t0 = time.time()
-    plain = generate(tm, None, prompt, n)
-    t1 = time.time()
-    spec = generate(tm, dm, prompt, n)
-    return plain, spec, t1 - t0, time.time() - t1
+    out = []
+    for drafter, verify in [(None, "chain"), *((dm, v) for v in forms)]:
+        t0 = time.perf_counter()
+        res = generate(tm, drafter, prompt, n, verify=verify)
+        out.append((res, time.perf_counter() - t0))
+    return out
 
 
 def evaluate(k: dict, out: Path) -> dict:
     from dflash_ref.backend import limit_blas_threads
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
+    from dflash_ref.spec_decode.confident_verify import ConfidentChainVerifier
     from dflash_ref.spec_decode.loop import generate
 
     tm = TargetModel.from_gguf(gguf_path())
@@ -304,22 +307,30 @@ def evaluate(k: dict, out: Path) -> dict:
     with limit_blas_threads(tm.config.hidden_size):  # one BLAS thread, as dflash-ref generate
         generate(tm, dm, sets[0][1][0], 8)  # warm-up, not timed
         for name, prompts in sets:
-            taus, taus_zero, same, t_plain, t_spec = [], [], True, 0.0, 0.0
+            taus, taus_zero, taus_cut, same = [], [], [], True
+            t_plain = t_spec = t_cut = 0.0
+            cut = ConfidentChainVerifier(p_min=k["eval_p_min"])
             for p in prompts:
-                plain, spec, tp, ts = plain_and_speculative(tm, dm, p, k["eval_new_tokens"])
-                t_plain, t_spec = t_plain + tp, t_spec + ts
-                same &= spec.tokens == plain.tokens
+                (plain, tp), (spec, ts), (spec_cut, tc) = timed_runs(
+                    tm, dm, p, k["eval_new_tokens"], ["chain", cut])
+                t_plain, t_spec, t_cut = t_plain + tp, t_spec + ts, t_cut + tc
+                same &= spec.tokens == plain.tokens == spec_cut.tokens
                 taus.append(spec.tau)
+                taus_cut.append(spec_cut.tau)
                 taus_zero.append(generate(tm, zeroed, p, k["eval_new_tokens"]).tau)
-                print(f"{name}: tau {spec.tau:.2f} zeroed {taus_zero[-1]:.2f} "
-                      f"same {spec.tokens == plain.tokens}  plain {tp:.2f} s  speculative "
-                      f"{ts:.2f} s", flush=True)
+                print(f"{name}: tau {spec.tau:.2f} zeroed {taus_zero[-1]:.2f} cut "
+                      f"{spec_cut.tau:.2f} same {spec.tokens == plain.tokens == spec_cut.tokens}"
+                      f"  plain {tp:.2f} s  speculative {ts:.2f} s  cut {tc:.2f} s", flush=True)
             result[name] = {"prompts": len(prompts), "new_tokens": k["eval_new_tokens"],
                             "lossless": bool(same), "tau": round(float(np.mean(taus)), 3),
                             "tau_min": round(float(np.min(taus)), 3),
                             "tau_features_zeroed": round(float(np.mean(taus_zero)), 3),
                             "plain_s": round(t_plain, 2), "spec_s": round(t_spec, 2),
                             "speedup": round(t_plain / t_spec, 3),
+                            "p_min": k["eval_p_min"],
+                            "tau_p_min": round(float(np.mean(taus_cut)), 3),
+                            "spec_p_min_s": round(t_cut, 2),
+                            "speedup_p_min": round(t_plain / t_cut, 3),
                             "per_prompt": {"tau": [round(t, 3) for t in taus],
                                            "tau_features_zeroed": [round(t, 3)
                                                                    for t in taus_zero]}}

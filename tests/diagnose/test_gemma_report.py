@@ -37,10 +37,11 @@ def _counts(line: str, tail: str) -> tuple[int, int]:
 
 
 def _run(accepted: int, judged: int, B: int = 8):
-    """A made-up run with these counts: ``accepted`` steps accept one draft, every step rejects
-    one (judged = accepted + steps)."""
+    """A made-up run with these counts: every step rejects one draft (judged = accepted +
+    steps), the accepted ones spread over the steps as evenly as they go."""
     steps = judged - accepted
-    return acceptance_stats([Step(i, B - 1, int(i < accepted), 9) for i in range(steps)], B)
+    q, r = divmod(accepted, steps)
+    return acceptance_stats([Step(i, B - 1, q + int(i < r), 9) for i in range(steps)], B)
 
 
 def test_the_doc_shows_the_committed_output():
@@ -78,10 +79,10 @@ def test_the_miss_words_match_its_classes():
 
 
 # each number the doc's prose quotes, as it appears in the output (or GNU time's figures)
-QUOTES = ["tau 1.79", "41 of 91 drafts judged accepted", "7 of 93", "tau 1.08", "9 (18%)",
-          "16 (32%)", "25 (50%)", "3 prompts x 32 tokens", "12 s", "tokenizer 3 s",
-          "baseline 4 s", "features zeroed 3 s", "User time (seconds): 17.53",
-          "System time (seconds): 1.68", "Percent of CPU this job got: 155%"]
+QUOTES = ["tau 2.02", "47 of 91 drafts judged accepted", "7 of 93", "tau 1.08", "14 (32%)",
+          "13 (30%)", "17 (39%)", "3 prompts x 32 tokens", "13 s", "tokenizer 3 s",
+          "baseline 4 s", "features zeroed 3 s", "User time (seconds): 19.60",
+          "System time (seconds): 1.61", "Percent of CPU this job got: 158%"]
 
 
 @pytest.mark.parametrize("quote", QUOTES)
