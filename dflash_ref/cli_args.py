@@ -56,22 +56,23 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
-def temperature(text: str) -> float:
-    """``--temperature``: a finite number >= 0 (0 is greedy)."""
+def _at_least_zero(text: str, example: str) -> float:
+    """A finite number >= 0, or the error naming the option's ``example``."""
     value = _float(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a finite number >= 0 "
-                                         f"(0: greedy)")
+                                         f"({example})")
     return value
+
+
+def temperature(text: str) -> float:
+    """``--temperature``: a finite number >= 0 (0 is greedy)."""
+    return _at_least_zero(text, "0: greedy")
 
 
 def probability_floor(text: str) -> float:
     """``--draft-p-min``: a finite number >= 0 (0 keeps every draft; above 1 none)."""
-    value = _float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a finite number >= 0 "
-                                         f"(a probability, e.g. 0.5)")
-    return value
+    return _at_least_zero(text, "a probability, e.g. 0.5")
 
 
 def positive_float(text: str) -> float:
