@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 RUNS = ROOT / "tests" / "real" / "data" / "readme_runs.json"
 DRAFTER = ROOT / "dflash_ref" / "data" / "gemma3_270m_drafter"
+DRAFTER_ARG = "dflash_ref/data/gemma3_270m_drafter"  # as the README runs name it
 
 
 def _one_line(text: str) -> str:
@@ -312,3 +313,22 @@ def test_the_load_average_of_the_recorded_runs_is_quoted():
 def test_the_python_examples_load_time_is_recorded():
     seconds = json.loads(RUNS.read_text())["from_gguf_s"]
     assert f"# about {round(seconds)} s on 2 cores" in README
+
+
+def test_the_drafter_runs_speed_against_plain_is_the_recorded_ratio():
+    # "here 0.75x its speed", "0.89x here": each drafter run's tok/s over the plain run's on the
+    # same prompt, from the recorded stdout. Catches a ratio left from an older recording.
+    by_args = {tuple(r["args"]): r for r in _readme_runs()}
+
+    def rate(run):
+        return float(re.search(r"([\d.]+) tok/s", run["stdout"].rstrip("\n").split("\n")[-1])[1])
+
+    drafted = [(a, r) for a, r in by_args.items() if "--drafter" in a]
+    assert len(drafted) == 2
+    for args, run in drafted:
+        plain = [a for a in args if a not in ("--drafter", DRAFTER_ARG)]
+        if "--draft-p-min" in plain:
+            i = plain.index("--draft-p-min")
+            del plain[i:i + 2]
+        ratio = rate(run) / rate(by_args[tuple(plain)])
+        assert f"{ratio:.2f}x" in README_LINE, (args, ratio)
