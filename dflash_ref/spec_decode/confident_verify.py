@@ -46,8 +46,9 @@ def confident_prefix(p_draft, p_min: float, n_min: int = 0) -> int:
 @dataclass(frozen=True)
 class ConfidentChainVerifier(LazyChainVerifier):
     """Greedy chain verify of ``[t_s, d_1 .. d_k]``, k from :func:`confident_prefix` (module
-    docstring), its rows read as :class:`LazyChainVerifier` reads them (``head_groups=()``,
-    ``layers_later=False``: all at once)."""
+    docstring), its rows read as :class:`LazyChainVerifier` reads them (by default row 0, row 1,
+    then the rest, each group a forward of its own; ``head_groups=()``, ``layers_later=False``:
+    all at once)."""
 
     p_min: float = 0.5
     n_min: int = 0
@@ -62,9 +63,7 @@ class ConfidentChainVerifier(LazyChainVerifier):
 
     def draft(self, ctx: DraftingContext) -> LazyChainBlock:
         """2b. ``[anchor, d_1 .. d_k]``: the drafts up to the first the drafter doubts."""
-        block_size = ctx.block_size
-        if self.draft_rows == "verify":
-            block_size = min(block_size, ctx.remaining + 1)
+        block_size = self.drafted_rows(ctx)
         proposal = ctx.propose(block_size, None, scored=self.top_k)
         drafts = proposal.tokens[: block_size - 1]  # [n-1]
         k = confident_prefix(proposal.p_draft[: block_size - 1], self.p_min, self.n_min)

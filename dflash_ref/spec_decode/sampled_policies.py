@@ -44,9 +44,7 @@ class OneHotRejectionChainVerifier(RejectionChainVerifier):
     def draft(self, ctx: DraftingContext) -> ChainBlock:
         """Argmax drafts; the proposal's ``q`` is 1 on each draft (the sparse form: one
         candidate per row)."""
-        block_size = ctx.block_size
-        if self.draft_rows == "verify":
-            block_size = min(block_size, ctx.remaining + 1)
+        block_size = self.drafted_rows(ctx)
         drafts = np.asarray(ctx.propose(block_size, None).tokens[: block_size - 1], np.int64)
         one_hot = DraftProposal(drafts, np.ones((drafts.shape[0], 1)), drafts[:, None])
         return ChainBlock(np.concatenate([[ctx.anchor], drafts]).astype(np.int64), one_hot)

@@ -101,11 +101,16 @@ class ChainVerifier(Verifier):
         if block_size > trained_block_size and self.draft_rows != "verify":
             raise block_too_wide(block_size, trained_block_size)
 
+    def drafted_rows(self, ctx: DraftingContext) -> int:
+        """n, the rows this step drafts: the step's block, or with ``draft_rows="verify"`` at
+        most ``remaining + 1`` (the release's ``verify_size``)."""
+        if self.draft_rows == "verify":
+            return min(ctx.block_size, ctx.remaining + 1)
+        return ctx.block_size
+
     def draft(self, ctx: DraftingContext) -> ChainBlock:
         """2b. ``[anchor, d_1 .. d_{n-1}]`` proposed under :meth:`draft_law`."""
-        block_size = ctx.block_size
-        if self.draft_rows == "verify":
-            block_size = min(block_size, ctx.remaining + 1)
+        block_size = self.drafted_rows(ctx)
         proposal = ctx.propose(block_size, self.draft_law(ctx.sampling))
         drafts = proposal.tokens[: block_size - 1]  # [n-1]
         tokens = np.concatenate([[ctx.anchor], drafts]).astype(np.int64)  # [n]
