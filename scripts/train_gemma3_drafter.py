@@ -48,7 +48,7 @@ DRAFTER = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
                target_layer_ids=[1, 8, 15])
 KNOBS = dict(seed=31, threads=2, steps=100_000, train_minutes=75.0, batch=4, anchors=64,
              lr=1e-3, gamma=4.0, draft_vocab=2816, init="", bf16=1, eval_prompts=16, eval_ood=8,
-             eval_new_tokens=48, eval_p_min=0.5)
+             eval_new_tokens=48, eval_p_min=0.9)
 
 # ---------------------------------------------------------------------------------- 2. train
 

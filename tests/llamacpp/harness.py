@@ -14,8 +14,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_ref.oracle.llamacpp_loop import spec_steps  # noqa: F401  (the tests import it here)
-
 PIN = "11434.0.0"
 TOOLS = ("llama-speculative-simple", "llama-eval-callback", "llama-simple")
 TIMEOUT_S = 600

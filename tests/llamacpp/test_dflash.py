@@ -21,10 +21,10 @@ import pytest
 from dflash_ref.demo_text import decode_bytes, demo_held_out_prompts
 from dflash_ref.models.drafter import DFlashDrafter
 from dflash_ref.models.target import TargetModel
-from dflash_ref.oracle.llamacpp_loop import full_block_steps, llamacpp_loop
+from dflash_ref.oracle.llamacpp_loop import full_block_steps, llamacpp_loop, spec_steps
 from dflash_ref.spec_decode.loop import generate
 from dflash_ref.spec_decode.observe import Observer
-from tests.llamacpp.harness import spec_counts, spec_steps
+from tests.llamacpp.harness import spec_counts
 
 pytestmark = pytest.mark.llamacpp
 

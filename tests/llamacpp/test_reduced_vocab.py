@@ -62,8 +62,8 @@ def test_llamacpp_drafts_and_accepts_as_we_do_with_a_reduced_head(llamacpp, tmp_
     from dflash_ref.demo_text import decode_bytes
     from dflash_ref.models.drafter import DFlashDrafter
     from dflash_ref.models.target import TargetModel
+    from dflash_ref.oracle.llamacpp_loop import spec_steps
     from dflash_ref.spec_decode.loop import generate
-    from tests.llamacpp.harness import spec_steps
     from tests.llamacpp.test_dflash import (
         GGUF,
         N_DRAFT,
