@@ -104,9 +104,8 @@ class ChainVerifier(Verifier):
     def drafted_rows(self, ctx: DraftingContext) -> int:
         """n, the rows this step drafts: the step's block, or with ``draft_rows="verify"`` at
         most ``remaining + 1`` (the release's ``verify_size``)."""
-        if self.draft_rows == "verify":
-            return min(ctx.block_size, ctx.remaining + 1)
-        return ctx.block_size
+        limit = ctx.remaining + 1 if self.draft_rows == "verify" else ctx.block_size
+        return min(ctx.block_size, limit)
 
     def draft(self, ctx: DraftingContext) -> ChainBlock:
         """2b. ``[anchor, d_1 .. d_{n-1}]`` proposed under :meth:`draft_law`."""
