@@ -603,15 +603,15 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
     (
         '27a last step: the verify block min(B, remaining) rows',
         'dflash_ref/spec_decode/verifiers.py',
-        'block_size = min(block_size, ctx.remaining + 1)',
-        'block_size = min(block_size, ctx.remaining)',
+        'limit = ctx.remaining + 1 if self.draft_rows == "verify"',
+        'limit = ctx.remaining if self.draft_rows == "verify"',
         'tests/spec_decode/test_last_step_counts.py',
     ),
     (
         '27b last step: the verify block min(B, remaining + 2) rows',
         'dflash_ref/spec_decode/verifiers.py',
-        'block_size = min(block_size, ctx.remaining + 1)',
-        'block_size = min(block_size, ctx.remaining + 2)',
+        'limit = ctx.remaining + 1 if self.draft_rows == "verify"',
+        'limit = ctx.remaining + 2 if self.draft_rows == "verify"',
         'tests/spec_decode/test_last_step_counts.py',
     ),
     (
