@@ -120,7 +120,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                              graphs=True) if args.graphs else None
     # A small model's products are too small to gain from BLAS threads, and threads of several
     # processes oversubscribe a busy machine (1.1x instead of 2-3x speedups, measured).
-    with limit_blas_threads(target.config.hidden_size) or contextlib.nullcontext():
+    with limit_blas_threads(target.config.hidden_size, vocab_size=target.config.vocab_size) \
+            or contextlib.nullcontext():
         with Status() as status:  # the table compares modes: neither pays one-time costs
             status.say("warming up (untimed)")
             warm_up(target, drafter, prompt, block_size=args.block_size, verify=args.verify,

@@ -25,6 +25,7 @@ Needs the ``train`` and ``real`` extras (PyTorch for ``train``; gemma3_270m_q4_k
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -304,7 +305,8 @@ def evaluate(k: dict, out: Path) -> dict:
     result = {}
     sets = (("in_domain", eval_prompts(k["eval_prompts"])),
             ("out_of_domain", ood_prompts(k["eval_ood"])))
-    with limit_blas_threads(tm.config.hidden_size):  # one BLAS thread, as dflash-ref generate
+    with limit_blas_threads(tm.config.hidden_size, vocab_size=tm.config.vocab_size) \
+            or contextlib.nullcontext():  # the BLAS threads of dflash-ref generate
         generate(tm, dm, sets[0][1][0], 8)  # warm-up, not timed
         for name, prompts in sets:
             taus, taus_zero, taus_cut, same = [], [], [], True

@@ -4,13 +4,16 @@ shipped drafter: the draft, the verify's layers, the verify's head rows, the rol
     python scripts/verify_cost.py                          # 3 held-out prompts, 48 tokens
     python scripts/verify_cost.py --prompts 2 --new 32 --groups "" 1 1,1 1,1,1,1,1,1,1
     python scripts/verify_cost.py --head-costs-only        # the head's cost per row count
+    python scripts/verify_cost.py --threads 2 --groups "1,1+layers" --p-min 0.9
 
-One BLAS thread (set before NumPy loads). Each prompt runs every verify form in turn (``eager``:
-``ChainVerifier``, every row through the head in the verify forward; ``lazy a,b``:
-``LazyChainVerifier(head_groups=(a, b))``; ``lazy a,b+layers``: the layers too, group by group,
-``layers_later=True``), ``--rounds`` times, so that a load on the machine
-falls on every form alike. Checked first: every form emits the same tokens with the same
-acceptance lengths (a mismatch prints MISMATCH and no timings).
+``--threads`` BLAS threads (1 by default; set before NumPy loads: ``dflash-ref generate`` runs
+Gemma 3 270M on all of them, ``dflash_ref.backend.LARGE_HEAD``). Each prompt runs every verify
+form in turn (``eager``: ``ChainVerifier``, every row through the head in the verify forward;
+``lazy a,b``: ``LazyChainVerifier(head_groups=(a, b))``; ``lazy a,b+layers``: the layers too,
+group by group, ``layers_later=True``; ``cut p``: ``ConfidentChainVerifier(p_min=p)``, the drafts
+cut where the drafter doubts, verified in one forward), ``--rounds`` times, so that a load on the
+machine falls on every form alike. Checked first: every form emits the same tokens, and every
+form but the cuts the same acceptance lengths (a mismatch prints MISMATCH and no timings).
 
 Printed: the head's cost for 1..B rows (median of ``--reps``); per form the mean ms per step of
 each phase, tokens/s and tau; then the expected head cost per step of each grouping, from the
@@ -28,8 +31,9 @@ import os
 import sys
 
 if __name__ == "__main__":  # before NumPy loads its BLAS
+    _threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_var] = "1"
+        os.environ[_var] = _threads
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -42,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from dflash_ref.spec_decode.confident_verify import ConfidentChainVerifier  # noqa: E402
 from dflash_ref.spec_decode.lazy_verify import LazyChainVerifier  # noqa: E402
 from dflash_ref.spec_decode.verifiers import ChainVerifier  # noqa: E402
 
@@ -148,6 +153,10 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", nargs="*", default=["1", "1,1"],
                     help='lazy groupings to run besides eager, e.g. 1 "1,1" "" (all rows at once) '
                          '"1,1+layers" (the layers too, group by group)')
+    ap.add_argument("--p-min", type=float, nargs="*", default=[],
+                    help="cut forms to run too: ConfidentChainVerifier(p_min=P) for each P")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads (read before NumPy "
+                    "loads, when run as a script)")
     ap.add_argument("--head-costs-only", action="store_true")
     ap.add_argument("--json", help="also write the numbers to this file")
     args = ap.parse_args(argv)
@@ -159,15 +168,17 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     target = TargetModel.from_gguf(gemma3_corpus.gguf_path())
     drafter = DFlashDrafter.from_pretrained(DRAFTER, target)
-    print(f"loaded in {time.perf_counter() - t0:.1f} s; one BLAS thread; load average "
-          f"{os.getloadavg()[0]:.2f}")
+    print(f"loaded in {time.perf_counter() - t0:.1f} s; {args.threads} BLAS thread(s); load "
+          f"average {os.getloadavg()[0]:.2f}")
     costs = head_costs(target, args.block, args.reps)
     print("head ms by rows: " + ", ".join(f"{r}: {c:.1f}" for r, c in enumerate(costs, 1)))
-    report = {"head_ms_by_rows": costs, "load_average_start": os.getloadavg()[0]}
+    report = {"head_ms_by_rows": costs, "load_average_start": os.getloadavg()[0],
+              "blas_threads": args.threads}
     if args.head_costs_only:
         return 0
     forms = {"eager": ChainVerifier()}
     forms.update({f"lazy {g or '()'}": lazy_form(g) for g in args.groups})
+    forms.update({f"cut {p}": ConfidentChainVerifier(p_min=p) for p in args.p_min})
     timed = Timed(target, drafter)
     prompts = gemma3_corpus.held_out_prompts(args.prompts)
     per_form = {name: [] for name in forms}
@@ -177,16 +188,16 @@ def main(argv=None) -> int:
             seen = None
             for name, verifier in forms.items():
                 res, ms, spec, steps = run_form(target, drafter, verifier, timed, prompt, args)
-                key = (res.tokens, res.acceptance_lengths)
-                if seen is not None and key != seen:
+                key = (res.tokens, None if name.startswith("cut") else res.acceptance_lengths)
+                if seen is not None and (key[0] != seen[0] or key[1] not in (None, seen[1])):
                     print(f"MISMATCH on prompt {i}: {name} emits other tokens or acceptance "
                           f"lengths than eager")
                     return 1
-                seen = key
+                seen = seen or key
                 per_form[name].append((ms, spec, steps, len(res.tokens), res.tau))
                 if name == "eager":
                     a_values += [n - 1 for n in res.acceptance_lengths]
-    print(f"identical tokens and acceptance lengths in every form; load average "
+    print(f"identical tokens in every form, acceptance lengths but the cuts'; load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'form':<16}" + "".join(f"{p:>14}" for p in PHASES) + f"{'step ms':>10}"
           f"{'tok/s':>8}{'tau':>6}")

@@ -109,3 +109,10 @@ def test_blas_threads_oversubscribed_for_a_tiny_model():
         assert blas_threads() == [2] * len(before)
         with limit_blas_threads():  # no size: the caller knows its models are small
             assert blas_threads() == [1] * len(before)
+        # A narrow model with a head of LARGE_HEAD weights or more keeps its threads: the head
+        # is read from memory every token (Gemma 3 270M: 640 x 262,144). 512 x 32,768 == 2**24.
+        assert limit_blas_threads(512, vocab_size=32768) is None
+        assert blas_threads() == [2] * len(before)
+        with limit_blas_threads(512, vocab_size=32767):  # one column below
+            assert blas_threads() == [1] * len(before)
+        assert limit_blas_threads(640, vocab_size=262144) is None

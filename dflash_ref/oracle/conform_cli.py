@@ -135,7 +135,8 @@ def _load(source, drafter_path, backend: str):
     from dflash_ref.backend import limit_blas_threads
 
     target = cli_args.load_target(source, backend)
-    limit_blas_threads(target.config.hidden_size)  # small models: one BLAS thread, for good
+    limit_blas_threads(target.config.hidden_size,  # small models: one BLAS thread, for good
+                       vocab_size=target.config.vocab_size)
     drafter = None
     if drafter_path is not None:
         drafter = cli_args.load_drafter(drafter_path, target)

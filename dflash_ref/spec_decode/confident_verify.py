@@ -11,9 +11,11 @@ renormalised over its row's ``top_k`` best (llama.cpp's draft sampler keeps 10):
     k     = 0 if k < n_min                                       (--spec-draft-n-min)
     block = [t_s, d_1 .. d_k]                                    k + 1 rows verified
 
-and the chain rule verifies that block as any other, here lazily (the rows read group by group,
-:class:`~dflash_ref.spec_decode.lazy_verify.LazyChainVerifier`): the cut shortens its last group,
-the one that costs most when the drafts after the first two fail. Lossless whatever p_min is:
+and the chain rule verifies that block as any other, in one forward of its k + 1 rows: the cut
+has already left out the rows the drafter doubts, and on NumPy a forward of a few rows costs
+little more than one (the few-row products of ``dflash_ref/ops/linear.py``), less than a forward
+per group of :class:`~dflash_ref.spec_decode.lazy_verify.LazyChainVerifier` (``head_groups``
+and ``layers_later`` still choose). Lossless whatever p_min is:
 every token is still the target's greedy choice; p_min moves only the work per step and the
 tokens per step. p_min = 0 keeps every draft (LazyChainVerifier's block); p_min > 1 verifies
 the anchor alone, a plain step with a wasted draft. What it saves on Gemma 3 270M is measured in
@@ -46,10 +48,12 @@ def confident_prefix(p_draft, p_min: float, n_min: int = 0) -> int:
 @dataclass(frozen=True)
 class ConfidentChainVerifier(LazyChainVerifier):
     """Greedy chain verify of ``[t_s, d_1 .. d_k]``, k from :func:`confident_prefix` (module
-    docstring), its rows read as :class:`LazyChainVerifier` reads them (by default row 0, row 1,
-    then the rest, each group a forward of its own; ``head_groups=()``, ``layers_later=False``:
-    all at once)."""
+    docstring), its rows read as :class:`LazyChainVerifier` reads them: by default all at once
+    (``head_groups=()``, ``layers_later=False``); ``head_groups=(1, 1)``, ``layers_later=True``:
+    row 0, row 1, then the rest, each group a forward of its own."""
 
+    head_groups: tuple[int, ...] = ()
+    layers_later: bool = False
     p_min: float = 0.5
     n_min: int = 0
     top_k: int = LLAMA_CPP_TOP_K

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dflash_ref.ops.linear import linear
+from dflash_ref.ops.linear import FEW_ROWS, LARGE_WEIGHT, linear, linear_few_rows
 from dflash_ref.testing import assert_close
 from kernels_cupy.linear_plan import MAX_ROWS, summation_depth
 from tests.kernels.test_linear_plan import assert_within, linear_bound
@@ -124,3 +124,47 @@ def test_linear_twin_empty_and_bad_input():
         linear_cupy(cp.ones((2, 4), cp.float32), cp.ones((4, 3), cp.float32))
     with pytest.raises(TypeError, match="float32"):
         linear_cupy(cp.ones((2, 4)), cp.ones((3, 4), cp.float32))
+
+
+# ---------------------------------------------------------------- the NumPy backend's few-row form
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 7, 8])
+@pytest.mark.parametrize("N", [999, 1000, 1001])  # block_rows - 1, == block_rows, + 1
+def test_few_rows_form_matches_float64_sums(T, N):
+    # y[t, n] against the float64 sum over k (independent of BLAS), within the float32 bound for
+    # K terms: catches a block's tail rows left unwritten, a row of x used for another, a
+    # block written at the wrong offset.
+    K = 300  # N * K >= LARGE_WEIGHT: the few-row form takes T in FEW_ROWS
+    assert N * K >= LARGE_WEIGHT
+    rng = np.random.default_rng(T * 10_000 + N)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    y = linear_few_rows(x, w, block_rows=1000)
+    assert y.shape == (T, N) and y.dtype == np.float32
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    assert_within(y, exact, linear_bound(x, w, K) + 1e-30, f"few rows T={T} N={N}")
+
+
+def test_few_rows_form_keeps_linear_outside_its_range():
+    # 1 row, 8 rows, and a w below LARGE_WEIGHT are linear's own products, bit for bit.
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((LARGE_WEIGHT // 256, 256)).astype(np.float32)  # == LARGE_WEIGHT
+    small = big[:-1]  # one row of 256 below it
+    for T, w in [(1, big), (8, big), (2, small), (7, small)]:
+        x = rng.standard_normal((T, 256)).astype(np.float32)
+        np.testing.assert_array_equal(linear_few_rows(x, w), linear(x, w))
+    assert FEW_ROWS == range(2, 8)
+
+
+def test_few_rows_form_checks_shapes_and_empty_inputs():
+    with pytest.raises(ValueError, match="expects 3"):
+        linear_few_rows(np.ones((2, 4), np.float32), np.ones((4, 3), np.float32))
+    assert linear_few_rows(np.zeros((0, 5), np.float32), np.ones((3, 5), np.float32)).shape == \
+        (0, 3)
+
+
+def test_numpy_backend_linear_is_the_few_rows_form():
+    from dflash_ref.backend import get_backend
+
+    assert get_backend("numpy").ops.linear is linear_few_rows
