@@ -156,8 +156,8 @@ from 1.87-2.87x to 1.09-1.21x with the default threads on a busy machine)..."""
 
 LARGE_HEAD = 1 << 24
 """...unless the head is this many weights or more (64 MiB in float32): then every token reads
-it from memory, and more threads read it faster (Gemma 3 270M's 262,144 x 640 head: a plain
-token costs 38 ms on one thread and 27 ms on two, on the 2-core machine of docs/training.md)."""
+it from memory, and more threads read it faster (Gemma 3 270M's 262,144 x 640 head;
+docs/backend.md)."""
 
 
 def limit_blas_threads(hidden_size: int | None = None, threads: int = 1,

@@ -9,6 +9,12 @@
    in a draft model ("error loading model vocabulary: key not found in model:
    tokenizer.ggml.model" otherwise). dflash-ref does not write a SentencePiece vocabulary
    (docs/interop.md), so the keys are copied from the Gemma 3 GGUF as they are (gguf-py).
+With ``--f32`` both run in float32: the target as an F32 copy of the Q4_K_M GGUF (``f32_target``:
+every tensor dequantized by gguf-py, the weights dflash-ref's ``TargetModel.from_gguf`` computes
+with) and the drafter converted with F32 matrices. llama.cpp's Q4_K_M products round the
+activations to 8 bits, so its logits part from dflash-ref's by about 0.1 and a near tie on the
+path may go either way; in float32 only the order of the sums differs.
+
 2. Per held-out prompt of scripts/gemma3_corpus.py (the eval's prompts, as text), alternating:
    plain greedy decoding (``llama-batched -np 1 --top-k 1``) and DFlash speculative decoding
    (``llama-speculative-simple --spec-type draft-dflash --spec-draft-n-max 7``), one thread,
@@ -24,12 +30,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -38,14 +47,15 @@ BUILD = Path.home() / ".cache" / "dflash-ref" / "llamacpp-11434"  # the hooked o
 HOOK_ABORT = "layer input tensor is null"  # src/llama-graph.cpp, llm_graph_result::set_outputs
 
 
-def drafter_gguf(out: Path, target_gguf: Path) -> Path:
-    """The drafter as a llama.cpp DFlash GGUF that carries the target's vocabulary."""
+def drafter_gguf(out: Path, target_gguf: Path, qtype: str = "bf16") -> Path:
+    """The drafter as a llama.cpp DFlash GGUF (matrices in ``qtype``) that carries the target's
+    vocabulary."""
     import gguf
 
     from dflash_ref.io.convert_drafter import convert_drafter
 
     with tempfile.TemporaryDirectory() as tmp:
-        plain = convert_drafter(DRAFTER, Path(tmp) / "drafter.gguf")
+        plain = convert_drafter(DRAFTER, Path(tmp) / "drafter.gguf", qtype=qtype)
         d, t = gguf.GGUFReader(plain), gguf.GGUFReader(target_gguf)
         w = gguf.GGUFWriter(str(out), arch="dflash")
 
@@ -68,6 +78,34 @@ def drafter_gguf(out: Path, target_gguf: Path) -> Path:
         for ti in d.tensors:
             w.write_tensor_data(ti.data)
         w.close()
+    return out
+
+
+def f32_target(src: Path, out: Path) -> Path:
+    """``src`` with every tensor dequantized to F32 (gguf-py's ``dequantize``) and every key
+    kept (the file type set to all-F32), written to a temporary name and renamed: the target
+    dflash-ref computes with, for llama.cpp. An ``out`` already written is reused."""
+    import gguf
+
+    if out.exists():
+        return out
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    part = out.with_name(f"{out.name}.{os.getpid()}.part")  # two runs never share one
+    w = gguf.GGUFWriter(str(part), arch=arch)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for ti in r.tensors:
+        w.add_tensor(ti.name, gguf.quants.dequantize(ti.data, ti.tensor_type).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    part.replace(out)
     return out
 
 
@@ -144,22 +182,27 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--log", type=Path, default=None, help="write the results here (JSON)")
+    ap.add_argument("--f32", action="store_true",
+                    help="run llama.cpp on an F32 copy of the target (cached next to the build) "
+                         "and an F32 drafter: the weights dflash-ref computes with")
     ap.add_argument("--same-way", action="store_true",
                     help="also run dflash-ref on each prompt: tokens and accepted drafts per "
                          "step against llama.cpp's")
     args = ap.parse_args(argv)
     import gemma3_corpus
 
-    target = gemma3_corpus.gguf_path()
+    source = target = gemma3_corpus.gguf_path()
     tok = gemma3_corpus.dflash_tokenizer()
     work = Path(tempfile.mkdtemp(prefix="gemma3_llamacpp_"))
-    drafter = drafter_gguf(work / "drafter.gguf", target)
+    if args.f32:
+        target = f32_target(source, BUILD.parent / (source.stem + "-f32.gguf"))
+    drafter = drafter_gguf(work / "drafter.gguf", source, "f32" if args.f32 else "bf16")
     rows, models = [], None
     if args.same_way:
         from dflash_ref.models.drafter import DFlashDrafter
         from dflash_ref.models.target import TargetModel
 
-        tm = TargetModel.from_gguf(target)
+        tm = TargetModel.from_gguf(source)
         models = (tm, DFlashDrafter.from_pretrained(DRAFTER, tm))
     for i, ids in enumerate(gemma3_corpus.held_out_prompts(args.prompts)):
         text = tok.decode(ids[1:])
@@ -181,7 +224,8 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
     tot = {k: round(sum(r[k] for r in rows), 3)
            for k in ("plain_tokens", "plain_s", "spec_tokens", "spec_s")}
-    summary = {"bin": str(args.bin), "prompts": len(rows), "new_tokens": args.new_tokens,
+    summary = {"bin": str(args.bin), "f32": args.f32, "target": target.name,
+               "prompts": len(rows), "new_tokens": args.new_tokens,
                **tot, "plain_tok_s": round(tot["plain_tokens"] / tot["plain_s"], 2),
                "spec_tok_s": round(tot["spec_tokens"] / tot["spec_s"], 2),
                "speedup": round((tot["spec_tokens"] / tot["spec_s"])

@@ -15,7 +15,8 @@ cut where the drafter doubts, verified in one forward), ``--rounds`` times, so t
 machine falls on every form alike. Checked first: every form emits the same tokens, and every
 form but the cuts the same acceptance lengths (a mismatch prints MISMATCH and no timings).
 
-Printed: the head's cost for 1..B rows (median of ``--reps``); per form the mean ms per step of
+Printed: the head's cost for 1..B rows (median of ``--reps``), with the backend's ``linear``
+and as one matrix product (the reference ``linear``); per form the mean ms per step of
 each phase, tokens/s and tau; then the expected head cost per step of each grouping, from the
 measured row costs and the eager run's acceptance lengths (``expected_head_ms``).
 
@@ -38,6 +39,7 @@ if __name__ == "__main__":  # before NumPy loads its BLAS
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -46,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from dflash_ref.ops.linear import linear  # noqa: E402
 from dflash_ref.spec_decode.confident_verify import ConfidentChainVerifier  # noqa: E402
 from dflash_ref.spec_decode.lazy_verify import LazyChainVerifier  # noqa: E402
 from dflash_ref.spec_decode.verifiers import ChainVerifier  # noqa: E402
@@ -95,16 +98,17 @@ class Timed:
         state.rollback = self.wrap("rollback", state.rollback)
 
 
-def head_costs(target, block: int, reps: int) -> list[float]:
-    """Median ms of ``lm_head`` on r = 1..block final-normed rows."""
+def head_costs(head, hidden_size: int, block: int, reps: int) -> list[float]:
+    """Median ms of ``head(h)`` (the target's ``lm_head``, or another product by its weight) on
+    r = 1..block rows."""
     rng = np.random.default_rng(0)
-    h = rng.standard_normal((block, target.config.hidden_size)).astype(np.float32)
+    h = rng.standard_normal((block, hidden_size)).astype(np.float32)
     out = []
     for r in range(1, block + 1):
         walls = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            target.lm_head(h[:r])
+            head(h[:r])
             walls.append(time.perf_counter() - t0)
         out.append(1e3 * float(np.median(walls)))
     return out
@@ -170,10 +174,14 @@ def main(argv=None) -> int:
     drafter = DFlashDrafter.from_pretrained(DRAFTER, target)
     print(f"loaded in {time.perf_counter() - t0:.1f} s; {args.threads} BLAS thread(s); load "
           f"average {os.getloadavg()[0]:.2f}")
-    costs = head_costs(target, args.block, args.reps)
+    costs = head_costs(target.lm_head, target.config.hidden_size, args.block, args.reps)
     print("head ms by rows: " + ", ".join(f"{r}: {c:.1f}" for r, c in enumerate(costs, 1)))
-    report = {"head_ms_by_rows": costs, "load_average_start": os.getloadavg()[0],
-              "blas_threads": args.threads}
+    gemm = head_costs(partial(linear, w=target.lm_head_weight), target.config.hidden_size,
+                      args.block, args.reps)  # the reference: one matrix product of r rows
+    print("the same as one matrix product (dflash_ref.ops.linear.linear): "
+          + ", ".join(f"{r}: {c:.1f}" for r, c in enumerate(gemm, 1)))
+    report = {"head_ms_by_rows": costs, "head_ms_by_rows_matrix_product": gemm,
+              "load_average_start": os.getloadavg()[0], "blas_threads": args.threads}
     if args.head_costs_only:
         return 0
     forms = {"eager": ChainVerifier()}
