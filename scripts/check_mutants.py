@@ -867,6 +867,34 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '    while key_warps > 1 and (WARPS // key_warps) < groups - 1:',
         'tests/kernels/test_attention_decode_v3.py',
     ),
+    (
+        '39a few rows: the last block of weight rows skipped',
+        'dflash_ref/ops/linear.py',
+        '    for lo in range(0, N, block_rows):',
+        '    for lo in range(0, N - 1, block_rows):',
+        'tests/ops/test_linear.py',
+    ),
+    (
+        '39b few rows: every row of x multiplied as the first',
+        'dflash_ref/ops/linear.py',
+        '            np.matmul(block, x[t], out=y[t, lo: lo + block_rows])',
+        '            np.matmul(block, x[0], out=y[t, lo: lo + block_rows])',
+        'tests/ops/test_linear.py',
+    ),
+    (
+        '39c few rows: 8 rows taken row by row too',
+        'dflash_ref/ops/linear.py',
+        'FEW_ROWS = range(2, 8)',
+        'FEW_ROWS = range(2, 9)',
+        'tests/ops/test_linear.py',
+    ),
+    (
+        '39d BLAS threads: a head of exactly LARGE_HEAD weights limited to one thread',
+        'dflash_ref/backend.py',
+        '            hidden_size * vocab_size >= LARGE_HEAD:',
+        '            hidden_size * vocab_size > LARGE_HEAD:',
+        'tests/test_backend.py',
+    ),
 ]
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""
