@@ -69,3 +69,47 @@ def test_every_run_compares_the_default_with_eager_at_one_tau():
     for run in LOG["runs"]:
         assert {"eager", DEFAULT} <= set(forms(run))
         assert len({round(run[f]["tau"], 9) for f in forms(run)}) == 1
+
+
+# ---------------------------------------------------------------- two threads, few-row products
+
+LOG2 = json.loads((ROOT / "docs" / "data" / "verify_cost_gemma3_2threads.json").read_text())
+CUT = "cut 0.9"
+
+
+def _section2() -> str:
+    text = (ROOT / "docs" / "spec_decode.md").read_text()
+    i = text.index("### A few rows on a CPU")
+    return text[i: text.index("\n### ", i + 1)]
+
+
+SECTION2 = _section2()
+FLAT2 = " ".join(SECTION2.split())
+
+
+def test_the_two_thread_table_is_the_logs_row_by_row():
+    # Catches a row copied from the one-thread run, or a phase column shifted.
+    assert LOG2["blas_threads"] == 2
+    for form in forms(LOG2):
+        ms = LOG2[form]["ms_per_step"]
+        row = (f"| `{form}` | " + " | ".join(f"{ms[p]:.1f}" for p in PHASES)
+               + f" | {sum(ms.values()):.1f} | {LOG2[form]['tokens_per_s']:.2f} | "
+               f"{LOG2[form]['tau']:.2f} |")
+        assert row in SECTION2, row
+
+
+def test_the_two_thread_head_costs_and_load_are_the_logs():
+    few, gemm = LOG2["head_ms_by_rows"], LOG2["head_ms_by_rows_matrix_product"]
+    assert (f"the head costs {few[0]:.1f} ms for one row and {few[1]:.1f}, {few[3]:.1f} and "
+            f"{few[7]:.1f} ms for 2, 4 and 8 rows (as one matrix product: {gemm[1]:.1f}, "
+            f"{gemm[3]:.1f} and {gemm[7]:.1f} ms)") in FLAT2
+    assert f"load average {LOG2['load_average_start']:.1f}" in FLAT2
+    lazy, whole = (sum(LOG2[f]["ms_per_step"].values()) for f in (DEFAULT, "lazy ()"))
+    assert f"{lazy:.1f} ms a step against {whole:.1f} ms" in FLAT2
+    assert "--threads 2" in LOG2["command"] and "docs/data/verify_cost_gemma3_2threads.json" in FLAT2
+
+
+def test_the_two_thread_forms_agree_on_tokens():
+    # Every form but the cut accepts the same drafts, so one tau; the cut's is lower.
+    taus = {round(LOG2[f]["tau"], 9) for f in forms(LOG2) if f != CUT}
+    assert len(taus) == 1 and LOG2[CUT]["tau"] <= min(taus)
