@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -139,11 +141,12 @@ def train(k: dict, cache: Path, out: Path) -> None:
                             weight_decay=0.01)
     bsz, K, steps, budget = k["batch"], k["anchors"], k["steps"], 60 * k["train_minutes"]
     curve, t1 = [], time.time()
+    stop = stop_on_signal()
     for step in range(steps + 1):
         # the schedule runs on steps or on time, whichever ends first: a slow machine still
         # decays the learning rate to zero by the end of its time budget
         progress = max(step / steps, (time.time() - t1) / budget)
-        last = progress >= 1
+        last = progress >= 1 or stop.is_set()
         val = last or step % 250 == 0
         rows = np.arange(N - n_val, N) if val else rng.integers(0, N - n_val, bsz)
         s = sample_batch(rng, rows, K, W, B)
@@ -197,7 +200,7 @@ def train(k: dict, cache: Path, out: Path) -> None:
            "steps_run": step, "blocks_seen": int(step * bsz * K),
            "draft_vocab": int(vocab.size), "draft_vocab_covers": round(covered, 4),
            "curve": curve, "train_s": round(time.time() - t1, 1),
-           "torch_vs_dflash_ref_max_rel_diff": diff,
+           "torch_vs_dflash_ref_max_rel_diff": diff, "stopped_early": stop.is_set(),
            "data": [json.loads(f.read_text()) for f in sorted(cache.glob("data_log*.json"))]}
     if start:  # the run it continued, so that the blocks it saw add up
         log["warm_start"] = start["log"]
@@ -205,6 +208,23 @@ def train(k: dict, cache: Path, out: Path) -> None:
             "blocks_seen_in_all", start["log"]["blocks_seen"])
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wrote {out}; training {time.time() - t1:.0f} s", flush=True)
+
+
+def stop_on_signal() -> threading.Event:
+    """An event set by the first Ctrl-C or SIGTERM: the training loop then validates and saves
+    at its next step, as at the end of its budget (the learning rate not yet decayed; the log
+    says ``stopped_early``). A second Ctrl-C interrupts at once."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        stop.set()
+        signal.signal(signum, signal.SIG_DFL)
+        print("stopping: the next step validates and saves the drafter (Ctrl-C again to "
+              "abandon it)", flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    return stop
 
 
 def warm_start(src: Path) -> dict:
