@@ -74,3 +74,33 @@ def test_llamacpps_dflash_with_the_gemma3_target(llamacpp, files):
     # one-row decoding parts from that at near ties (docs/training.md, "llama.cpp").
     drafted, accepted = spec_counts(err)
     assert 0 < accepted <= drafted
+
+
+def test_in_float32_llamacpp_accepts_what_dflash_ref_accepts(llamacpp, files, tmp_path_factory):
+    # With the hook, on the weights dflash-ref computes with (the target's F32 copy, the drafter
+    # converted to F32): llama.cpp's tokens and accepted drafts per step equal dflash-ref's plain
+    # tokens and its models driven in llama.cpp's order (oracle.llamacpp_loop), on a held-out
+    # prompt whose path holds a near tie (smallest top-2 gap 0.0026; all 16 prompts:
+    # llamacpp_log_f32.json). On the Q4_K_M file llama.cpp's 8-bit activations part the two
+    # there. A build without the hook aborts as above, before any F32 file is written.
+    target, _, script = files
+    import gemma3_corpus
+
+    bin_dir = llamacpp.root / "bin"
+    tok = gemma3_corpus.dflash_tokenizer()
+    ids = gemma3_corpus.held_out_prompts(11)[10]
+    text = tok.decode(ids[1:])
+    if "error" in script.speculative(bin_dir, target, files[1], text, 2):
+        return  # build 11434 as pinned: test_llamacpps_dflash_with_the_gemma3_target says why
+    work = tmp_path_factory.mktemp("gemma3_f32")
+    target32 = script.f32_target(target, work / "target-f32.gguf")
+    drafter32 = script.drafter_gguf(work / "drafter-f32.gguf", target, "f32")
+    spec = script.speculative(bin_dir, target32, drafter32, text, 32)
+    from dflash_ref.models.drafter import DFlashDrafter
+    from dflash_ref.models.target import TargetModel
+
+    tm = TargetModel.from_gguf(target)
+    row = script.same_way(tm, DFlashDrafter.from_pretrained(script.DRAFTER, tm), tok, ids,
+                          spec, 32)
+    assert row["min_gap"] < 0.01  # a near tie on the path, which float32 keeps
+    assert row["same_tokens"] and row["same_accepted"], row
