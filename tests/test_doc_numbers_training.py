@@ -198,6 +198,8 @@ def claims() -> list[tuple[str, str, str]]:
                               f"{sw32['same_tokens_all_prompts']} of {LLAMA32['prompts']} "
                               f"prompts, accepted drafts per step identical on "
                               f"{sw32['same_accepted_all_prompts']}**"),
+        ("llamacpp_f32_test", "t", f"replays the prompt whose gap is "
+                                   f"{LLAMA32['per_prompt'][10]['min_gap']} with a hooked build"),
         ("llamacpp_f32_gaps", "t", f"though the smallest gap is under 0.1 on "
                                    f"{LLAMA32['prompts'] - sw32['prompts_gap_ge_0.1']} of them"),
         ("readme_llamacpp_f32", "r", f"on an F32 copy of the same weights (`--f32`) its tokens "
