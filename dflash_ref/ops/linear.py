@@ -49,11 +49,11 @@ def linear_few_rows(x, w, block_rows: int = BLOCK_ROWS) -> np.ndarray:
     cache, one matrix-vector product per row (each y[t, n] one dot product of K terms, as in a
     one-row ``linear``). Other shapes are :func:`linear`'s. The NumPy backend's ``linear``.
     """
+    if np.ndim(x) != 2 or np.shape(x)[0] not in FEW_ROWS or np.size(w) < LARGE_WEIGHT:
+        return linear(x, w)  # its own conversion, checks and product
     x, w = in_compute_dtype(x, w)
     check_linear_shapes(x.shape, w.shape)
     T, N = x.shape[0], w.shape[0]
-    if T not in FEW_ROWS or w.size < LARGE_WEIGHT:
-        return linear(x, w)
     y = np.empty((T, N), np.result_type(x, w))  # [T, N]
     for lo in range(0, N, block_rows):
         block = w[lo: lo + block_rows]  # [b, K], read from memory once
