@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -58,17 +57,12 @@ def drafter_gguf(out: Path, target_gguf: Path, qtype: str = "bf16") -> Path:
         plain = convert_drafter(DRAFTER, Path(tmp) / "drafter.gguf", qtype=qtype)
         d, t = gguf.GGUFReader(plain), gguf.GGUFReader(target_gguf)
         w = gguf.GGUFWriter(str(out), arch="dflash")
-
-        def copy(f):
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
-
         for name, f in d.fields.items():
             if not name.startswith("GGUF.") and name != "general.architecture":
-                copy(f)
+                copy_field(w, f)
         for name, f in t.fields.items():  # the drafter's own keys (its mask token) win
             if name.startswith("tokenizer.") and name not in d.fields:
-                copy(f)
+                copy_field(w, f)
         for ti in d.tensors:
             w.add_tensor_info(ti.name, ti.data.shape, ti.data.dtype, ti.data.nbytes,
                               ti.tensor_type)
@@ -81,31 +75,39 @@ def drafter_gguf(out: Path, target_gguf: Path, qtype: str = "bf16") -> Path:
     return out
 
 
+def copy_field(w, f) -> None:
+    """Key ``f`` of a ``gguf.GGUFReader``, with its value type, into the ``gguf.GGUFWriter`` w."""
+    import gguf
+
+    sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+    w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+
+
 def f32_target(src: Path, out: Path) -> Path:
     """``src`` with every tensor dequantized to F32 (gguf-py's ``dequantize``) and every key
-    kept (the file type set to all-F32), written to a temporary name and renamed: the target
-    dflash-ref computes with, for llama.cpp. An ``out`` already written is reused."""
+    kept (the file type set to all-F32), complete or absent (``dflash_ref.io.writing.new_file``):
+    the target dflash-ref computes with, for llama.cpp. An ``out`` already written is reused."""
     import gguf
+
+    from dflash_ref.io.writing import new_file, replace_any
 
     if out.exists():
         return out
     r = gguf.GGUFReader(src)
-    arch = r.fields["general.architecture"].contents()
-    part = out.with_name(f"{out.name}.{os.getpid()}.part")  # two runs never share one
-    w = gguf.GGUFWriter(str(part), arch=arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
-            continue
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name, f.contents(), f.types[0], sub_type=sub)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for ti in r.tensors:
-        w.add_tensor(ti.name, gguf.quants.dequantize(ti.data, ti.tensor_type).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    part.replace(out)
+    with new_file(out, "--f32", replace=replace_any) as tmp:
+        w = gguf.GGUFWriter(str(tmp), arch=r.fields["general.architecture"].contents())
+        for name, f in r.fields.items():
+            if not name.startswith("GGUF.") and name not in ("general.architecture",
+                                                             "general.file_type"):
+                copy_field(w, f)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        for ti in r.tensors:
+            w.add_tensor(ti.name, gguf.quants.dequantize(ti.data, ti.tensor_type)
+                         .astype(np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return out
 
 

@@ -32,7 +32,8 @@ def test_f32_copy_keeps_every_key_and_dequantizes_every_tensor(tmp_path):
     src = write_gguf(tmp_path / "q.gguf", "gemma3", tensors, metadata=meta,
                      types={"token_embd.weight": "Q4_K", "blk.0.attn_q.weight": "Q8_0"})
     out = script.f32_target(Path(src), tmp_path / "f32.gguf")
-    assert not list(tmp_path.glob("*.part"))  # written under another name, renamed
+    # written under a hidden temporary name and moved into place: nothing else is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f32.gguf", "q.gguf"]
     a, b = GGUFReader(src), GGUFReader(out)
     assert [t.name for t in b.tensors] == [t.name for t in a.tensors]
     for ta, tb in zip(a.tensors, b.tensors):

@@ -83,14 +83,14 @@ def test_in_float32_llamacpp_accepts_what_dflash_ref_accepts(llamacpp, files, tm
     # prompt whose path holds a near tie (smallest top-2 gap 0.0026; all 16 prompts:
     # llamacpp_log_f32.json). On the Q4_K_M file llama.cpp's 8-bit activations part the two
     # there. A build without the hook aborts as above, before any F32 file is written.
-    target, _, script = files
+    target, drafter, script = files
     import gemma3_corpus
 
     bin_dir = llamacpp.root / "bin"
     tok = gemma3_corpus.dflash_tokenizer()
     ids = gemma3_corpus.held_out_prompts(11)[10]
     text = tok.decode(ids[1:])
-    if "error" in script.speculative(bin_dir, target, files[1], text, 2):
+    if "error" in script.speculative(bin_dir, target, drafter, text, 2):
         return  # build 11434 as pinned: test_llamacpps_dflash_with_the_gemma3_target says why
     work = tmp_path_factory.mktemp("gemma3_f32")
     target32 = script.f32_target(target, work / "target-f32.gguf")
