@@ -6,8 +6,8 @@ shipped drafter: the draft, the verify's layers, the verify's head rows, the rol
     python scripts/verify_cost.py --head-costs-only        # the head's cost per row count
     python scripts/verify_cost.py --threads 2 --groups "1,1+layers" --p-min 0.9
 
-``--threads`` BLAS threads (1 by default; set before NumPy loads: ``dflash-ref generate`` runs
-Gemma 3 270M on all of them, ``dflash_ref.backend.LARGE_HEAD``). Each prompt runs every verify
+``--threads`` BLAS threads (1 by default; ``dflash-ref generate`` runs Gemma 3 270M on all of
+them, ``dflash_ref.backend.LARGE_HEAD``). Each prompt runs every verify
 form in turn (``eager``: ``ChainVerifier``, every row through the head in the verify forward;
 ``lazy a,b``: ``LazyChainVerifier(head_groups=(a, b))``; ``lazy a,b+layers``: the layers too,
 group by group, ``layers_later=True``; ``cut p``: ``ConfidentChainVerifier(p_min=p)``, the drafts
@@ -28,21 +28,15 @@ the target's head left out), the state's ``rollback`` likewise; "draft" is gener
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+import time
+from functools import partial
+from pathlib import Path
 
-if __name__ == "__main__":  # before NumPy loads its BLAS
-    _threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "1"
-    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_var] = _threads
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from functools import partial  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -159,12 +153,18 @@ def main(argv=None) -> int:
                          '"1,1+layers" (the layers too, group by group)')
     ap.add_argument("--p-min", type=float, nargs="*", default=[],
                     help="cut forms to run too: ConfidentChainVerifier(p_min=P) for each P")
-    ap.add_argument("--threads", type=int, default=1, help="BLAS threads (read before NumPy "
-                    "loads, when run as a script)")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads")
     ap.add_argument("--head-costs-only", action="store_true")
     ap.add_argument("--json", help="also write the numbers to this file")
     args = ap.parse_args(argv)
+    from threadpoolctl import threadpool_limits
 
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        return measure(args, argv)
+
+
+def measure(args, argv) -> int:
+    """The run ``main`` parsed, on its BLAS threads."""
     import gemma3_corpus
 
     from dflash_ref.models.drafter import DFlashDrafter

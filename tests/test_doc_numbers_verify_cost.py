@@ -17,13 +17,14 @@ PHASES = ("draft", "verify layers", "verify head", "rollback", "rest")
 DEFAULT = "lazy 1,1+layers"
 
 
-def _section() -> str:
+def _section(heading: str) -> str:
+    """docs/spec_decode.md from ``heading`` to the next ``###`` heading."""
     text = (ROOT / "docs" / "spec_decode.md").read_text()
-    i = text.index("### Verify that costs what it must")
+    i = text.index(heading)
     return text[i: text.index("\n### ", i + 1)]
 
 
-SECTION = _section()
+SECTION = _section("### Verify that costs what it must")
 FLAT = " ".join(SECTION.split())  # one line: quotes may wrap anywhere
 
 
@@ -77,13 +78,7 @@ LOG2 = json.loads((ROOT / "docs" / "data" / "verify_cost_gemma3_2threads.json").
 CUT = "cut 0.9"
 
 
-def _section2() -> str:
-    text = (ROOT / "docs" / "spec_decode.md").read_text()
-    i = text.index("### A few rows on a CPU")
-    return text[i: text.index("\n### ", i + 1)]
-
-
-SECTION2 = _section2()
+SECTION2 = _section("### A few rows on a CPU")
 FLAT2 = " ".join(SECTION2.split())
 
 
