@@ -249,6 +249,20 @@ def test_the_real_test_pins_the_logged_tau():
     assert zeroed == round(sum(p["tau_features_zeroed"][:n]) / n, 2)
 
 
+def test_the_text_extrapolation_is_the_logs():
+    """A line through (the first part's 402 k positions, tau 1.58) and (the shipped run's
+    positions, its held-out tau) in log(positions) reaches 2.5 beyond 200 times the corpus, over
+    300 M positions."""
+    tau, first = EVAL["in_domain"]["tau"], 1.58
+    ratio = TRAIN["positions"] / RUNS[1]["positions"]  # the run it continued: the first part
+    assert f"With {ratio:.1f} times the text the held-out tau rose by {tau - first:.2f}" \
+        in " ".join(TRAINING.split())
+    factor = ratio ** ((2.5 - tau) / (tau - first))
+    assert factor > 200 and factor * TRAIN["positions"] > 300e6
+    assert "puts tau 2.5 beyond 200 times this corpus (over 300 M positions" \
+        in " ".join(TRAINING.split())
+
+
 def test_the_verify_cost_numbers_are_the_logs():
     """The verify_cost run docs/training.md quotes (docs/data/verify_cost_gemma3_2threads.json)."""
     log = json.loads((ROOT / "docs" / "data" / "verify_cost_gemma3_2threads.json").read_text())
