@@ -216,7 +216,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     res = generate(target, drafter, ids, args.max_new_tokens,
                    sampling=SamplingParams(args.temperature, seed=args.seed),
                    block_size=args.block_size, verify=verify_rule(args),
-                   stop_token_ids=[t for t in (tok.eos_token_id,) if t is not None],
+                   stop_token_ids=list(tok.stop_token_ids),
                    observer=Observers(Stream(stream.add), rate))
     print()
     print(f"[{len(res.tokens)} tokens, tau {res.tau:.2f}, acceptance {res.acceptance_rate:.1%}, "

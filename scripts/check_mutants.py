@@ -895,7 +895,58 @@ MUTANTS = [  # (bug, file, the line as it is, the line with the bug, the test fi
         '            hidden_size * vocab_size > LARGE_HEAD:',
         'tests/test_backend.py',
     ),
+    (
+        '39e break-even: a lazy span paid only past its first row',
+        'dflash_ref/spec_decode/break_even.py',
+        '    spans = [(lo, hi) for lo, hi in row_spans(B, form.groups) if a >= lo]',
+        '    spans = [(lo, hi) for lo, hi in row_spans(B, form.groups) if a > lo]',
+        'tests/spec_decode/test_break_even.py',
+    ),
+    (
+        '39f break-even: the oracle verifies a rows, not a + 1',
+        'dflash_ref/spec_decode/break_even.py',
+        '        return fixed + c.rows(a + 1)',
+        '        return fixed + c.rows(max(a, 1))',
+        'tests/spec_decode/test_break_even.py',
+    ),
+    (
+        '39g break-even: the geometric law loses its tail',
+        'dflash_ref/spec_decode/break_even.py',
+        '    return p - np.append(p[1:], 0.0)',
+        '    return p - np.append(p[1:], p[-1] * alpha)',
+        'tests/spec_decode/test_break_even.py',
+    ),
+    (
+        '39h stop tokens: generation_config.json read but not handed to the tokenizer',
+        'dflash_ref/io/tokenizer.py',
+        '                     source=str(path), stop_ids=generation_config_eos(path))',
+        '                     source=str(path))',
+        'tests/io/test_stop_tokens.py tests/test_cli_generate_chat.py',
+    ),
+    (
+        '39i stop tokens: <|end|> dropped beside one marker of its pair',
+        'dflash_ref/io/stop_tokens.py',
+        '    if "<|end|>" in texts and call and ("<|return|>" in texts or "<|flush|>" in texts):',
+        '    if "<|end|>" in texts and (call or "<|return|>" in texts or "<|flush|>" in texts):',
+        'tests/io/test_stop_tokens.py',
+    ),
+    (
+        '39j stop tokens: the eot key ignored',
+        'dflash_ref/io/stop_tokens.py',
+        'EOG_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")',
+        'EOG_KEYS = ("eos", "eom", "fim_pad", "fim_rep", "fim_sep")',
+        'tests/io/test_stop_tokens.py',
+    ),
+    (
+        '39k stop tokens: the CLI stops at EOS only',
+        'dflash_ref/cli_generate.py',
+        '                   stop_token_ids=list(tok.stop_token_ids),',
+        '                   stop_token_ids=[tok.eos_token_id],',
+        'tests/test_cli_generate_chat.py',
+    ),
 ]
+
+
 def scratch_copy() -> str:
     """A copy of this checkout's files (no .git, no caches, no virtual environments)."""
     here = Path(__file__).resolve().parents[1]

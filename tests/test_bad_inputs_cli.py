@@ -48,6 +48,8 @@ def root(tmp_path_factory):
     wide = write_tiny_target(r / "wide_t", "qwen3", seed=7, hidden_size=96)
     write_tiny_drafter(r / "wide_d", wide, seed=8)
     convert_target(t, r / "t.gguf", "f32")
+    shutil.copytree(t, r / "badgen")  # a checkpoint whose generation_config.json is broken
+    (r / "badgen" / "generation_config.json").write_text('{"eos_token_id": [2,')
     (r / "notes.txt").write_text("a user's notes\n")
     (r / "notgguf.bin").write_bytes(b"PK\x03\x04 not a gguf file at all")
     (r / "bad.jinja").write_text("{% if %}broken")
@@ -122,6 +124,9 @@ CASES = [
      True),
     ("gen_chat_template_raises", [*GEN, "--chat", "--chat-template", "{root}/raises.jinja"], 1,
      ["chat template failed", "no system role here"], True),
+    ("gen_generation_config_not_json", ["generate", "--target", "{root}/badgen", "--prompt",
+                                        "w3"], 1, ["generation_config.json", "not valid JSON"],
+     True),
     ("gen_target_not_gguf", ["generate", "--target", "{root}/notgguf.bin", "--prompt", "w1"],
      1, ["notgguf.bin", "not a GGUF"], True),
     ("gen_drafter_width", [*GEN, "--drafter", "{root}/wide_d"], 1,

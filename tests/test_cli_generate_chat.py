@@ -85,3 +85,16 @@ def test_generate_without_chat_adds_the_configured_bos(target_dir, capsys, monke
             "--max-new-tokens", "2", "--backend", "numpy"]
     assert main(argv) == 0
     assert sent["ids"] == [250, 3, 17, 42]  # add_bos_token: one BOS, then the words
+
+
+def test_generate_stops_at_generation_configs_end_of_turn_too(tmp_path_factory, monkeypatch):
+    # A directory whose generation_config.json lists EOS and an end-of-turn id (Gemma's
+    # [1, 106]): the CLI hands generate both, as transformers' generate stops at both. Catches
+    # the CLI passing eos_token_id alone (a chat turn would run past its end).
+    t = write_tiny_target(tmp_path_factory.mktemp("cli_stops") / "t", "qwen3", seed=5)
+    _chat_tokenizer(t)
+    (t / "generation_config.json").write_text(json.dumps({"eos_token_id": [252, 254]}))
+    sent = _sent(monkeypatch)
+    assert main(["generate", "--target", str(t), "--prompt", "w3", "--chat",
+                 "--max-new-tokens", "2", "--backend", "numpy"]) == 0
+    assert sent["stops"] == [252, 254]

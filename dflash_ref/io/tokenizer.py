@@ -52,6 +52,7 @@ from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.chat_template import render_chat_template
 from dflash_ref.io.gguf_io import GGUFFile
 from dflash_ref.io.spm import SpmPreTokenizer
+from dflash_ref.io.stop_tokens import generation_config_eos, gguf_stop_ids
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type; gguf.TokenType)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = (
@@ -85,14 +86,16 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 class Tokenizer:
     """Text <-> ids for one checkpoint. Build it with :func:`load_tokenizer`.
 
-    Attributes: ``bos_token_id`` / ``eos_token_id`` (int or None), ``vocab_size`` (ids the
-    tokenizer can produce, added tokens included), ``add_bos`` (the BOS rule, module docstring),
-    ``special_tokens`` (name -> string, e.g. ``{"bos_token": "<bos>"}``), ``chat_template``
-    (str or None), ``backend`` (the ``tokenizers.Tokenizer``), ``source`` (where it came from).
+    Attributes: ``bos_token_id`` / ``eos_token_id`` (int or None), ``stop_token_ids`` (the ids
+    that end a generation, EOS among them: :mod:`dflash_ref.io.stop_tokens`), ``vocab_size``
+    (ids the tokenizer can produce, added tokens included), ``add_bos`` (the BOS rule, module
+    docstring), ``special_tokens`` (name -> string, e.g. ``{"bos_token": "<bos>"}``),
+    ``chat_template`` (str or None), ``backend`` (the ``tokenizers.Tokenizer``), ``source``
+    (where it came from).
     """
 
     def __init__(self, backend, *, special_tokens: Mapping[str, str], add_bos: bool,
-                 chat_template: str | None, source: str):
+                 chat_template: str | None, source: str, stop_ids: Sequence[int] = ()):
         self.backend = backend
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
         self.add_bos = bool(add_bos)
@@ -101,6 +104,8 @@ class Tokenizer:
         self.bos_token_id = self._id_of("bos_token")
         self.eos_token_id = self._id_of("eos_token")
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        eos = () if self.eos_token_id is None else (self.eos_token_id,)
+        self.stop_token_ids = tuple(sorted({int(i) for i in (*eos, *stop_ids)}))
         if self.add_bos and self.bos_token_id is None:
             raise FormatError(f"{source} says to add a BOS token but names none that is in its "
                               f"vocabulary (bos_token={self.special_tokens.get('bos_token')!r}); "
@@ -237,7 +242,8 @@ def _from_directory(path: Path) -> Tokenizer:
         first = backend.encode("", add_special_tokens=True).ids[:1]
         add_bos = bos_id is not None and first == [bos_id]
     return Tokenizer(backend, special_tokens=special, add_bos=add_bos, chat_template=template,
-                     source=str(path))
+                     source=str(path), stop_ids=generation_config_eos(path))
+
 
 
 def _from_gguf(gguf: GGUFFile) -> Tokenizer:
@@ -273,7 +279,9 @@ def _from_gguf(gguf: GGUFFile) -> Tokenizer:
         special[name] = spelled[token_id] if token_id is not None else None
     add_bos = meta.get("tokenizer.ggml.add_bos_token", add_bos_default)
     return Tokenizer(backend, special_tokens=special, add_bos=add_bos,
-                     chat_template=meta.get("tokenizer.chat_template"), source=str(path))
+                     chat_template=meta.get("tokenizer.chat_template"), source=str(path),
+                     stop_ids=gguf_stop_ids(meta, tokens))
+
 
 
 def _added_tokens(backend, spelled: Sequence[str], types: Sequence[int],

@@ -60,3 +60,15 @@ def test_greedy_continuation_agrees_up_to_the_first_near_tie(llamacpp, gemma, te
     assert theirs[len("<bos>" + text):].startswith(want), (n, want, theirs)
     if text.startswith("def"):  # no near-tie on this path: the whole continuation agrees
         assert n == N_NEW
+
+
+def test_stop_tokens_are_the_ones_llama_cpp_prints_as_end_of_generation(llamacpp, gemma):
+    # llama.cpp's load log lists its end-of-generation ids ("printing all EOG tokens:", then
+    # "  - 106 ('<end_of_turn>')" lines); dflash-ref stops at exactly those.
+    import re
+    path, _, tok = gemma
+    p = llamacpp.run("llama-simple", "-m", path, "-n", 1, "hi")
+    log = p.stderr.decode("utf-8", "replace")
+    listed = log[log.index("printing all EOG tokens:"):]
+    eog = [int(m) for m in re.findall(r"^\S*:\s+- (\d+) \('", listed, flags=re.M)]
+    assert eog and tuple(sorted(eog)) == tok.stop_token_ids

@@ -36,6 +36,13 @@ def test_attributes(gemma):
     assert [gemma.token_to_id(t) for t in ("<start_of_turn>", "<end_of_turn>")] == [105, 106]
 
 
+def test_stop_tokens_are_llama_cpps_end_of_generation_tokens(gemma):
+    # llama.cpp build 11434 loading this file logs "printing all EOG tokens: 1 ('<eos>'),
+    # 106 ('<end_of_turn>'), 212 ('</s>')" (llama-simple; tests/llamacpp/test_gemma3_real.py
+    # reads the log itself): a chat turn ends at <end_of_turn>.
+    assert gemma.stop_token_ids == (1, 106, 212)
+
+
 @pytest.mark.parametrize("case", RECORD["strings"], ids=lambda c: repr(c["text"])[:32])
 def test_ids_and_decoded_text_equal_transformers(gemma, case):
     ids = gemma.encode(case["text"])

@@ -17,10 +17,10 @@ from dflash_ref.spec_decode.break_even import (
     break_even_tau,
     geometric_alpha,
     geometric_law,
+    law_tau,
     measured_law,
     speedup,
     step_ms,
-    law_tau,
 )
 
 # B = 4; L(r) + H(r) = 8 + 2r; D + R = 2; plain 11 ms a token
