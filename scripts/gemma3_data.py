@@ -164,8 +164,8 @@ def load_data(cache: Path):
     first = parts[0]["feats"]  # [n, W-1, C*H]: positions 1..W-1
     feats = np.zeros((ids.shape[0], first.shape[1] + 1, first.shape[2]), np.float32)
     row = 0
-    for p in parts:  # filled chunk by chunk: the features are most of the memory
-        f = p["feats"]
+    for i, p in enumerate(parts):  # filled chunk by chunk: the features are most of the memory
+        f = first if i == 0 else p["feats"]  # an npz member is read each time it is asked for
         feats[row: row + f.shape[0], 1:] = f
         row += f.shape[0]
     return ids, preds, feats, np.load(cache / "bos_features.npy"), names
