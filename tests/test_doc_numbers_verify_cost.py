@@ -170,6 +170,8 @@ def test_the_model_costs_and_claims_are_the_logs():
             f"L(8) {L[7]:.1f} and H(8) {H[7]:.1f}), D {c['draft']:.1f} ms, R {c['rest']:.1f} ms, "
             f"P {c['plain']:.1f} ms") in FLAT3
     assert f"accept counts (tau {MODEL['tau']:.2f})" in FLAT3
+    added = max(L[r] + H[r] - L[r - 1] - H[r - 1] for r in range(1, len(L)))
+    assert added < 0.5 * c["plain"] and "every added row costs under half a plain token" in FLAT3
     assert f"load average {LOG3['load_average_start']:.1f}" in FLAT3
     worst = max(abs(v["step_ms"] / v["measured_step_ms"] - 1) for v in f.values()
                 if "measured_step_ms" in v)
