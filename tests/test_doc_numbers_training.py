@@ -162,7 +162,7 @@ def claims() -> list[tuple[str, str, str]]:
                             f"{f2(ood['tau_features_zeroed'])} | {f2(ood['speedup'])}x | "
                             f"{f2(ood['speedup_p_min'])}x |"),
         ("readme_head", "r", f"over its own {TRAIN['draft_vocab']:,}-row head"),
-        ("readme_data", "r", f"It saw {TRAIN['positions']:,} positions in "
+        ("readme_data", "r", f"The drafter saw {TRAIN['positions']:,} positions in "
                              f"{TRAIN['blocks_seen_in_all'] // 1000} k training blocks"),
         ("readme_reaches", "r", f"drafter reaches a tau of {f2(ind['tau'])}"),
         ("readme_cut", "r", f"cut at p_min {ind['p_min']} it runs at {f2(ind['speedup_p_min'])}x "
