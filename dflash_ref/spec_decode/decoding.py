@@ -31,13 +31,11 @@ class GenerationResult:
             max_new_tokens or a stop token cuts the step (as the release counts).
         drafted: drafts offered per speculative step (n - 1 chain, tree nodes - 1 tree).
         per_position_accepted: [B-1] how often draft position j = index + 1 was accepted.
-        timings: wall seconds per phase ("prefill", "draft", "verify", "plain", "total", and
-            "reselect" with a KVFlash scorer); "verify" is the verify forward: a lazy chain's
-            head rows and later row groups run in the decision after it, counted in "total".
+        timings: wall seconds per phase ("prefill", "draft", "verify": the forward, not a lazy
+            chain's later rows, "plain", "total", and "reselect" with a KVFlash scorer).
         modelled_time: the cost model's time for the decode phase (None without a cost model).
         gate_decisions: the gate's decisions in order (empty without a gate).
-        target_forward_passes: the target's passes, prefill included: one per plain or
-            speculative step (a lazy chain's row groups are one verify pass).
+        target_forward_passes: target passes, prefill included, one a step (a lazy chain's too).
         floored_at: generated-token count when the gate floored (None: never).
         from_draft: per token, True where it is an accepted draft.
     """

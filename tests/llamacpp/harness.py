@@ -67,7 +67,7 @@ class LlamaCpp:
     def tool(self, name: str) -> Path:
         return self.root / "bin" / name
 
-    def run(self, name: str, *args, check: bool = True, until: str | None = None,
+    def run(self, name: str, *args, check: bool = True, until=None,
             tries: int = 5) -> subprocess.CompletedProcess:
         """Run a tool on one thread (deterministic reductions), text out, bytes kept.
 
@@ -77,14 +77,17 @@ class LlamaCpp:
         build) loses the tail of its output when the process exits first, so on a busy machine
         the summary, and even the last generated tokens, may be missing. A run whose stderr
         lacks ``until`` is repeated, up to ``tries`` times (the computation is deterministic:
-        each run prints the same numbers, only how much of them arrives changes)."""
+        each run prints the same numbers, only how much of them arrives changes). ``until`` may
+        also be a test of the run, ``until(p) -> bool``, for output whose end is not marked
+        (``llama-eval-callback``'s dump on stdout)."""
         cmd = [str(self.tool(name)), *map(str, args)]
         for _ in range(tries):
             p = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S,
                                stdin=subprocess.DEVNULL)
             p.stdout_text = p.stdout.decode("utf-8", errors="replace")
             p.stderr_text = p.stderr.decode("utf-8", errors="replace")
-            if p.returncode != 0 or until is None or until in p.stderr_text:
+            if p.returncode != 0 or until is None or (
+                    until(p) if callable(until) else until in p.stderr_text):
                 break
         if check and p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n"

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from dflash_ref.demo_text import decode_bytes, demo_held_out_prompts
+from dflash_ref.errors import FormatError
 from dflash_ref.io.convert_target import convert_target
 from dflash_ref.models.target import TargetModel
 from dflash_ref.oracle.llamacpp_dump import by_name, check_against, parse_eval_callback
@@ -59,13 +60,23 @@ def _ours(path, ids):
     return np.asarray(out.logits)[-1], [feats[:, i * h:(i + 1) * h] for i in range(N_LAYERS - 1)]
 
 
+def _has_layer_outputs(p) -> bool:
+    """Whether the dump arrived with every l_out tensor whole (the tool's logger may lose lines
+    when the process exits first: tests/llamacpp/harness.py, ``LlamaCpp.run``)."""
+    try:
+        dump = by_name(parse_eval_callback(p.stdout_text))
+    except FormatError:
+        return False
+    return all(f"l_out-{n}" in dump and dump[f"l_out-{n}"].sums for n in range(N_LAYERS - 1))
+
+
 @pytest.mark.parametrize("kind", ["f32", "bf16"])
 def test_layer_outputs_and_logits_agree(llamacpp, f32_target, kind):
     path = f32_target if kind == "f32" else SHIPPED
     atol, rtol = TOL[kind]
     for ids in PROMPTS[:2]:
         p = llamacpp.run("llama-eval-callback", "-m", path, "-p", decode_bytes(ids), "-t", "1",
-                         "-c", "256", "--temp", "0")
+                         "-c", "256", "--temp", "0", until=_has_layer_outputs)
         dump = by_name(parse_eval_callback(p.stdout_text))
         logits, layers = _ours(path, ids)
         problems = []
@@ -105,7 +116,8 @@ def test_oracle_compare_finds_no_divergence_in_llamacpps_dump(llamacpp, f32_targ
     # default cache stores K/V as F16, which moves l_out by ~2e-4, past the case's "hidden"
     # tolerance (1e-4 + 1e-3 |x|); with both off the dump agrees at the golden tolerances
     p = llamacpp.run("llama-eval-callback", "-m", f32_target, "-p", decode_bytes(ids), "-t", "1",
-                     "-c", "256", "-ctk", "f32", "-ctv", "f32", "-fa", "off")
+                     "-c", "256", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
+                     until=_has_layer_outputs)
     dump = tmp_path / "dump.txt"
     dump.write_bytes(p.stdout + p.stderr)
     assert compare_eval_callback(case, dump) == 0
