@@ -161,7 +161,7 @@ def model_report(report: dict, a_values, block: int) -> dict:
                      "plain": c.plain}, "eager_accepts": [int(a) for a in a_values],
            "tau": be.law_tau(law), "forms": {}}
     for name, form in forms.items():
-        f = {"step_ms": float(law @ [be.step_ms(c, form, a) for a in range(block)]),
+        f = {"step_ms": be.expected_step_ms(c, form, law),
              "speedup": be.speedup(c, form, law),
              "break_even_tau": be.break_even_tau(c, form, 1.0),
              "tau_for_1.3x": be.break_even_tau(c, form, 1.3),
@@ -174,30 +174,25 @@ def model_report(report: dict, a_values, block: int) -> dict:
     return out
 
 
-def run_form(target, drafter, verifier, timed, prompt, args):
+def run_generate(target, drafter, verifier, timed, prompt, args):
+    """``generate`` of ``prompt`` on a new state, timed by ``timed`` (drafter None: plain
+    decoding): its result and its seconds after the prefill."""
     from dflash_ref.spec_decode.loop import generate
     state = target.new_state()
     timed.reset(state)
     t0 = time.perf_counter()
     res = generate(target, drafter, prompt, args.new, block_size=args.block, verify=verifier,
                    state=state)
-    wall = time.perf_counter() - t0
+    return res, time.perf_counter() - t0 - res.timings["prefill"]
+
+
+def run_form(target, drafter, verifier, timed, prompt, args):
+    res, spec = run_generate(target, drafter, verifier, timed, prompt, args)
     steps = len(res.acceptance_lengths)
-    spec = wall - res.timings["prefill"]
     ms = {"draft": res.timings["draft"], "verify layers": timed.sums["layers"],
           "verify head": timed.sums["head"], "rollback": timed.sums["rollback"]}
     ms["rest"] = spec - sum(ms.values())
     return res, {k: 1e3 * v / steps for k, v in ms.items()}, spec, steps
-
-
-def run_plain(target, timed, prompt, args):
-    """Plain decoding of ``prompt``: its result and its seconds after the prefill."""
-    from dflash_ref.spec_decode.loop import generate
-    state = target.new_state()
-    timed.reset(state)
-    t0 = time.perf_counter()
-    res = generate(target, None, prompt, args.new, state=state)
-    return res, time.perf_counter() - t0 - res.timings["prefill"]
 
 
 def lazy_form(text: str) -> LazyChainVerifier:
@@ -268,20 +263,20 @@ def measure(args, argv) -> int:
     a_values = []
     for _ in range(args.rounds):
         for i, prompt in enumerate(prompts):
-            seen = None
+            tokens0 = lengths0 = None  # the first run's tokens, the first uncut form's lengths
             if args.model:  # plain decoding first: its tokens are the ones every form must emit
-                res, spec = run_plain(target, timed, prompt, args)
+                res, spec = run_generate(target, None, "chain", timed, prompt, args)
                 plain_runs.append((spec, len(res.tokens)))
-                seen = (res.tokens, None)
+                tokens0 = res.tokens
             for name, verifier in forms.items():
                 res, ms, spec, steps = run_form(target, drafter, verifier, timed, prompt, args)
-                key = (res.tokens, None if name.startswith("cut") else res.acceptance_lengths)
-                if seen is not None and (key[0] != seen[0] or None not in (key[1], seen[1])
-                                         and key[1] != seen[1]):
+                lengths = None if name.startswith("cut") else res.acceptance_lengths
+                tokens0 = res.tokens if tokens0 is None else tokens0
+                lengths0 = lengths if lengths0 is None else lengths0
+                if res.tokens != tokens0 or lengths not in (None, lengths0):
                     print(f"MISMATCH on prompt {i}: {name} emits other tokens or acceptance "
                           f"lengths than the forms before it")
                     return 1
-                seen = key if seen is None or seen[1] is None else seen
                 per_form[name].append((ms, spec, steps, len(res.tokens), res.tau))
                 if name == "eager":
                     a_values += [n - 1 for n in res.acceptance_lengths]

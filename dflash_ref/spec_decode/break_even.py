@@ -14,8 +14,9 @@ and H(r) the target's layers and head over r new rows, D the draft and R the res
 
 Plain decoding costs P a token. Over a law of a, the speedup is ``E[a + 1] P / E[cost(a)]``
 (tokens per step over the time of a step, against plain's). The oracle verifies exactly the
-rows the step needs: no rule that cuts the block before the verify (``ConfidentChainVerifier``)
-does better at the same drafts, so its speedup bounds every cut's.
+rows the step needs: where a row costs less than the token it brings, no rule that cuts the
+block before the verify (``ConfidentChainVerifier``) does better at the same drafts, so its
+speedup bounds every cut's.
 
 The law of a: the accept counts of a run, or geometric with a per-draft acceptance alpha,
 ``P(a >= j) = alpha^j`` for j <= B-1, whose tau is ``sum_{j<B} alpha^j`` (1 at alpha 0, B at
@@ -107,12 +108,14 @@ def geometric_alpha(tau: float, block: int) -> float:
     return hi
 
 
+def expected_step_ms(c: RowCosts, form: Form, law: Sequence[float]) -> float:
+    """``E[cost(a)]`` over ``law`` = P(a = 0..B-1)."""
+    return float(sum(p * step_ms(c, form, a) for a, p in enumerate(law)))
+
+
 def speedup(c: RowCosts, form: Form, law: Sequence[float]) -> float:
     """``E[a + 1] P / E[cost(a)]`` over ``law`` = P(a = 0..B-1)."""
-    law = np.asarray(law, dtype=np.float64)
-    tokens = float(law @ (np.arange(c.block) + 1))
-    cost = float(sum(p * step_ms(c, form, a) for a, p in enumerate(law)))
-    return tokens * c.plain / cost
+    return law_tau(law) * c.plain / expected_step_ms(c, form, law)
 
 
 def measured_law(accepts: Sequence[int], block: int) -> np.ndarray:
@@ -134,10 +137,9 @@ def break_even_tau(c: RowCosts, form: Form, target: float = 1.0, grid: int = 100
         return speedup(c, form, geometric_law(alpha, c.block)) >= target
 
     alphas = np.linspace(0.0, 1.0, grid + 1)
-    hits = [i for i, a in enumerate(alphas) if reaches(float(a))]
-    if not hits:
+    i = next((i for i, a in enumerate(alphas) if reaches(float(a))), None)
+    if i is None:
         return None
-    i = hits[0]
     if i == 0:
         return 1.0
     lo, hi = float(alphas[i - 1]), float(alphas[i])
