@@ -13,12 +13,12 @@ their text, which this leaves to their keys.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dflash_ref.errors import FormatError
+from dflash_ref.io.json_file import read_json
 
 EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
@@ -46,22 +46,18 @@ def gguf_stop_ids(meta: Mapping[str, Any], tokens: Sequence[str]) -> list[int]:
         ids.discard(texts["</s>"])  # gemma4, plamo: a normal token
     return sorted(ids)
 
-def generation_config_eos(path: Path) -> list[int]:
-    """``generation_config.json``'s ``eos_token_id`` (an id or a list), [] without one."""
-    config_path = path / "generation_config.json"
-    if not config_path.is_file():
-        return []
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FormatError(f"{config_path} is not valid JSON ({e}); fix the file or remove it "
-                          f"(generation then stops at the tokenizer's EOS only)") from e
+
+def generation_config_eos(directory: Path) -> list[int]:
+    """``generation_config.json``'s ``eos_token_id`` in ``directory`` (an id or a list), [] without
+    the file or the key."""
+    path = directory / "generation_config.json"
+    config = read_json(path, "generation then stops at the tokenizer's EOS only")
     eos = config.get("eos_token_id") if isinstance(config, dict) else None
     eos = [eos] if isinstance(eos, int) and not isinstance(eos, bool) else eos
     if eos is None:
         return []
     if not (isinstance(eos, list) and all(isinstance(i, int) and not isinstance(i, bool)
                                           and i >= 0 for i in eos)):
-        raise FormatError(f"{config_path}: eos_token_id is {eos!r}, expected a token id or a "
+        raise FormatError(f"{path}: eos_token_id is {eos!r}, expected a token id or a "
                           f"list of them; fix the file or remove the key")
     return eos

@@ -43,7 +43,6 @@ transformers' ``apply_chat_template`` does), with the special-token strings (``b
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from typing import Any
 from dflash_ref.errors import ConfigError, FormatError
 from dflash_ref.io.chat_template import render_chat_template
 from dflash_ref.io.gguf_io import GGUFFile
+from dflash_ref.io.json_file import read_json
 from dflash_ref.io.spm import SpmPreTokenizer
 from dflash_ref.io.stop_tokens import generation_config_eos, gguf_stop_ids
 
@@ -218,16 +218,12 @@ def _from_directory(path: Path) -> Tokenizer:
                           f"({e}); re-save it with transformers (AutoTokenizer.from_pretrained"
                           f"(...).save_pretrained(dir)) or restore the original file") from e
     config_path = path / "tokenizer_config.json"
-    config = {}
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise FormatError(f"{config_path} is not valid JSON ({e}); fix the file or remove "
-                              f"it (the tokenizer then uses tokenizer.json's defaults)") from e
-        if not isinstance(config, dict):
-            raise FormatError(f"{config_path} holds a JSON {type(config).__name__}, expected an "
-                              f"object {{...}}; fix the file or remove it")
+    config = read_json(config_path, "the tokenizer then uses tokenizer.json's defaults")
+    if config is None:
+        config = {}
+    elif not isinstance(config, dict):
+        raise FormatError(f"{config_path} holds a JSON {type(config).__name__}, expected an "
+                          f"object {{...}}; fix the file or remove it")
     special = {name: _token_text(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
     template = config.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
@@ -243,7 +239,6 @@ def _from_directory(path: Path) -> Tokenizer:
         add_bos = bos_id is not None and first == [bos_id]
     return Tokenizer(backend, special_tokens=special, add_bos=add_bos, chat_template=template,
                      source=str(path), stop_ids=generation_config_eos(path))
-
 
 
 def _from_gguf(gguf: GGUFFile) -> Tokenizer:
@@ -281,7 +276,6 @@ def _from_gguf(gguf: GGUFFile) -> Tokenizer:
     return Tokenizer(backend, special_tokens=special, add_bos=add_bos,
                      chat_template=meta.get("tokenizer.chat_template"), source=str(path),
                      stop_ids=gguf_stop_ids(meta, tokens))
-
 
 
 def _added_tokens(backend, spelled: Sequence[str], types: Sequence[int],
