@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +68,8 @@ class LlamaCpp:
     def tool(self, name: str) -> Path:
         return self.root / "bin" / name
 
-    def run(self, name: str, *args, check: bool = True, until=None,
+    def run(self, name: str, *args, check: bool = True,
+            until: str | Callable[[subprocess.CompletedProcess], bool] | None = None,
             tries: int = 5) -> subprocess.CompletedProcess:
         """Run a tool on one thread (deterministic reductions), text out, bytes kept.
 

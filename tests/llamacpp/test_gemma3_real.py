@@ -13,6 +13,8 @@ top-two margin is 0.01.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -65,7 +67,6 @@ def test_greedy_continuation_agrees_up_to_the_first_near_tie(llamacpp, gemma, te
 def test_stop_tokens_are_the_ones_llama_cpp_prints_as_end_of_generation(llamacpp, gemma):
     # llama.cpp's load log lists its end-of-generation ids ("printing all EOG tokens:", then
     # "  - 106 ('<end_of_turn>')" lines); dflash-ref stops at exactly those.
-    import re
     path, _, tok = gemma
     p = llamacpp.run("llama-simple", "-m", path, "-n", 1, "hi")
     log = p.stderr.decode("utf-8", "replace")
